@@ -49,7 +49,9 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def wait_ready(popen: subprocess.Popen[bytes], ready: Path, log: Path, timeout: float) -> dict[str, str]:
+def wait_ready(
+    popen: subprocess.Popen[bytes], ready: Path, log: Path, timeout: float
+) -> dict[str, str]:
     """Wait for ``ready`` to hold the JSON listener map; fail fast if the process exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -66,7 +68,11 @@ def wait_ready(popen: subprocess.Popen[bytes], ready: Path, log: Path, timeout: 
 
 @contextlib.contextmanager
 def spawn(
-    module: str, args: list[str], tmp: Path, *, env: dict[str, str] | None = None,
+    module: str,
+    args: list[str],
+    tmp: Path,
+    *,
+    env: dict[str, str] | None = None,
     timeout: float = 60.0,
 ) -> Iterator[Process]:
     """Run ``python -m module args --ready-file …`` and yield it once it is serving."""
@@ -77,7 +83,10 @@ def spawn(
     with log.open("wb") as out:
         popen = subprocess.Popen(
             [sys.executable, "-m", module, *args, "--ready-file", str(ready)],
-            stdout=out, stderr=subprocess.STDOUT, env=child_env(env), cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=child_env(env),
+            cwd=REPO,
         )
     proc = Process(popen, {}, log)
     try:

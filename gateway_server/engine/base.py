@@ -18,7 +18,7 @@ Contract every engine keeps:
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -96,7 +96,11 @@ class Engine(Protocol):
 
     def count_prompt_tokens(self, prompt: str) -> int: ...
 
-    def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]: ...
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        """The prompt for a chat (``role``/``content`` pairs), ending where the assistant speaks."""
+        ...
+
+    def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]: ...
 
     async def abort(self, request_id: str) -> None: ...
 

@@ -43,6 +43,7 @@ def add_vllm_arguments(parser: argparse.ArgumentParser, env: EnvLookup) -> None:
     )
     group.add_argument("--tensor-parallel-size", type=int, default=env("tensor_parallel_size", 1))
     group.add_argument(
-        "--enforce-eager", action="store_true", default=env("enforce_eager", False) in (True, "1", "true")
+        "--enforce-eager",
+        action="store_true",
+        default=env("enforce_eager", False) in (True, "1", "true"),
     )
-

@@ -1,0 +1,78 @@
+"""``hangup-gateway`` (also ``python -m gateway_server``).
+
+``hangup-gateway [options]`` serves; ``hangup-gateway make-tiny-model DIR`` writes a tiny
+Llama-style model with random weights and a locally trained tokenizer (tests, demos).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from importlib import import_module
+from typing import Any
+
+from prometheus_client import disable_created_metrics
+
+from gateway_server.config import ConfigError, from_args
+from gateway_server.engine.base import EngineError
+from gateway_server.server import serve
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line; messages that are JSON objects are merged in as fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {"ts": round(record.created, 6), "level": record.levelname.lower(),
+                                "logger": record.name}  # fmt: skip
+        message = record.getMessage()
+        try:
+            fields = json.loads(message) if message.startswith("{") else None
+        except json.JSONDecodeError:
+            fields = None
+        if isinstance(fields, dict):
+            line.update(fields)
+        else:
+            line["message"] = message
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
+def configure_logging(level: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter())
+    root = logging.getLogger("hangup")
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    root.propagate = False
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["make-tiny-model"]:
+        tiny: Any = import_module("gateway_server.tiny_model")
+        sys.exit(tiny.main(argv[1:]))
+    try:
+        config = from_args(argv)
+    except ConfigError as exc:
+        sys.exit(f"hangup-gateway: {exc}")
+    configure_logging(config.log_level)
+    # Process-wide: the *_created series double every counter's series count for no reader.
+    disable_created_metrics()
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(serve(config))
+    except EngineError as exc:
+        sys.exit(f"hangup-gateway: {exc}")
+    except OSError as exc:  # a port in use, an address not on this host
+        sys.exit(f"hangup-gateway: cannot listen: {exc}")
+
+
+def _loop_factory() -> Any:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency except on Windows
+        return None
+    return uvloop.new_event_loop

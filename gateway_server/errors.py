@@ -1,0 +1,91 @@
+"""The gateway's exception tree. Each error carries its HTTP status; the gRPC layer maps the
+same classes to gRPC codes. Handlers raise these; one middleware per protocol renders them.
+
+    GatewayError                      (500)
+    ├── ClientError                   (400)  the request is wrong; nothing else is affected
+    │   ├── InvalidRequest            (400)
+    │   ├── RequestTooLarge           (413)
+    │   ├── Unauthorized              (401)
+    │   ├── ModelNotFound             (404)
+    │   ├── RequestNotFound           (404)
+    │   ├── DuplicateRequestId        (409)
+    │   └── CancelledBeforeArrival    (499)  a cancel for this id arrived first (tombstone)
+    ├── Unavailable                   (503)  draining, no live worker
+    └── EngineFailure                 (500)  the engine failed this request
+"""
+
+from __future__ import annotations
+
+from gateway_server.vocabulary import Reason
+
+
+class GatewayError(Exception):
+    status = 500
+    error_type = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class ClientError(GatewayError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class InvalidRequest(ClientError):
+    pass
+
+
+class RequestTooLarge(ClientError):
+    status = 413
+
+
+class Unauthorized(ClientError):
+    status = 401
+    error_type = "authentication_error"
+
+
+class ModelNotFound(ClientError):
+    status = 404
+    error_type = "not_found_error"
+
+
+class RequestNotFound(ClientError):
+    status = 404
+    error_type = "not_found_error"
+
+
+class DuplicateRequestId(ClientError):
+    status = 409
+    error_type = "conflict_error"
+
+
+class CancelledBeforeArrival(ClientError):
+    """The request's id was cancelled before the request arrived; it is rejected unrun."""
+
+    status = 499
+    error_type = "cancelled"
+
+    def __init__(self, request_id: str, reason: Reason) -> None:
+        super().__init__(f"request {request_id} was cancelled ({reason}) before it arrived")
+        self.reason = reason
+
+
+class Unavailable(GatewayError):
+    status = 503
+    error_type = "unavailable"
+
+
+class EngineFailure(GatewayError):
+    status = 500
+    error_type = "engine_error"
+
+
+class RequestCancelled(Exception):
+    """Raised into a handler when its engine request was cancelled (not an error: a way out)."""
+
+    def __init__(self, reason: Reason) -> None:
+        super().__init__(f"cancelled: {reason}")
+        self.reason = reason

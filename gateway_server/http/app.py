@@ -1,0 +1,78 @@
+"""Assembles the gateway's aiohttp application: routes, error rendering, ``/metrics``.
+
+Errors: handlers raise :mod:`gateway_server.errors`; one middleware renders them, in the OpenAI
+error shape under ``/v1`` and as ``{"error": message}`` (KServe / Triton) elsewhere, and counts
+refused generation requests as ``outcome="rejected"``. No middleware here wraps the response
+body: a client disconnect reaches the handler as a cancellation (``handler_cancellation``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from gateway_server.errors import CancelledBeforeArrival, ClientError, GatewayError, Unavailable
+from gateway_server.http import cancel, kserve, openai
+from gateway_server.http.common import REQUEST_ID_HEADER
+from gateway_server.service import GenerationService
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def build_app(
+    service: GenerationService, registry: CollectorRegistry, *, cancel_token: str | None,
+    max_body_bytes: int,
+) -> web.Application:  # fmt: skip
+    app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
+    app["service"] = service
+    app["cancel_token"] = cancel_token
+    app["max_body_bytes"] = max_body_bytes
+    app["metrics_registry"] = registry
+    openai.add_routes(app)
+    kserve.add_routes(app)
+    cancel.add_routes(app)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app["metrics_registry"])
+    response = web.Response(body=body)
+    response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    return response
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except GatewayError as exc:
+        protocol = request.get("protocol")
+        refused = isinstance(exc, ClientError | Unavailable) and not isinstance(
+            exc, CancelledBeforeArrival
+        )
+        if protocol is not None and refused:
+            service: GenerationService = request.app["service"]
+            service.record_rejected(request.get("model"), protocol)
+        return error_response(request, exc)
+
+
+def error_response(request: web.Request, exc: GatewayError) -> web.Response:
+    if request.path.startswith("/v1/"):
+        error = {
+            "message": exc.message,
+            "type": exc.error_type,
+            "param": exc.param,
+            "code": exc.status,
+        }
+        body: dict[str, object] = {"error": error}
+    else:
+        body = {"error": exc.message}
+    headers = {}
+    if exc.status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="hangup-cancel"'
+    if REQUEST_ID_HEADER in request.headers:
+        headers[REQUEST_ID_HEADER] = request.headers[REQUEST_ID_HEADER]
+    return web.json_response(body, status=exc.status, headers=headers)

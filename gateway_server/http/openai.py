@@ -1,0 +1,292 @@
+"""The OpenAI API: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``.
+
+Streaming answers are SSE, one ``data:`` event per chunk, ending with ``data: [DONE]``. A
+request cancelled while its answer streams (cancel API, shutdown) gets an error event and the
+stream ends without ``[DONE]``, so a client can tell a cut answer from a complete one.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass
+from dataclasses import field as dc_field
+from typing import Any
+
+from aiohttp import web
+
+from gateway_server import sse
+from gateway_server.engine.base import SamplingParams, TokenChunk
+from gateway_server.errors import GatewayError, InvalidRequest, RequestCancelled
+from gateway_server.http.common import (
+    MAX_CHOICES,
+    REQUEST_ID_HEADER,
+    check_prompt_fits,
+    field,
+    read_json_object,
+    request_id,
+    sampling_params,
+)
+from gateway_server.registry import Call
+from gateway_server.service import GenerationService
+from gateway_server.streams import merge
+from gateway_server.vocabulary import Protocol
+
+_ROLES = {"system", "user", "assistant", "tool", "developer"}
+
+
+@dataclass(frozen=True)
+class _Job:
+    chat: bool
+    model: str
+    prompts: list[str]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    n: int = 1
+    created: int = dc_field(default_factory=lambda: int(time.time()))
+
+    @property
+    def object_name(self) -> str:
+        if self.chat:
+            return "chat.completion.chunk" if self.stream else "chat.completion"
+        return "text_completion"
+
+
+@dataclass
+class _Choice:
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    tokens: int = 0
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+
+
+async def list_models(request: web.Request) -> web.Response:
+    service: GenerationService = request.app["service"]
+    model = {"id": service.model.name, "object": "model", "created": 0, "owned_by": "hangup",
+             "max_model_len": service.model.max_model_len}  # fmt: skip
+    return web.json_response({"object": "list", "data": [model]})
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _serve(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _serve(request, chat=True)
+
+
+async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
+    service: GenerationService = request.app["service"]
+    request["protocol"] = Protocol.OPENAI
+    call_id = request_id(request)
+    body = await read_json_object(request)
+    job = _parse(service, body, chat=chat)
+    request["model"] = job.model
+    async with service.call(call_id, job.model, Protocol.OPENAI) as call:
+        streams = [service.generate(call, p, job.params) for p in job.prompts]
+        if job.stream:
+            return await _stream(request, call, job, merge(streams))
+        return await _respond(call, job, merge(streams))
+
+
+def _parse(service: GenerationService, body: dict[str, Any], *, chat: bool) -> _Job:
+    model = field(body, "model", str, None)
+    if model is None:
+        raise InvalidRequest("'model' is required", param="model")
+    service.check_model(model)
+    engine = service.pool.workers[0].engine
+    if chat:
+        prompt = engine.apply_chat_template(_messages(body))
+        prompts = [prompt]
+    else:
+        raw = body.get("prompt")
+        if isinstance(raw, str):
+            prompts = [raw]
+        elif isinstance(raw, list) and raw and all(isinstance(p, str) for p in raw):
+            prompts = list(raw)
+        else:
+            raise InvalidRequest(
+                "'prompt' must be a string or a non-empty array of strings", param="prompt"
+            )
+    max_len = service.model.max_model_len
+    params = sampling_params(
+        body, max_model_len=max_len, default_max_tokens=16 if not chat else 256
+    )
+    for prompt in prompts:
+        check_prompt_fits(engine.count_prompt_tokens(prompt), params, max_len)
+    n = field(body, "n", int, 1)
+    if not 1 <= n <= MAX_CHOICES or n * len(prompts) > MAX_CHOICES:
+        raise InvalidRequest(
+            f"'n' times the number of prompts must be between 1 and {MAX_CHOICES}", param="n"
+        )
+    options = field(body, "stream_options", dict, {})
+    return _Job(
+        chat=chat,
+        model=model,
+        prompts=[p for p in prompts for _ in range(n)],
+        params=params,
+        stream=field(body, "stream", bool, False),
+        include_usage=field(options, "include_usage", bool, False),
+        n=n,
+    )
+
+
+def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    messages = field(body, "messages", list, None)
+    if not messages:
+        raise InvalidRequest("'messages' must be a non-empty array", param="messages")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            raise InvalidRequest(
+                f"messages[{i}] must be an object with a role in {sorted(_ROLES)}", param="messages"
+            )
+        content = message.get("content")
+        if isinstance(content, list):  # content parts: only text is understood here
+            texts = [
+                p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            ]
+            if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
+                raise InvalidRequest(
+                    f"messages[{i}].content parts must all be text parts", param="messages"
+                )
+            content = "".join(texts)  # type: ignore[arg-type]
+        if not isinstance(content, str):
+            raise InvalidRequest(
+                f"messages[{i}].content must be a string or text parts", param="messages"
+            )
+        out.append({"role": message["role"], "content": content})
+    return out
+
+
+async def _respond(
+    call: Call, job: _Job, chunks: AsyncGenerator[tuple[int, TokenChunk], None]
+) -> web.Response:
+    choices = [_Choice() for _ in job.prompts]
+    try:
+        async with aclosing(chunks):
+            async for index, chunk in chunks:
+                _absorb(choices[index], chunk)
+    except RequestCancelled as exc:
+        raise _Cancelled(exc) from exc
+    body = _envelope(call, job)
+    body["choices"] = [_final_choice(job, i, c) for i, c in enumerate(choices)]
+    body["usage"] = _usage(job, choices)
+    return web.json_response(body, headers={REQUEST_ID_HEADER: call.call_id})
+
+
+async def _stream(
+    request: web.Request,
+    call: Call,
+    job: _Job,
+    chunks: AsyncGenerator[tuple[int, TokenChunk], None],
+) -> web.StreamResponse:
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        REQUEST_ID_HEADER: call.call_id,
+    })  # fmt: skip
+    await response.prepare(request)
+    choices = [_Choice() for _ in job.prompts]
+    if job.chat:
+        for i in range(len(choices)):
+            await response.write(
+                _event(call, job, [_delta(i, {"role": "assistant", "content": ""}, None)])
+            )
+    try:
+        async with aclosing(chunks):
+            async for index, chunk in chunks:
+                _absorb(choices[index], chunk)
+                if chunk.text or chunk.finish_reason:
+                    content = {"content": chunk.text} if job.chat else chunk.text
+                    piece = _delta(index, content, chunk.finish_reason, chat=job.chat)
+                    await response.write(_event(call, job, [piece]))
+    except (RequestCancelled, GatewayError) as exc:
+        await response.write(sse.encode(json.dumps({"error": _error_body(exc)})))
+        await response.write_eof()
+        return response
+    if job.include_usage:
+        usage = _envelope(call, job) | {"choices": [], "usage": _usage(job, choices)}
+        await response.write(sse.encode(json.dumps(usage)))
+    await response.write(sse.encode("[DONE]"))
+    await response.write_eof()
+    return response
+
+
+def _absorb(choice: _Choice, chunk: TokenChunk) -> None:
+    choice.text += chunk.text
+    choice.tokens += chunk.new_tokens
+    choice.prompt_tokens = chunk.prompt_tokens
+    if chunk.finish_reason is not None:
+        choice.finish_reason = chunk.finish_reason.value
+
+
+def _envelope(call: Call, job: _Job) -> dict[str, Any]:
+    prefix = "chatcmpl" if job.chat else "cmpl"
+    return {"id": f"{prefix}-{call.call_id}", "object": job.object_name, "created": job.created,
+            "model": job.model}  # fmt: skip
+
+
+def _event(call: Call, job: _Job, choices: list[dict[str, Any]]) -> bytes:
+    return sse.encode(json.dumps(_envelope(call, job) | {"choices": choices}))
+
+
+def _delta(index: int, content: Any, finish: Any, *, chat: bool = True) -> dict[str, Any]:
+    finish_reason = finish.value if hasattr(finish, "value") else finish
+    if chat:
+        return {"index": index, "delta": content, "logprobs": None, "finish_reason": finish_reason}
+    return {"index": index, "text": content, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _final_choice(job: _Job, index: int, choice: _Choice) -> dict[str, Any]:
+    if job.chat:
+        message = {"role": "assistant", "content": choice.text}
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": choice.finish_reason,
+        }
+    return {
+        "index": index,
+        "text": choice.text,
+        "logprobs": None,
+        "finish_reason": choice.finish_reason,
+    }
+
+
+def _usage(job: _Job, choices: list[_Choice]) -> dict[str, int]:
+    prompt = sum(
+        c.prompt_tokens for c in choices[:: job.n]
+    )  # each prompt counted once, not n times
+    completion = sum(c.tokens for c in choices)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+class _Cancelled(GatewayError):
+    """A non-streaming request cancelled while running: answered 499 (nothing was sent yet)."""
+
+    status = 499
+    error_type = "cancelled"
+
+    def __init__(self, exc: RequestCancelled) -> None:
+        super().__init__(f"request cancelled ({exc.reason})")
+
+
+def _error_body(exc: Exception) -> dict[str, Any]:
+    if isinstance(exc, RequestCancelled):
+        return {"message": f"request cancelled ({exc.reason})", "type": "cancelled", "code": 499}
+    assert isinstance(exc, GatewayError)
+    return {"message": exc.message, "type": exc.error_type, "code": exc.status}

@@ -1,0 +1,146 @@
+"""The gateway's Prometheus metrics (names per DESIGN.md: dashboards and alerts depend on them).
+
+Built once at start-up on a registry that is passed in. Label values come from the vocabulary
+enums and the configured model names, never from request ids. Gauges about what is in flight
+and about engine load are computed at scrape time by collectors over the live state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gateway_server.vocabulary import Outcome, Phase, Protocol, Reason
+
+# From 0.1 ms (what a cancel costs beyond a step boundary) to tens of seconds (a long prefill).
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry, models: Iterable[str]) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "hangup_gateway_requests",
+            "Engine requests by how they ended.",
+            ["model", "protocol", "outcome"],
+            registry=registry,
+        )
+        self.cancellations = Counter(
+            "hangup_gateway_cancellations",
+            "Engine requests cancelled, by why and where they were.",
+            ["model", "reason", "phase"],
+            registry=registry,
+        )
+        self.cancel_to_abort = Histogram(
+            "hangup_gateway_cancel_to_abort_seconds",
+            "From a cancel received to the engine confirming the abort.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.generated_tokens = Counter(
+            "hangup_gateway_generated_tokens",
+            "Output tokens generated.",
+            ["model"],
+            registry=registry,
+        )
+        self.wasted_tokens = Counter(
+            "hangup_gateway_wasted_tokens",
+            "Output tokens generated for engine requests that ended cancelled.",
+            ["model"],
+            registry=registry,
+        )
+        self.time_to_first_token = Histogram(
+            "hangup_gateway_time_to_first_token_seconds",
+            "From an engine request's arrival to its first output token.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.inter_token_latency = Histogram(
+            "hangup_gateway_inter_token_latency_seconds",
+            "Time between output chunks of one engine request, per token.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        for model in models:  # every series exists from the start: rates and alerts see zeros
+            self.generated_tokens.labels(model)
+            self.wasted_tokens.labels(model)
+            for protocol in Protocol:
+                for outcome in Outcome:
+                    self.requests.labels(model, protocol.value, outcome.value)
+            for reason in Reason:
+                for phase in Phase:
+                    self.cancellations.labels(model, reason.value, phase.value)
+
+
+class InflightCollector(Collector):
+    """``hangup_gateway_inflight_requests{model,phase}`` read from the live calls at scrape."""
+
+    def __init__(
+        self, models: Iterable[str], phases_in_flight: Callable[[], Iterable[tuple[str, Phase]]]
+    ) -> None:
+        self._models = tuple(models)
+        self._source = phases_in_flight
+
+    def collect(self) -> Iterator[Metric]:
+        counts = {(m, p): 0 for m in self._models for p in Phase}
+        for model, phase in self._source():
+            counts[(model, phase)] = counts.get((model, phase), 0) + 1
+        family = GaugeMetricFamily(
+            "hangup_gateway_inflight_requests",
+            "Engine requests in flight, by phase.",
+            labels=["model", "phase"],
+        )
+        for (model, phase), n in counts.items():
+            family.add_metric([model, phase.value], n)
+        yield family
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLoad:
+    """One worker's load as read at scrape time."""
+
+    name: str
+    up: bool
+    running: int
+    waiting: int
+    kv: float
+
+
+class EngineLoadCollector(Collector):
+    """Per-worker engine load: running / waiting requests, KV-cache usage, whether it is up."""
+
+    def __init__(self, read: Callable[[], Iterable[WorkerLoad]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        running = GaugeMetricFamily(
+            "hangup_gateway_engine_running_requests", "Requests the engine is running.",
+            labels=["worker"],
+        )  # fmt: skip
+        waiting = GaugeMetricFamily(
+            "hangup_gateway_engine_waiting_requests", "Requests waiting for an engine slot.",
+            labels=["worker"],
+        )  # fmt: skip
+        kv = GaugeMetricFamily(
+            "hangup_gateway_engine_kv_cache_usage_ratio", "Share of the KV cache in use (0-1).",
+            labels=["worker"],
+        )  # fmt: skip
+        up = GaugeMetricFamily(
+            "hangup_gateway_worker_up", "1 while the engine worker is alive.", labels=["worker"]
+        )
+        for load in self._read():
+            running.add_metric([load.name], load.running)
+            waiting.add_metric([load.name], load.waiting)
+            kv.add_metric([load.name], load.kv)
+            up.add_metric([load.name], 1.0 if load.up else 0.0)
+        yield from (running, waiting, kv, up)

@@ -1,0 +1,229 @@
+"""Calls in flight, the ones that ended recently, and tombstones for cancels that came first.
+
+A *call* is one upstream call (one HTTP request, one gRPC call) identified by its request id.
+It holds one or more *engine requests* (``n > 1`` choices, the requests of a gRPC stream).
+Cancelling the call id cancels all of them; an engine request may also carry an *alias* (an id
+of its own, e.g. one request of a gRPC stream) that cancels it alone.
+
+Memory is bounded: finished calls and tombstones are kept for a TTL and at most
+``max_remembered`` of each, oldest dropped first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway_server.engine.base import Engine
+from gateway_server.engine.pool import Worker
+from gateway_server.errors import CancelledBeforeArrival, DuplicateRequestId, RequestNotFound
+from gateway_server.metrics import GatewayMetrics
+from gateway_server.vocabulary import Phase, Protocol, Reason
+
+
+@dataclass(eq=False)
+class EngineCall:
+    """One engine request inside a call."""
+
+    engine_request_id: str
+    worker: Worker
+    alias: str | None = None
+    generated_tokens: int = 0
+    cancel_reason: Reason | None = None
+    cancel_phase: Phase | None = None
+    started_decode: bool = False
+
+    @property
+    def engine(self) -> Engine:
+        return self.worker.engine
+
+    def phase(self) -> Phase:
+        seen = self.engine.phase(self.engine_request_id)
+        if seen is not None:
+            return seen
+        return Phase.DECODE if self.started_decode else Phase.QUEUED
+
+
+@dataclass(eq=False)
+class Call:
+    call_id: str
+    model: str
+    protocol: Protocol
+    started: float
+    hangup_reason: Reason = Reason.CLIENT_DISCONNECT
+    """Reason recorded if the handler is cancelled under this call (the client went away)."""
+    requests: dict[str, EngineCall] = field(default_factory=dict)
+    cancel_reason: Reason | None = None
+    generated_tokens: int = 0
+    """Tokens of every engine request of this call, finished ones included."""
+    _seq: int = 0
+
+    def next_engine_request_id(self) -> str:
+        self._seq += 1
+        return f"{self.call_id}-{self._seq}"
+
+    def phase(self) -> Phase:
+        """The furthest phase among live engine requests (queued when none is live)."""
+        phases = [r.phase() for r in self.requests.values()]
+        return max(phases, key=lambda p: p.rank, default=Phase.QUEUED)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResult:
+    request_id: str
+    state: str  # "cancelled" | "finished"
+    phase: Phase | None
+    generated_tokens: int
+
+    def to_json(self) -> dict[str, object]:
+        body: dict[str, object] = {"request_id": self.request_id, "state": self.state}
+        if self.phase is not None:
+            body["phase"] = self.phase.value
+        body["generated_tokens"] = self.generated_tokens
+        return body
+
+
+class CallRegistry:
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        *,
+        tombstone_ttl: float = 60.0,
+        finished_ttl: float = 600.0,
+        max_remembered: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._metrics = metrics
+        self._live: dict[str, Call] = {}
+        self._aliases: dict[str, tuple[Call, EngineCall]] = {}
+        self._ended: OrderedDict[str, tuple[float, int]] = OrderedDict()  # expiry, tokens
+        self._tombstones: OrderedDict[str, tuple[float, Reason]] = OrderedDict()  # expiry, reason
+        self._tombstone_ttl = tombstone_ttl
+        self._finished_ttl = finished_ttl
+        self._max = max_remembered
+        self._clock = clock
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- lifecycle of a call ---------------------------------------------------------------
+
+    def open(self, call_id: str, model: str, protocol: Protocol) -> Call:
+        """Register a call. Raises DuplicateRequestId (in flight) or CancelledBeforeArrival."""
+        if call_id in self._live or call_id in self._aliases:
+            raise DuplicateRequestId(f"request id {call_id!r} is already in flight")
+        self._expire()
+        tomb = self._tombstones.pop(call_id, None)
+        if tomb is not None:
+            raise CancelledBeforeArrival(call_id, tomb[1])
+        call = Call(call_id, model, protocol, self._clock())
+        self._live[call_id] = call
+        self._idle.clear()
+        return call
+
+    def close(self, call: Call) -> None:
+        """Forget a call's live state; remember that it ended (later cancels answer finished)."""
+        if self._live.get(call.call_id) is not call:
+            return
+        del self._live[call.call_id]
+        self._remember(call.call_id, call.generated_tokens)
+        if not self._live:
+            self._idle.set()
+
+    def attach(self, call: Call, request: EngineCall) -> None:
+        if request.alias is not None:
+            if request.alias in self._aliases or request.alias in self._live:
+                raise DuplicateRequestId(f"request id {request.alias!r} is already in flight")
+            self._aliases[request.alias] = (call, request)
+        call.requests[request.engine_request_id] = request
+
+    def detach(self, call: Call, request: EngineCall) -> None:
+        call.requests.pop(request.engine_request_id, None)
+        if request.alias is not None and self._aliases.pop(request.alias, None) is not None:
+            self._remember(request.alias, request.generated_tokens)
+
+    # -- cancel ----------------------------------------------------------------------------
+
+    async def cancel(self, request_id: str, reason: Reason) -> CancelResult:
+        """Cancel a call (all its engine requests) or one aliased engine request. Idempotent.
+
+        Returns once every engine confirmed its abort. Raises RequestNotFound for an id never
+        seen, after leaving a tombstone so that the request, if it is still on its way, is
+        rejected when it arrives.
+        """
+        call = self._live.get(request_id)
+        if call is not None:
+            if call.cancel_reason is None:
+                call.cancel_reason = reason
+            phase = call.phase()
+            tokens = call.generated_tokens
+            await self.abort_requests(call, list(call.requests.values()), reason)
+            return CancelResult(request_id, "cancelled", phase, tokens)
+        alias = self._aliases.get(request_id)
+        if alias is not None:
+            owner, request = alias
+            phase = request.phase()
+            await self.abort_requests(owner, [request], reason)
+            return CancelResult(request_id, "cancelled", phase, request.generated_tokens)
+        self._expire()
+        ended = self._ended.get(request_id)
+        if ended is not None:
+            return CancelResult(request_id, "finished", None, ended[1])
+        self._tombstones[request_id] = (self._clock() + self._tombstone_ttl, reason)
+        self._trim(self._tombstones)
+        raise RequestNotFound(f"no request with id {request_id!r} is in flight or ended recently")
+
+    async def cancel_all(self, reason: Reason) -> int:
+        """Cancel every call in flight (shutdown). Returns how many calls were cancelled."""
+        calls = list(self._live.values())
+        await asyncio.gather(*(self.cancel(c.call_id, reason) for c in calls))
+        return len(calls)
+
+    async def abort_requests(self, call: Call, requests: list[EngineCall], reason: Reason) -> None:
+        """Record ``reason`` and the phase on each request not yet cancelled, abort them on their
+        engines, and return once every engine confirmed. Cancels already under way are not
+        repeated (the first reason wins)."""
+        started = time.perf_counter()
+        pending = [r for r in requests if r.cancel_reason is None]
+        for r in pending:
+            r.cancel_reason = reason
+            r.cancel_phase = r.phase()
+        if not pending:
+            return
+        await asyncio.gather(*(r.engine.abort(r.engine_request_id) for r in pending))
+        elapsed = time.perf_counter() - started
+        for _ in pending:
+            self._metrics.cancel_to_abort.labels(call.model).observe(elapsed)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def calls(self) -> Iterator[Call]:
+        return iter(list(self._live.values()))
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    async def wait_idle(self) -> None:
+        await self._idle.wait()
+
+    # -- bounded memory --------------------------------------------------------------------
+
+    def _remember(self, request_id: str, tokens: int) -> None:
+        self._ended[request_id] = (self._clock() + self._finished_ttl, tokens)
+        self._ended.move_to_end(request_id)
+        self._trim(self._ended)
+
+    def _trim(self, store: OrderedDict[str, Any]) -> None:
+        while len(store) > self._max:
+            store.popitem(last=False)
+
+    def _expire(self) -> None:
+        # Entries go in with one TTL per store, so insertion order is expiry order.
+        now = self._clock()
+        stores: tuple[OrderedDict[str, Any], ...] = (self._ended, self._tombstones)
+        for store in stores:
+            while store and next(iter(store.values()))[0] <= now:
+                store.popitem(last=False)

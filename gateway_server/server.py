@@ -1,0 +1,160 @@
+"""The gateway process: ``GatewayConfig → GatewayServer``, from start to graceful shutdown.
+
+Start: start the engine workers (a worker that fails makes start raise, naming it), build the
+registry, service and metrics, listen on HTTP (and gRPC when that layer is present), then write
+the ready file.
+
+Shutdown (first SIGTERM/SIGINT), in this order:
+  1. draining: ``/v2/health/ready`` answers 503, new generation requests get 503;
+  2. stop accepting connections;
+  3. let calls in flight finish, up to ``drain_timeout``;
+  4. cancel what is left with reason ``shutdown`` (the engine aborts; streams end with an error);
+  5. close the listeners' remaining connections, then stop the engine workers.
+A second signal skips the wait in step 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from gateway_server.config import GatewayConfig
+from gateway_server.engine.base import Engine
+from gateway_server.engine.pool import EnginePool
+from gateway_server.engine.sim import SimulatedEngine
+from gateway_server.http.app import build_app
+from gateway_server.metrics import EngineLoadCollector, GatewayMetrics, InflightCollector
+from gateway_server.registry import CallRegistry
+from gateway_server.service import GenerationService, ModelInfo
+from gateway_server.vocabulary import Reason
+
+log = logging.getLogger("hangup.gateway")
+
+
+def build_engines(config: GatewayConfig) -> list[Engine]:
+    if config.engine == "sim":
+        return [SimulatedEngine(config.sim) for _ in range(config.workers)]
+    # Imported only when asked for: importing vLLM takes seconds and a lot of memory.
+    vllm_engine: Any = import_module("gateway_server.engine.vllm")
+    engines: list[Engine] = vllm_engine.build_vllm_engines(
+        config.model, config.vllm, config.workers
+    )
+    return engines
+
+
+class GatewayServer:
+    def __init__(
+        self, config: GatewayConfig, engines: list[Engine] | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:  # fmt: skip
+        self.config = config
+        self.metrics_registry = registry or CollectorRegistry()
+        self.pool = EnginePool(engines if engines is not None else build_engines(config))
+        self.metrics = GatewayMetrics(self.metrics_registry, [config.model_name])
+        self.registry = CallRegistry(self.metrics, tombstone_ttl=config.tombstone_ttl)
+        self.service: GenerationService | None = None
+        self.listeners: dict[str, str | None] = {}
+        self._runner: web.AppRunner | None = None
+        self._grpc: Any = None
+        self._stop = asyncio.Event()
+        self._force = asyncio.Event()
+
+    async def start(self) -> dict[str, str | None]:
+        """Start engines and listeners; returns ``{"http": "host:port", "grpc": ...}``."""
+        cfg = self.config
+        await self.pool.start()
+        model = ModelInfo(cfg.model_name, self.pool.workers[0].engine.max_model_len)
+        service = GenerationService(self.pool, self.registry, self.metrics, model)
+        self.service = service
+        self.metrics_registry.register(InflightCollector([model.name], service.phases_in_flight))
+        self.metrics_registry.register(EngineLoadCollector(service.worker_loads))
+        app = build_app(service, self.metrics_registry, cancel_token=cfg.cancel_token,
+                        max_body_bytes=cfg.max_body_bytes)  # fmt: skip
+        self._runner = web.AppRunner(
+            app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0,
+            max_line_size=cfg.max_header_bytes, max_field_size=cfg.max_header_bytes,
+        )  # fmt: skip
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, cfg.host, cfg.http_port)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.listeners = {"http": f"{host}:{port}", "grpc": await self._start_grpc(service)}
+        if cfg.ready_file is not None:
+            write_ready_file(cfg.ready_file, self.listeners)
+        log.info(json.dumps({"event": "serving", **self.listeners, "model": model.name,
+                             "engine": cfg.engine, "workers": cfg.workers}))  # fmt: skip
+        return self.listeners
+
+    async def _start_grpc(self, service: GenerationService) -> str | None:
+        try:
+            grpc_layer: Any = import_module("gateway_server.grpc.server")
+        except ModuleNotFoundError:
+            return None  # gRPC layer not part of this build
+        self._grpc = await grpc_layer.start_grpc_server(service, self.config)
+        return f"{self.config.host}:{self._grpc.port}"
+
+    def request_stop(self) -> None:
+        """First call: drain gracefully. Second call: stop waiting for calls to finish."""
+        if self._stop.is_set():
+            self._force.set()
+        self._stop.set()
+
+    async def serve_until_stopped(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop)
+        await self._stop.wait()
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        assert self.service is not None and self._runner is not None
+        self.service.draining = True
+        for site in list(self._runner.sites):
+            await site.stop()
+        if self._grpc is not None:
+            await self._grpc.stop_accepting()
+        remaining = len(self.registry)
+        if remaining:
+            log.info(json.dumps({"event": "draining", "calls": remaining,
+                                 "timeout_s": self.config.drain_timeout}))  # fmt: skip
+            waiters = [asyncio.ensure_future(self.registry.wait_idle()),
+                       asyncio.ensure_future(self._force.wait())]  # fmt: skip
+            await asyncio.wait(waiters, timeout=self.config.drain_timeout,
+                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            for waiter in waiters:
+                waiter.cancel()
+        cancelled = await self.registry.cancel_all(Reason.SHUTDOWN)
+        if cancelled:
+            log.info(json.dumps({"event": "drain_timeout", "cancelled_calls": cancelled}))
+        if self._grpc is not None:
+            await self._grpc.stop(grace=1.0)
+        await self._runner.cleanup()
+        await self.pool.shutdown()
+        log.info(json.dumps({"event": "stopped"}))
+
+
+def write_ready_file(path: Path, listeners: dict[str, str | None]) -> None:
+    """Write the listener map atomically: a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(listeners))
+    tmp.replace(path)
+
+
+async def serve(config: GatewayConfig) -> None:
+    server = GatewayServer(config)
+    try:
+        await server.start()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await server.pool.shutdown()
+        raise
+    await server.serve_until_stopped()
