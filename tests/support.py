@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import inspect
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,3 +98,23 @@ def spawn(
         if popen.poll() is None:
             popen.kill()
             popen.wait()
+
+
+POLL_INTERVAL = 0.005
+"""How often ``wait_until`` looks again; it waits on a condition, never for a guessed time."""
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool] | bool], within: float = 10.0, what: str = ""
+) -> None:
+    """Poll ``predicate`` until it is true; fail after ``within`` seconds naming ``what``."""
+    deadline = time.monotonic() + within
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what or predicate}")
+        await asyncio.sleep(POLL_INTERVAL)

@@ -15,8 +15,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from gateway_server.errors import CancelledBeforeArrival, ClientError, GatewayError, Unavailable
 from gateway_server.http import cancel, kserve, openai
-from gateway_server.http.common import REQUEST_ID_HEADER
+from gateway_server.http.common import (
+    CANCEL_TOKEN,
+    MAX_BODY_BYTES,
+    MODEL,
+    PROTOCOL,
+    REQUEST_ID_HEADER,
+    SERVICE,
+)
 from gateway_server.service import GenerationService
+
+METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -26,10 +35,11 @@ def build_app(
     max_body_bytes: int,
 ) -> web.Application:  # fmt: skip
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
-    app["service"] = service
-    app["cancel_token"] = cancel_token
-    app["max_body_bytes"] = max_body_bytes
-    app["metrics_registry"] = registry
+    app[SERVICE] = service
+    if cancel_token is not None:
+        app[CANCEL_TOKEN] = cancel_token
+    app[MAX_BODY_BYTES] = max_body_bytes
+    app[METRICS_REGISTRY] = registry
     openai.add_routes(app)
     kserve.add_routes(app)
     cancel.add_routes(app)
@@ -38,7 +48,7 @@ def build_app(
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app["metrics_registry"])
+    body = generate_latest(request.app[METRICS_REGISTRY])
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response
@@ -49,13 +59,13 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except GatewayError as exc:
-        protocol = request.get("protocol")
+        protocol = request.get(PROTOCOL)
         refused = isinstance(exc, ClientError | Unavailable) and not isinstance(
             exc, CancelledBeforeArrival
         )
         if protocol is not None and refused:
-            service: GenerationService = request.app["service"]
-            service.record_rejected(request.get("model"), protocol)
+            service: GenerationService = request.app[SERVICE]
+            service.record_rejected(request.get(MODEL), protocol)
         return error_response(request, exc)
 
 

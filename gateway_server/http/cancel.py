@@ -10,6 +10,7 @@ import json
 from aiohttp import web
 
 from gateway_server.errors import InvalidRequest, Unauthorized
+from gateway_server.http.common import CANCEL_TOKEN, SERVICE
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Reason
 
@@ -21,7 +22,7 @@ def add_routes(app: web.Application) -> None:
 
 def check_token(request: web.Request) -> None:
     """Raise Unauthorized unless the request carries the configured bearer token (if any)."""
-    token: str | None = request.app["cancel_token"]
+    token = request.app.get(CANCEL_TOKEN)
     if token is None:
         return
     given = request.headers.get("Authorization", "")
@@ -35,7 +36,7 @@ def check_token(request: web.Request) -> None:
 async def cancel(request: web.Request) -> web.Response:
     """Cancel a call by id. 200 cancelled|finished, 404 never seen (a tombstone is left)."""
     check_token(request)
-    service: GenerationService = request.app["service"]
+    service: GenerationService = request.app[SERVICE]
     reason = Reason.EXPLICIT
     raw = await request.read()
     if raw.strip():
@@ -59,5 +60,5 @@ async def cancel(request: web.Request) -> web.Response:
 
 async def list_requests(request: web.Request) -> web.Response:
     check_token(request)
-    service: GenerationService = request.app["service"]
+    service: GenerationService = request.app[SERVICE]
     return web.json_response({"requests": service.describe_calls()})

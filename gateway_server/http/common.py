@@ -11,8 +11,17 @@ from aiohttp import web
 
 from gateway_server.engine.base import SamplingParams
 from gateway_server.errors import InvalidRequest, RequestTooLarge
+from gateway_server.service import GenerationService
+from gateway_server.vocabulary import Protocol
 
 REQUEST_ID_HEADER = "X-Request-Id"
+
+SERVICE = web.AppKey("service", GenerationService)
+CANCEL_TOKEN = web.AppKey("cancel_token", str)
+MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
+# What the error middleware needs to count a refused generation request.
+PROTOCOL = web.RequestKey("protocol", Protocol)
+MODEL = web.RequestKey("model", str)
 _REQUEST_ID = re.compile(r"^[\x21-\x2e\x30-\x7e]{1,128}$")  # visible ASCII except '/'
 MAX_CHOICES = 16
 
@@ -37,7 +46,7 @@ async def read_json_object(request: web.Request) -> dict[str, Any]:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise RequestTooLarge(
-            f"request body is larger than the limit of {request.app['max_body_bytes']} bytes"
+            f"request body is larger than the limit of {request.app[MAX_BODY_BYTES]} bytes"
         ) from exc
     try:
         body = json.loads(raw) if raw else None

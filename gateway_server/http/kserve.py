@@ -24,7 +24,10 @@ from aiohttp import web
 from gateway_server import __version__, sse
 from gateway_server.errors import GatewayError, InvalidRequest, RequestCancelled
 from gateway_server.http.common import (
+    MODEL,
+    PROTOCOL,
     REQUEST_ID_HEADER,
+    SERVICE,
     check_prompt_fits,
     field,
     read_json_object,
@@ -51,7 +54,7 @@ def add_routes(app: web.Application) -> None:
 
 
 def _service(request: web.Request) -> GenerationService:
-    service: GenerationService = request.app["service"]
+    service: GenerationService = request.app[SERVICE]
     return service
 
 
@@ -111,10 +114,10 @@ def _sampling_body(body: dict[str, Any]) -> dict[str, Any]:
 
 async def _start(request: web.Request) -> tuple[GenerationService, str, dict[str, Any], str]:
     service = _service(request)
-    request["protocol"] = Protocol.KSERVE_HTTP
+    request[PROTOCOL] = Protocol.KSERVE_HTTP
     model = request.match_info["model"]
     service.check_model(model)
-    request["model"] = model
+    request[MODEL] = model
     call_id = request_id(request)
     body = await read_json_object(request)
     return service, call_id, body, model

@@ -22,7 +22,10 @@ from gateway_server.engine.base import SamplingParams, TokenChunk
 from gateway_server.errors import GatewayError, InvalidRequest, RequestCancelled
 from gateway_server.http.common import (
     MAX_CHOICES,
+    MODEL,
+    PROTOCOL,
     REQUEST_ID_HEADER,
+    SERVICE,
     check_prompt_fits,
     field,
     read_json_object,
@@ -70,7 +73,7 @@ def add_routes(app: web.Application) -> None:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    service: GenerationService = request.app["service"]
+    service: GenerationService = request.app[SERVICE]
     model = {"id": service.model.name, "object": "model", "created": 0, "owned_by": "hangup",
              "max_model_len": service.model.max_model_len}  # fmt: skip
     return web.json_response({"object": "list", "data": [model]})
@@ -85,12 +88,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
-    service: GenerationService = request.app["service"]
-    request["protocol"] = Protocol.OPENAI
+    service: GenerationService = request.app[SERVICE]
+    request[PROTOCOL] = Protocol.OPENAI
     call_id = request_id(request)
     body = await read_json_object(request)
     job = _parse(service, body, chat=chat)
-    request["model"] = job.model
+    request[MODEL] = job.model
     async with service.call(call_id, job.model, Protocol.OPENAI) as call:
         streams = [service.generate(call, p, job.params) for p in job.prompts]
         if job.stream:

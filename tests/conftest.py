@@ -1,0 +1,14 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.gateway_fixtures import Gateway, running_gateway
+
+
+@pytest.fixture
+async def gateway() -> AsyncIterator[Gateway]:
+    """A gateway with the simulated engine's defaults (8 slots, 10 ms steps)."""
+    async with running_gateway() as gw:
+        yield gw
