@@ -73,7 +73,8 @@ class SimulatedEngine:
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
-        self._aborts: dict[str, asyncio.Future[None]] = {}
+        # Pending aborts: request id → one future per caller waiting for the step boundary.
+        self._aborts: dict[str, list[asyncio.Future[None]]] = {}
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._dead: BaseException | None = None
@@ -127,15 +128,18 @@ class SimulatedEngine:
                     return
         finally:
             if not seq.finished:  # the consumer left early: free the slot at the next boundary
-                self._aborts.setdefault(request.request_id, _new_future())
+                self._aborts.setdefault(request.request_id, [])
                 self._wake.set()
 
     async def abort(self, request_id: str) -> None:
         if request_id not in self._by_id:
             return
-        done = self._aborts.setdefault(request_id, _new_future())
+        # A future per caller: one caller giving up (cancelled) never disturbs another's wait,
+        # and the abort stays registered either way.
+        done = asyncio.get_running_loop().create_future()
+        self._aborts.setdefault(request_id, []).append(done)
         self._wake.set()
-        await asyncio.shield(done)
+        await done
 
     def phase(self, request_id: str) -> Phase | None:
         seq = self._by_id.get(request_id)
@@ -167,6 +171,9 @@ class SimulatedEngine:
                 )
                 await asyncio.sleep(duration)
                 self.steps += 1
+                # The boundary: aborts that arrived during the step land before its outputs go
+                # out, so their confirmations are not queued behind a whole batch of tokens.
+                self._resolve_aborts()
                 self._complete_step(prefill)
         except asyncio.CancelledError:
             raise
@@ -178,7 +185,7 @@ class SimulatedEngine:
 
     def _resolve_aborts(self) -> None:
         aborts, self._aborts = self._aborts, {}
-        for request_id, done in aborts.items():
+        for request_id, waiters in aborts.items():
             seq = self._by_id.get(request_id)
             if seq is not None:
                 if seq in self._running:
@@ -187,8 +194,9 @@ class SimulatedEngine:
                     with contextlib.suppress(ValueError):
                         self._waiting.remove(seq)
                 self._finish(seq, FinishReason.ABORT)
-            if not done.done():
-                done.set_result(None)
+            for done in waiters:
+                if not done.done():
+                    done.set_result(None)
 
     def _admit(self) -> None:
         while self._waiting and len(self._running) < self._config.slots:
@@ -207,7 +215,7 @@ class SimulatedEngine:
         return plan
 
     def _complete_step(self, prefill: dict[_Sequence, int]) -> None:
-        for seq in list(self._running):
+        for seq in list(self._running):  # aborted ones already left: they emit nothing more
             if seq.phase is Phase.PREFILL:
                 seq.prefilled += prefill.get(seq, 0)
                 if seq.prefilled < seq.prompt_tokens:
@@ -245,7 +253,3 @@ class SimulatedEngine:
         self._by_id.pop(seq.request.request_id, None)
         if not emitted:
             seq.out.put_nowait(TokenChunk("", 0, seq.prompt_tokens, reason))
-
-
-def _new_future() -> asyncio.Future[None]:
-    return asyncio.get_running_loop().create_future()
