@@ -27,11 +27,11 @@ class BoundaryRecordingSimEngine(SimulatedEngine):
         self.boundaries: dict[str, float] = {}
         self.confirmed: dict[str, float] = {}
 
-    def _resolve_aborts(self) -> None:
+    def _resolve_aborts(self) -> bool:
         now = time.monotonic()
         for request_id in self._aborts:
             self.boundaries.setdefault(request_id, now)
-        super()._resolve_aborts()
+        return super()._resolve_aborts()
 
     async def abort(self, request_id: str) -> None:
         await super().abort(request_id)

@@ -172,8 +172,9 @@ class SimulatedEngine:
                 await asyncio.sleep(duration)
                 self.steps += 1
                 # The boundary: aborts that arrived during the step land before its outputs go
-                # out, so their confirmations are not queued behind a whole batch of tokens.
-                self._resolve_aborts()
+                # out, and their waiters run before the batch's token fan-out does.
+                if self._resolve_aborts():
+                    await asyncio.sleep(0)
                 self._complete_step(prefill)
         except asyncio.CancelledError:
             raise
@@ -183,7 +184,8 @@ class SimulatedEngine:
                 self._finish(seq, FinishReason.ABORT)
             raise
 
-    def _resolve_aborts(self) -> None:
+    def _resolve_aborts(self) -> bool:
+        """Apply pending aborts; True when there were any."""
         aborts, self._aborts = self._aborts, {}
         for request_id, waiters in aborts.items():
             seq = self._by_id.get(request_id)
@@ -197,6 +199,7 @@ class SimulatedEngine:
             for done in waiters:
                 if not done.done():
                     done.set_result(None)
+        return bool(aborts)
 
     def _admit(self) -> None:
         while self._waiting and len(self._running) < self._config.slots:
