@@ -11,7 +11,11 @@ same classes to gRPC codes. Handlers raise these; one middleware per protocol re
     │   ├── DuplicateRequestId        (409)
     │   └── CancelledBeforeArrival    (499)  a cancel for this id arrived first (tombstone)
     ├── Unavailable                   (503)  draining, no live worker
-    └── EngineFailure                 (500)  the engine failed this request
+    ├── EngineFailure                 (500)  the engine failed this request
+    └── CancelledWhileRunning         (499)  cancelled before any of the answer was sent
+
+    RequestCancelled (not a GatewayError): raised into a handler whose engine request was
+    cancelled; the handler ends its stream, or answers with CancelledWhileRunning.
 """
 
 from __future__ import annotations
@@ -81,6 +85,16 @@ class Unavailable(GatewayError):
 class EngineFailure(GatewayError):
     status = 500
     error_type = "engine_error"
+
+
+class CancelledWhileRunning(GatewayError):
+    """A non-streaming request cancelled while it ran: answered 499 (nothing was sent yet)."""
+
+    status = 499
+    error_type = "cancelled"
+
+    def __init__(self, reason: Reason) -> None:
+        super().__init__(f"request cancelled ({reason})")
 
 
 class RequestCancelled(Exception):

@@ -22,7 +22,12 @@ from typing import Any
 from aiohttp import web
 
 from gateway_server import __version__, sse
-from gateway_server.errors import GatewayError, InvalidRequest, RequestCancelled
+from gateway_server.errors import (
+    CancelledWhileRunning,
+    GatewayError,
+    InvalidRequest,
+    RequestCancelled,
+)
 from gateway_server.http.common import (
     MODEL,
     PROTOCOL,
@@ -133,7 +138,7 @@ async def generate(request: web.Request) -> web.Response:
                 async for chunk in chunks:
                     text += chunk.text
         except RequestCancelled as exc:
-            raise _Cancelled(f"request cancelled ({exc.reason})") from exc
+            raise CancelledWhileRunning(exc.reason) from exc
     if not options.get("exclude_input_in_output", False):
         text = prompt + text
     answer = {"model_name": model, "model_version": MODEL_VERSION, "text_output": text}
@@ -188,8 +193,3 @@ def _parse(service: GenerationService, body: dict[str, Any]) -> tuple[str, Any, 
     field(options, "exclude_input_in_output", bool, False)
     field(options, EMPTY_FINAL_OPT_IN, bool, False)
     return prompt, params, options
-
-
-class _Cancelled(GatewayError):
-    status = 499
-    error_type = "cancelled"

@@ -19,7 +19,12 @@ from aiohttp import web
 
 from gateway_server import sse
 from gateway_server.engine.base import SamplingParams, TokenChunk
-from gateway_server.errors import GatewayError, InvalidRequest, RequestCancelled
+from gateway_server.errors import (
+    CancelledWhileRunning,
+    GatewayError,
+    InvalidRequest,
+    RequestCancelled,
+)
 from gateway_server.http.common import (
     MAX_CHOICES,
     MODEL,
@@ -180,7 +185,7 @@ async def _respond(
             async for index, chunk in chunks:
                 _absorb(choices[index], chunk)
     except RequestCancelled as exc:
-        raise _Cancelled(exc) from exc
+        raise CancelledWhileRunning(exc.reason) from exc
     body = _envelope(call, job)
     body["choices"] = [_final_choice(job, i, c) for i, c in enumerate(choices)]
     body["usage"] = _usage(job, choices)
@@ -276,16 +281,6 @@ def _usage(job: _Job, choices: list[_Choice]) -> dict[str, int]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
-
-
-class _Cancelled(GatewayError):
-    """A non-streaming request cancelled while running: answered 499 (nothing was sent yet)."""
-
-    status = 499
-    error_type = "cancelled"
-
-    def __init__(self, exc: RequestCancelled) -> None:
-        super().__init__(f"request cancelled ({exc.reason})")
 
 
 def _error_body(exc: Exception) -> dict[str, Any]:
