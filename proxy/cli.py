@@ -1,7 +1,36 @@
-"""``hangup-proxy``: not implemented yet (see the proxy issue)."""
+"""``hangup-proxy`` (also ``python -m proxy``): flags and environment → ``Config`` → ``Server``."""
 
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
 import sys
+from collections.abc import Sequence
+
+from proxy import logs
+from proxy.config import build_config
+from proxy.errors import ConfigError
+from proxy.server import Server
 
 
-def main() -> None:
-    sys.exit("hangup-proxy: not implemented yet")
+async def _run(server: Server) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await server.serve(stop)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        config = build_config(sys.argv[1:] if argv is None else argv, os.environ)
+    except ConfigError as exc:
+        sys.exit(f"hangup-proxy: {exc}")
+    logs.setup(config.log_level)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
+        asyncio.run(_run(Server(config)))
+    else:
+        uvloop.run(_run(Server(config)))

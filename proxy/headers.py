@@ -1,0 +1,114 @@
+"""Header rules for relaying one HTTP/1.1 call: hop-by-hop fields, forwarding fields, request ids.
+
+No I/O: header lists in, header lists out. Hop-by-hop fields (RFC 9110 §7.6.1: ``Connection`` and
+every field it names, plus the classic ``Keep-Alive``, ``Proxy-Connection``, ``TE``, ``Trailer``,
+``Transfer-Encoding``, ``Upgrade``, ``Proxy-Authenticate``, ``Proxy-Authorization``) describe one
+connection and are never relayed; the proxy frames each side's body itself. ``Expect`` is answered
+by the proxy and dropped too. Field order and repeated fields are kept.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from proxy.errors import BadRequestId
+
+Headers = list[tuple[str, str]]
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authenticate",
+        "proxy-authorization",
+    }
+)
+REQUEST_ID = "X-Request-Id"
+CLIENT_REQUEST_ID = "X-Client-Request-Id"
+_ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+_DROP_UPSTREAM = frozenset({"expect", REQUEST_ID.lower(), CLIENT_REQUEST_ID.lower()})
+
+
+def new_request_id() -> str:
+    """A fresh 128-bit random id, as 32 hex digits."""
+    return secrets.token_hex(16)
+
+
+def connection_scoped(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
+    """Lower-cased names of every hop-by-hop field, those named in ``Connection`` included."""
+    named = {
+        token.strip().lower()
+        for name, value in headers
+        if name.lower() == "connection"
+        for token in value.split(",")
+        if token.strip()
+    }
+    return HOP_BY_HOP | named
+
+
+def strip_hop_by_hop(headers: Iterable[tuple[str, str]]) -> Headers:
+    items = list(headers)
+    scoped = connection_scoped(items)
+    return [(name, value) for name, value in items if name.lower() not in scoped]
+
+
+def _first(headers: Iterable[tuple[str, str]], name: str) -> str | None:
+    lowered = name.lower()
+    return next((value for key, value in headers if key.lower() == lowered), None)
+
+
+@dataclass(frozen=True)
+class RequestIds:
+    upstream: str  # the id of the upstream call: the one cancel calls name
+    client: str | None  # what the client sent as X-Request-Id, if anything
+
+
+def choose_request_ids(headers: Iterable[tuple[str, str]], *, trust_client: bool) -> RequestIds:
+    """The upstream call's id: fresh, or the client's own when trusted.
+
+    Raises ``BadRequestId`` when the client's id is trusted but not 1-128 characters of
+    ``[A-Za-z0-9._:-]`` (an id that names someone else's call must never be guessable from junk).
+    """
+    client = _first(headers, REQUEST_ID)
+    if not trust_client or client is None:
+        return RequestIds(new_request_id(), client)
+    if not _ID_PATTERN.fullmatch(client):
+        raise BadRequestId("X-Request-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+    return RequestIds(client, client)
+
+
+def upstream_request_headers(
+    headers: Iterable[tuple[str, str]], *, ids: RequestIds, client_addr: str | None, scheme: str
+) -> Headers:
+    """The headers to send upstream for a client request carrying ``headers``."""
+    out = [(n, v) for n, v in strip_hop_by_hop(headers) if n.lower() not in _DROP_UPSTREAM]
+    forwarded_for = _first(out, "X-Forwarded-For")
+    if client_addr:
+        out = [(n, v) for n, v in out if n.lower() != "x-forwarded-for"]
+        chain = f"{forwarded_for}, {client_addr}" if forwarded_for else client_addr
+        out.append(("X-Forwarded-For", chain))
+    if _first(out, "X-Forwarded-Proto") is None:
+        out.append(("X-Forwarded-Proto", scheme))
+    out.append((REQUEST_ID, ids.upstream))
+    if ids.client is not None and ids.client != ids.upstream:
+        out.append((CLIENT_REQUEST_ID, ids.client))
+    return out
+
+
+def client_response_headers(headers: Iterable[tuple[str, str]], *, request_id: str) -> Headers:
+    """The headers to send the client for an upstream response carrying ``headers``.
+
+    ``Content-Length`` is kept (the body is relayed byte for byte); chunked framing is redone by
+    the proxy. The upstream call's id is always echoed as ``X-Request-Id``.
+    """
+    out = [(n, v) for n, v in strip_hop_by_hop(headers) if n.lower() != REQUEST_ID.lower()]
+    out.append((REQUEST_ID, request_id))
+    return out

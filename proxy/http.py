@@ -1,0 +1,340 @@
+"""The HTTP/1.1 listener: relays any method and path upstream, and cancels calls whose client left.
+
+aiohttp's server parses requests and runs one handler task per connection; it is started with
+``handler_cancellation=True``, so the moment the client's connection is lost (FIN or RST, read
+by the transport whatever the handler is doing) the handler task is cancelled. That is how a
+hang-up is seen in every stage without waiting for the next write: while the request body is
+still arriving, while waiting for the upstream's first byte, and while streaming. A client that
+only shuts down its write side looks the same to the transport and is treated as a hang-up (see
+README, "Half-closed connections").
+
+Per call: admit (limits) → choose ids → stream the body up → relay the response chunk by chunk
+as it arrives (``iter_any``: no batching of SSE events) → release. On a hang-up, a proxy timeout
+or shutdown, the handler submits an explicit cancel by request id to the ``Canceller`` (its own
+task, so it outlives this one), closes the upstream connection, and ends. Errors the proxy
+makes itself are ``ProxyError`` responses (JSON, OpenAI-style ``{"error": {...}}``) while nothing
+has been sent yet; after that the only honest signal is to close the client connection without
+the final chunk, so a truncated response never looks complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+from aiohttp import web
+
+from proxy.errors import (
+    BodyTooLarge,
+    Overloaded,
+    ProxyError,
+    UpstreamBroken,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from proxy.headers import (
+    REQUEST_ID,
+    choose_request_ids,
+    client_response_headers,
+    upstream_request_headers,
+)
+from proxy.logs import log_call
+from proxy.state import Call, ServerState
+from proxy.vocabulary import CancelResult, Outcome, Protocol, Reason, Stage
+
+log = logging.getLogger("hangup.proxy.http")
+
+_NO_BODY_STATUSES = frozenset({204, 304})
+CancelTask = asyncio.Task[CancelResult | None]
+
+
+class ProxyTimeout(ProxyError):
+    status = 504
+    outcome = Outcome.CANCELLED
+
+
+class _ClientGone(Exception):
+    """Writing to the client failed: it left (the cancellation of the handler follows)."""
+
+
+class _Exchange:
+    """One request/response pair on the client side, with what has been sent so far."""
+
+    def __init__(self, request: web.BaseRequest, call: Call) -> None:
+        self.request = request
+        self.call = call
+        self.response: web.StreamResponse | None = None
+        self.body_too_large = False
+        self.upstream_started = False
+
+
+class HttpRelay:
+    """The request handler: one instance per listener, shared by every connection."""
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+        self._config = state.config
+        self._base = state.config.upstream_http.rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=0, keepalive_timeout=60, enable_cleanup_closed=False
+            ),
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=self._config.upstream_connect_timeout
+            ),
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
+        call = Call(Protocol.HTTP, request.method, request.path_qs, request.remote)
+        exchange = _Exchange(request, call)
+        task = asyncio.current_task()
+        call.stop = lambda reason: self._stop(call, task, reason)
+        try:
+            self._state.admit(call)
+        except Overloaded as exc:
+            response = self._error(exchange, exc)
+            self._finish(call, None)
+            return response
+        try:
+            return await self._guarded(exchange)
+        finally:
+            self._state.release(call)
+
+    @staticmethod
+    def _stop(call: Call, task: CancelTask | None, reason: Reason) -> None:
+        if call.reason is None:
+            call.reason = reason
+        if task is not None:
+            task.cancel()
+
+    async def _guarded(self, ex: _Exchange) -> web.StreamResponse:
+        """Relay, mapping every way a call can end to its outcome, cancel and log line."""
+        call, cancel = ex.call, None
+        deadline = asyncio.timeout(self._config.max_request_duration)
+        try:
+            async with deadline:
+                response = await self._relay(ex)
+            call.outcome = Outcome.COMPLETED
+            return response
+        except ProxyError as exc:
+            return self._error(ex, exc)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            cancel = self._cancel(ex, Reason.PROXY_TIMEOUT)
+            return self._error(ex, ProxyTimeout("the call ran past --max-request-duration"))
+        except _ClientGone:
+            cancel = self._cancel(ex, Reason.CLIENT_DISCONNECT)
+            return self._prepared(ex)
+        except asyncio.CancelledError:
+            cancel = self._cancel(ex, call.reason or Reason.CLIENT_DISCONNECT)
+            raise
+        finally:
+            self._finish(call, cancel)
+
+    def _cancel(self, ex: _Exchange, reason: Reason) -> CancelTask | None:
+        """Record why the call ends; cancel it upstream explicitly, by id, in the background."""
+        detected = time.monotonic()
+        call = ex.call
+        call.reason, call.outcome = reason, Outcome.CANCELLED
+        if reason is Reason.CLIENT_DISCONNECT:
+            self._state.metrics.disconnected(Protocol.HTTP, call.stage)
+            if call.status is None:
+                call.status = 499  # nginx's "client closed request": nothing was sent
+        self._state.metrics.cancelled(Protocol.HTTP, reason)
+        if not ex.upstream_started or call.request_id is None:
+            return None
+        return self._state.canceller.submit(call.request_id, reason, detected)
+
+    def _finish(self, call: Call, cancel: CancelTask | None) -> None:
+        """Count the call and write its log line (once its cancel call, if any, has an answer)."""
+        call.ended = time.monotonic()
+        outcome = call.outcome or Outcome.UPSTREAM_ERROR
+        call.outcome = outcome
+        self._state.metrics.finished(Protocol.HTTP, outcome)
+        if cancel is None:
+            log_call(call.record())
+            return
+
+        def done(task: CancelTask) -> None:
+            if not task.cancelled():
+                call.cancel_result = task.result()
+            log_call(call.record())
+
+        cancel.add_done_callback(done)
+
+    async def _relay(self, ex: _Exchange) -> web.StreamResponse:
+        request, call = ex.request, ex.call
+        ids = choose_request_ids(
+            request.headers.items(), trust_client=self._config.trust_client_request_id
+        )
+        call.request_id, call.client_request_id = ids.upstream, ids.client
+        limit = self._config.max_body_size
+        if (
+            limit is not None
+            and request.content_length is not None
+            and request.content_length > limit
+        ):
+            raise BodyTooLarge(f"request body of {request.content_length} bytes exceeds {limit}")
+        headers = upstream_request_headers(
+            request.headers.items(), ids=ids, client_addr=request.remote, scheme=request.scheme
+        )
+        body = self._body(ex) if request.body_exists else None
+        sent = time.monotonic()
+        upstream = await self._send(ex, headers, body)
+        try:
+            call.upstream_ttfb = time.monotonic() - sent
+            self._state.metrics.upstream_ttfb.observe(call.upstream_ttfb)
+            response = await self._respond(ex, upstream)
+        except BaseException:
+            upstream.close()  # drop the connection: the upstream sees its stream end at once
+            raise
+        upstream.release()
+        return response
+
+    async def _body(self, ex: _Exchange) -> AsyncIterator[bytes]:
+        limit = self._config.max_body_size
+        async for chunk in ex.request.content.iter_any():
+            ex.call.bytes_in += len(chunk)
+            if limit is not None and ex.call.bytes_in > limit:
+                ex.body_too_large = True
+                raise BodyTooLarge(f"request body exceeds {limit} bytes")
+            yield chunk
+
+    async def _send(
+        self, ex: _Exchange, headers: list[tuple[str, str]], body: AsyncIterator[bytes] | None
+    ) -> aiohttp.ClientResponse:
+        assert self._session is not None, "HttpRelay.open() was not awaited"
+        url = self._base + ex.request.raw_path
+        ex.upstream_started = True
+        try:
+            return await self._session.request(
+                ex.request.method, url, headers=headers, data=body, allow_redirects=False
+            )
+        except aiohttp.ServerTimeoutError as exc:
+            raise UpstreamTimeout(f"upstream {self._base} did not answer in time") from exc
+        except aiohttp.ClientConnectorError as exc:
+            ex.upstream_started = False
+            raise UpstreamUnavailable(
+                f"upstream {self._base} is unavailable: {exc.os_error}"
+            ) from exc
+        except aiohttp.ClientError as exc:
+            if ex.body_too_large:
+                limit = self._config.max_body_size
+                raise BodyTooLarge(f"request body exceeds {limit} bytes") from exc
+            raise UpstreamBroken(
+                f"upstream {self._base} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    async def _respond(self, ex: _Exchange, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+        request, call = ex.request, ex.call
+        assert call.request_id is not None
+        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+        raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in upstream.raw_headers]
+        for name, value in client_response_headers(raw, request_id=call.request_id):
+            response.headers.add(name, value)
+        has_body = request.method != "HEAD" and upstream.status >= 200
+        if (
+            has_body
+            and upstream.status not in _NO_BODY_STATUSES
+            and "Content-Length" not in response.headers
+        ):
+            response.enable_chunked_encoding()
+        if self._state.draining:
+            response.force_close()
+        try:
+            await response.prepare(request)
+        except ConnectionResetError as exc:
+            raise _ClientGone from exc
+        ex.response, call.stage, call.status = response, Stage.STREAMING, upstream.status
+        try:
+            async for chunk in upstream.content.iter_any():
+                try:
+                    await response.write(chunk)
+                except ConnectionResetError as exc:
+                    raise _ClientGone from exc
+                call.bytes_out += len(chunk)
+        except aiohttp.ClientError as exc:
+            raise UpstreamBroken(f"upstream broke off mid-response: {type(exc).__name__}") from exc
+        return response
+
+    def _prepared(self, ex: _Exchange) -> web.StreamResponse:
+        """The response already started; close the client connection so it cannot look complete."""
+        if ex.request.transport is not None:
+            ex.request.transport.close()
+        return ex.response if ex.response is not None else web.Response(status=499)
+
+    def _error(self, ex: _Exchange, exc: ProxyError) -> web.StreamResponse:
+        call = ex.call
+        call.outcome = call.outcome if call.outcome is Outcome.CANCELLED else exc.outcome
+        call.error = exc.message
+        if ex.response is not None:
+            return self._prepared(ex)
+        call.status = exc.status
+        body = {"error": {"message": exc.message, "type": "proxy_error", "code": exc.status}}
+        response = web.Response(
+            status=exc.status, text=json.dumps(body), content_type="application/json"
+        )
+        if call.request_id is not None:
+            response.headers[REQUEST_ID] = call.request_id
+        if isinstance(exc, Overloaded):
+            response.headers["Retry-After"] = "1"
+        if self._state.draining or isinstance(exc, ProxyTimeout):
+            response.force_close()
+        return response
+
+
+class HttpListener:
+    """The HTTP/1.1 listening socket and its aiohttp server."""
+
+    name = "http"
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+        self._relay = HttpRelay(state)
+        self._runner: web.ServerRunner | None = None
+        self._site: web.SockSite | None = None
+
+    async def start(self) -> str:
+        config = self._state.config
+        await self._relay.open()
+        server = web.Server(
+            self._relay,
+            handler_cancellation=True,
+            access_log=None,
+            max_line_size=config.max_header_size,
+            max_field_size=config.max_header_size,
+            max_headers=config.max_headers,
+        )
+        self._runner = web.ServerRunner(server)
+        await self._runner.setup()
+        sock = socket.create_server((config.host, config.http_port), backlog=1024)
+        self._site = web.SockSite(self._runner, sock)
+        await self._site.start()
+        host, port = sock.getsockname()[:2]
+        return f"{host}:{port}"
+
+    async def stop_accepting(self) -> None:
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self._relay.close()

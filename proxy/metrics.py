@@ -1,0 +1,87 @@
+"""The proxy's Prometheus metrics (names and meanings fixed by DESIGN.md), on a registry passed in.
+
+Label values come only from the enums in ``proxy.vocabulary`` and the configured adapter name,
+never from request ids. Durations are measured with ``time.monotonic()`` by the callers.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from proxy.vocabulary import CancelResult, Outcome, Protocol, Reason, Stage
+
+# From 100 µs (a cancel on loopback) up to tens of seconds (a slow first byte from a long queue).
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+    0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)  # fmt: skip
+
+
+class ProxyMetrics:
+    """Every metric the proxy exports; built once at startup and passed down."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "hangup_proxy_requests",
+            "Calls the proxy finished, by how they ended.",
+            ["protocol", "outcome"],
+            registry=registry,
+        )
+        self.client_disconnects = Counter(
+            "hangup_proxy_client_disconnects",
+            "Clients that left before their response ended, by what they had seen.",
+            ["protocol", "stage"],
+            registry=registry,
+        )
+        self.cancel_calls = Counter(
+            "hangup_proxy_cancel_calls",
+            "Explicit upstream cancel calls, retries included, by their final result.",
+            ["adapter", "result"],
+            registry=registry,
+        )
+        self.cancel_reasons = Counter(
+            "hangup_proxy_cancels",
+            "Upstream calls the proxy cancelled, by why.",
+            ["protocol", "reason"],
+            registry=registry,
+        )
+        self.disconnect_to_cancel = Histogram(
+            "hangup_proxy_disconnect_to_cancel_seconds",
+            "From detecting a hang-up to the upstream acknowledging the cancel call.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.inflight = Gauge(
+            "hangup_proxy_inflight_requests",
+            "Calls in flight through the proxy.",
+            ["protocol"],
+            registry=registry,
+        )
+        self.upstream_ttfb = Histogram(
+            "hangup_proxy_upstream_time_to_first_byte_seconds",
+            "From sending a call upstream to its response headers arriving.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.cancels_pending = Gauge(
+            "hangup_proxy_cancel_calls_pending",
+            "Cancel calls waiting for a slot or an answer.",
+            registry=registry,
+        )
+        for protocol in Protocol:
+            self.inflight.labels(protocol.value)
+
+    def finished(self, protocol: Protocol, outcome: Outcome) -> None:
+        self.requests.labels(protocol.value, outcome.value).inc()
+
+    def disconnected(self, protocol: Protocol, stage: Stage) -> None:
+        self.client_disconnects.labels(protocol.value, stage.value).inc()
+
+    def cancelled(self, protocol: Protocol, reason: Reason) -> None:
+        self.cancel_reasons.labels(protocol.value, reason.value).inc()
+
+    def cancel_call(self, adapter: str, result: CancelResult, seconds: float | None) -> None:
+        self.cancel_calls.labels(adapter, result.value).inc()
+        if seconds is not None:
+            self.disconnect_to_cancel.observe(seconds)

@@ -1,0 +1,140 @@
+"""``Config → Server``: starts the listeners, writes the ready file, and drains on shutdown.
+
+The server runs a list of listeners sharing one ``ServerState`` (calls in flight, the draining
+flag, metrics, the canceller). HTTP and admin are built in; a gRPC listener plugs in by passing
+another factory (its key in the ready file is its ``name``; until one exists the ready file says
+``"grpc": null``).
+
+Shutdown, in order (SIGTERM or SIGINT):
+ 1. ``draining`` is set: ``/readyz`` answers 503, new calls on open connections get 503.
+ 2. Every call listener stops accepting connections.
+ 3. Calls in flight may finish until ``--drain-timeout``.
+ 4. The rest are stopped with reason ``shutdown``: each is cancelled upstream explicitly.
+ 5. Cancel calls in flight get until ``--cancel-deadline`` to be answered.
+ 6. Listeners close (admin last), then the cancel adapter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry
+
+from proxy.admin import AdminListener
+from proxy.cancel import Canceller, open_adapter
+from proxy.config import Config
+from proxy.http import HttpListener
+from proxy.metrics import ProxyMetrics
+from proxy.state import ServerState
+from proxy.vocabulary import Reason
+
+log = logging.getLogger("hangup.proxy.server")
+
+_STOP_GRACE = 5.0  # seconds for stopped calls to unwind after their handlers are cancelled
+
+
+class Listener(Protocol):
+    """One listening socket and what serves it."""
+
+    @property
+    def name(self) -> str:
+        """Its key in the ready file (``http``, ``grpc``, ``admin``)."""
+        ...
+
+    async def start(self) -> str:
+        """Start serving; returns the bound ``host:port``."""
+        ...
+
+    async def stop_accepting(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+ListenerFactory = Callable[[ServerState], Listener]
+DEFAULT_LISTENERS: tuple[ListenerFactory, ...] = (HttpListener, AdminListener)
+READY_KEYS = ("http", "grpc", "admin")
+
+
+class Server:
+    def __init__(
+        self, config: Config, listeners: Sequence[ListenerFactory] = DEFAULT_LISTENERS
+    ) -> None:
+        self.config = config
+        self._factories = listeners
+        self.registry = CollectorRegistry()
+        self.metrics = ProxyMetrics(self.registry)
+        self._listeners: list[Listener] = []
+        self.state: ServerState | None = None
+        self.addresses: dict[str, str | None] = {}
+
+    async def start(self) -> dict[str, str | None]:
+        """Start every listener (inside the running loop); returns the ready-file map."""
+        config = self.config
+        adapter = open_adapter(
+            config.cancel_adapter.value,
+            config.cancel_base_url,
+            config.cancel_token,
+            config.cancel_attempt_timeout,
+        )
+        canceller = Canceller(
+            adapter,
+            self.metrics,
+            deadline=config.cancel_deadline,
+            backoff=config.cancel_backoff,
+            backoff_max=config.cancel_backoff_max,
+            concurrency=config.cancel_concurrency,
+        )
+        self.state = ServerState(config, self.metrics, canceller)
+        self.addresses = dict.fromkeys(READY_KEYS)
+        for factory in self._factories:
+            listener = factory(self.state)
+            self._listeners.append(listener)
+            self.addresses[listener.name] = await listener.start()
+        if config.ready_file is not None:
+            _write_atomically(config.ready_file, json.dumps(self.addresses))
+        log.info(
+            "serving",
+            extra={"fields": {"listeners": self.addresses, "upstream": config.upstream_http}},
+        )
+        return self.addresses
+
+    async def shutdown(self) -> None:
+        """Drain and stop (the sequence in the module docstring). Idempotent."""
+        state = self.state
+        if state is None or state.draining:
+            return
+        state.draining = True
+        log.info("draining", extra={"fields": {"inflight": state.inflight}})
+        for listener in self._listeners:
+            await listener.stop_accepting()
+        if not await state.wait_idle(self.config.drain_timeout):
+            stopped = state.stop_all(Reason.SHUTDOWN)
+            log.warning(
+                "drain timeout: cancelling the rest", extra={"fields": {"stopped": stopped}}
+            )
+            await state.wait_idle(_STOP_GRACE)
+        await state.canceller.drain(self.config.cancel_deadline)
+        for listener in self._listeners:
+            await listener.close()
+        await state.canceller.close()
+        log.info("stopped")
+
+    async def serve(self, stop: asyncio.Event) -> None:
+        """Start, serve until ``stop`` is set, then shut down."""
+        try:
+            await self.start()
+            await stop.wait()
+        finally:
+            await self.shutdown()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

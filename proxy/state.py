@@ -1,0 +1,121 @@
+"""The calls in flight and the draining flag: state owned by one ``ServerState`` per process.
+
+Every listener registers each call it relays (``admit``), names what ending it means
+(``Call.stop``: how to interrupt it with a reason), and releases it when it is done. Shutdown
+uses the same registry: stop admitting, wait until nothing is in flight or the drain timeout
+passes, then stop what is left with reason ``shutdown``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from proxy.cancel import Canceller
+from proxy.config import Config
+from proxy.errors import Overloaded
+from proxy.metrics import ProxyMetrics
+from proxy.vocabulary import CancelResult, Outcome, Protocol, Reason, Stage
+
+
+@dataclass(eq=False)
+class Call:
+    """One client call relayed upstream; filled in as it goes, logged once when it ends."""
+
+    protocol: Protocol
+    method: str
+    path: str
+    client_addr: str | None
+    started: float = field(default_factory=time.monotonic)
+    request_id: str | None = None  # the upstream call's id (what cancel calls name)
+    client_request_id: str | None = None
+    status: int | None = None  # what the client was told (None: nothing was sent)
+    outcome: Outcome | None = None
+    stage: Stage = Stage.BEFORE_RESPONSE
+    reason: Reason | None = None  # why the proxy cancelled the call, if it did
+    error: str | None = None
+    upstream_ttfb: float | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+    ended: float | None = None
+    cancel_result: CancelResult | None = None
+    stop: Callable[[Reason], None] | None = None  # interrupts the call (set by its listener)
+
+    def record(self) -> dict[str, object]:
+        """The structured log fields for this call."""
+        ended = self.ended if self.ended is not None else time.monotonic()
+        return {
+            "request_id": self.request_id,
+            "client_request_id": self.client_request_id,
+            "protocol": self.protocol.value,
+            "method": self.method,
+            "path": self.path,
+            "client": self.client_addr,
+            "status": self.status,
+            "outcome": self.outcome.value if self.outcome else None,
+            "stage": self.stage.value,
+            "reason": self.reason.value if self.reason else None,
+            "cancel_result": self.cancel_result.value if self.cancel_result else None,
+            "error": self.error,
+            "duration_ms": round((ended - self.started) * 1000, 3),
+            "upstream_ttfb_ms": None
+            if self.upstream_ttfb is None
+            else round(self.upstream_ttfb * 1000, 3),
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+        }
+
+
+class ServerState:
+    """Owns the calls in flight, the draining flag and the shared services they use."""
+
+    def __init__(self, config: Config, metrics: ProxyMetrics, canceller: Canceller) -> None:
+        self.config = config
+        self.metrics = metrics
+        self.canceller = canceller
+        self.draining = False
+        self._calls: set[Call] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._calls)
+
+    def admit(self, call: Call) -> None:
+        """Register ``call``; raises ``Overloaded`` when draining or at --max-concurrent-streams."""
+        if self.draining:
+            raise Overloaded("the proxy is shutting down")
+        limit = self.config.max_concurrent_streams
+        if limit and len(self._calls) >= limit:
+            raise Overloaded(f"more than {limit} concurrent streams")
+        self._calls.add(call)
+        self._idle.clear()
+        self.metrics.inflight.labels(call.protocol.value).inc()
+
+    def release(self, call: Call) -> None:
+        if call in self._calls:
+            self._calls.discard(call)
+            self.metrics.inflight.labels(call.protocol.value).dec()
+        if not self._calls:
+            self._idle.set()
+
+    async def wait_idle(self, within: float) -> bool:
+        """True when no call is in flight within ``within`` seconds."""
+        try:
+            async with asyncio.timeout(within):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    def stop_all(self, reason: Reason) -> int:
+        """Interrupt every call in flight with ``reason``; returns how many were stopped."""
+        stopped = 0
+        for call in list(self._calls):
+            if call.stop is not None:
+                call.stop(reason)
+                stopped += 1
+        return stopped
