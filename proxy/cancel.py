@@ -138,7 +138,7 @@ class Canceller:
         concurrency: int,
     ) -> None:
         self.adapter = adapter
-        self._metrics = metrics
+        self.metrics = metrics
         self._deadline = deadline
         self._backoff = backoff
         self._backoff_max = backoff_max
@@ -159,18 +159,18 @@ class Canceller:
     ) -> CancelResult | None:
         if not self.adapter.calls_upstream:
             return None
-        self._metrics.cancels_pending.inc()
+        self.metrics.cancels_pending.inc()
         try:
             result = await self._attempts(request_id, reason, detected_at + self._deadline)
         except asyncio.CancelledError:
             # Only drain() cancels these: the proxy is exiting with the call still unanswered.
-            self._metrics.cancel_call(self.adapter.name, CancelResult.GAVE_UP, None)
+            self.metrics.cancel_call(self.adapter.name, CancelResult.GAVE_UP, None)
             raise
         finally:
-            self._metrics.cancels_pending.dec()
+            self.metrics.cancels_pending.dec()
         acknowledged = result in {CancelResult.OK, CancelResult.FINISHED, CancelResult.NOT_FOUND}
         elapsed = time.monotonic() - detected_at if acknowledged else None
-        self._metrics.cancel_call(self.adapter.name, result, elapsed)
+        self.metrics.cancel_call(self.adapter.name, result, elapsed)
         return result
 
     async def _attempts(self, request_id: str, reason: Reason, give_up_at: float) -> CancelResult:

@@ -1,0 +1,195 @@
+"""Relaying through the in-process proxy to the scripted upstream: bodies and events streamed both
+ways without buffering, headers rewritten, upstream errors passed through intact, the proxy's own
+errors clear and JSON, limits enforced without harming other calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from proxy.logs import JsonFormatter
+from tests.proxy_harness import http_url, metric, raw_request, running_proxy
+from tests.proxy_scripted_upstream import ScriptedUpstream
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[ScriptedUpstream]:
+    scripted = ScriptedUpstream()
+    await scripted.start()
+    yield scripted
+    await scripted.stop()
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        yield session
+
+
+async def test_request_and_response_are_relayed_with_rewritten_headers(
+    upstream: ScriptedUpstream, client: aiohttp.ClientSession
+) -> None:
+    async with running_proxy(upstream.url) as proxy:
+        headers = {"X-Request-Id": "client-1", "Connection": "keep-alive, X-Hop", "X-Hop": "1"}
+        async with client.put(
+            http_url(proxy) + "/echo/a?b=c", data=b"payload", headers=headers
+        ) as resp:
+            seen = await resp.json()
+            assert resp.status == 200
+            echoed_id = resp.headers["X-Request-Id"]
+    sent = {name.lower(): value for name, value in seen["headers"]}
+    assert (seen["method"], seen["path"], seen["body"]) == ("PUT", "/echo/a?b=c", "payload")
+    assert sent["x-request-id"] == echoed_id != "client-1"
+    assert sent["x-client-request-id"] == "client-1"
+    assert sent["x-forwarded-for"] == "127.0.0.1"
+    assert sent["x-forwarded-proto"] == "http"
+    assert "x-hop" not in sent
+
+
+async def test_sse_events_are_relayed_one_by_one_without_batching(
+    upstream: ScriptedUpstream, client: aiohttp.ClientSession
+) -> None:
+    """The upstream sends event n+1 only after the client has received event n through the proxy."""
+    async with (
+        running_proxy(upstream.url) as proxy,
+        client.get(http_url(proxy) + "/sse?events=4&gate=1") as resp,
+    ):
+        assert resp.headers["Content-Type"] == "text/event-stream"
+        received = b""
+        for n in range(4):
+            await upstream.release(1)
+            while f'"n": {n}}}'.encode() not in received:
+                received += await resp.content.readany()
+        received += await resp.content.read()
+    assert (
+        received
+        == b"".join(f'data: {{"n": {n}}}\n\n'.encode() for n in range(4)) + b"data: [DONE]\n\n"
+    )
+
+
+async def test_chunked_request_body_is_streamed_up_as_it_arrives(
+    upstream: ScriptedUpstream,
+) -> None:
+    async with running_proxy(upstream.url) as proxy:
+        head = b"POST /hold HTTP/1.1\r\nHost: m\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n"
+        _, writer = await raw_request(proxy.addresses["http"], head)
+        await upstream.body_started.wait()  # the first chunk went up before the body ended
+        writer.write(b"0\r\n\r\n")
+        await upstream.held.wait()
+        writer.close()
+        await upstream.wait_cancels(1)
+
+
+async def test_upstream_errors_pass_through_intact(
+    upstream: ScriptedUpstream, client: aiohttp.ClientSession
+) -> None:
+    async with (
+        running_proxy(upstream.url) as proxy,
+        client.get(http_url(proxy) + "/status/422") as resp,
+    ):
+        assert resp.status == 422
+        assert (await resp.json())["error"]["message"] == "scripted 422"
+        assert (
+            metric(proxy, "hangup_proxy_requests_total", protocol="http", outcome="completed") == 1
+        )
+
+
+async def test_upstream_down_is_a_clear_503(client: aiohttp.ClientSession) -> None:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+    async with (
+        running_proxy(dead) as proxy,
+        client.post(http_url(proxy) + "/v1/completions", data=b"{}") as resp,
+    ):
+        assert resp.status == 503
+        error = (await resp.json())["error"]
+        assert error["type"] == "proxy_error" and "unavailable" in error["message"]
+        assert resp.headers["X-Request-Id"]
+        assert (
+            metric(proxy, "hangup_proxy_requests_total", protocol="http", outcome="upstream_error")
+            == 1
+        )
+
+
+async def test_upstream_breaking_mid_response_never_looks_complete(
+    upstream: ScriptedUpstream, client: aiohttp.ClientSession
+) -> None:
+    async with running_proxy(upstream.url) as proxy:
+        async with client.get(http_url(proxy) + "/break") as resp:
+            assert resp.status == 200
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await resp.read()
+        async with client.get(http_url(proxy) + "/echo") as resp:  # the proxy is fine afterwards
+            assert resp.status == 200
+
+
+async def test_concurrent_stream_limit_answers_503_and_spares_the_others(
+    upstream: ScriptedUpstream, client: aiohttp.ClientSession
+) -> None:
+    async with running_proxy(upstream.url, max_concurrent_streams=1) as proxy:
+        held = asyncio.ensure_future(client.post(http_url(proxy) + "/hold", data=b"{}"))
+        await upstream.held.wait()
+        async with aiohttp.ClientSession() as other, other.get(http_url(proxy) + "/echo") as resp:
+            assert resp.status == 503
+            assert resp.headers["Retry-After"] == "1"
+            assert "concurrent streams" in (await resp.json())["error"]["message"]
+        held.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await held
+        await upstream.wait_cancels(1)
+
+
+async def test_body_limit_answers_413_for_declared_and_streamed_bodies(
+    upstream: ScriptedUpstream, client: aiohttp.ClientSession
+) -> None:
+    async with running_proxy(upstream.url, max_body_size=10) as proxy:
+        async with client.post(http_url(proxy) + "/echo", data=b"x" * 11) as resp:
+            assert resp.status == 413
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for _ in range(4):
+                yield b"x" * 5
+
+        async with client.post(http_url(proxy) + "/echo", data=chunks()) as resp:
+            assert resp.status == 413
+            assert "exceeds 10 bytes" in (await resp.json())["error"]["message"]
+        async with client.post(http_url(proxy) + "/echo", data=b"x" * 10) as resp:
+            assert resp.status == 200
+    assert upstream.requests and all(len(str(r["body"])) <= 10 for r in upstream.requests)
+
+
+async def test_oversized_header_is_refused(
+    upstream: ScriptedUpstream, client: aiohttp.ClientSession
+) -> None:
+    async with running_proxy(upstream.url, max_header_size=100) as proxy:
+        async with client.get(http_url(proxy) + "/echo", headers={"X-Big": "y" * 200}) as resp:
+            assert resp.status in (400, 431)
+        async with client.get(http_url(proxy) + "/echo", headers={"X-Small": "y"}) as resp:
+            assert resp.status == 200
+    assert upstream.requests and not any("X-Big" in json.dumps(r) for r in upstream.requests)
+
+
+async def test_one_json_log_line_per_call(
+    upstream: ScriptedUpstream, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("INFO", logger="hangup.proxy.call")
+    async with (
+        running_proxy(upstream.url) as proxy,
+        client.get(http_url(proxy) + "/echo", headers={"X-Request-Id": "c-9"}) as resp,
+    ):
+        await resp.read()
+        call_id = resp.headers["X-Request-Id"]
+    (record,) = [r for r in caplog.records if r.name == "hangup.proxy.call"]
+    fields = json.loads(JsonFormatter().format(record))
+    assert fields["msg"] == "call" and fields["level"] == "info"
+    assert fields["request_id"] == call_id and fields["client_request_id"] == "c-9"
+    assert (fields["status"], fields["outcome"], fields["stage"]) == (200, "completed", "streaming")
+    assert fields["reason"] is None and fields["duration_ms"] >= fields["upstream_ttfb_ms"] >= 0
