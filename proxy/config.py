@@ -127,7 +127,12 @@ def _parser() -> argparse.ArgumentParser:
         epilog=f"Every option also reads {ENV_PREFIX}<OPTION> (e.g. {ENV_PREFIX}HTTP_PORT).",
     )
     for option in _OPTIONS:
-        parser.add_argument(option.flag, dest=option.dest, default=None, help=option.help)
+        if option.parse is _bool:  # a bare flag means true; a value may still be given
+            parser.add_argument(
+                option.flag, dest=option.dest, nargs="?", const="true", help=option.help
+            )
+        else:
+            parser.add_argument(option.flag, dest=option.dest, default=None, help=option.help)
     return parser
 
 
