@@ -42,6 +42,7 @@ class Config:
     cancel_backoff: float = 0.05  # first retry delay; doubles up to cancel_backoff_max
     cancel_backoff_max: float = 1.0
     cancel_concurrency: int = 64  # cancel calls in flight at once; the rest wait their turn
+    stream_close_grace: float = 0.5  # longest wait for a cancel's answer before closing upstream
     drain_timeout: float = 30.0
     ready_file: Path | None = None
     max_request_duration: float | None = None  # None: no proxy-side limit
@@ -107,6 +108,11 @@ _OPTIONS = (
     _Option("--cancel-backoff", float, "first retry delay in seconds (doubles each retry)"),
     _Option("--cancel-backoff-max", float, "longest retry delay in seconds"),
     _Option("--cancel-concurrency", int, "cancel calls in flight at once"),
+    _Option(
+        "--stream-close-grace",
+        float,
+        "seconds an upstream stream stays open waiting for its cancel call's answer",
+    ),
     _Option("--drain-timeout", float, "seconds calls may finish after SIGTERM"),
     _Option("--ready-file", Path, "write the listener map here once serving"),
     _Option("--max-request-duration", _optional_seconds, "seconds per call (0: no limit)"),
@@ -188,6 +194,7 @@ def _validate(config: Config) -> None:
         "cancel_backoff_max",
         "cancel_concurrency",
         "upstream_connect_timeout",
+        "stream_close_grace",
         "max_header_size",
         "max_headers",
     )

@@ -71,6 +71,7 @@ class _Exchange:
         self.response: web.StreamResponse | None = None
         self.body_too_large = False
         self.upstream_started = False
+        self.upstream_task: asyncio.Task[aiohttp.ClientResponse] | None = None
 
 
 class HttpRelay:
@@ -145,7 +146,30 @@ class HttpRelay:
             cancel = self._cancel(ex, call.reason or Reason.CLIENT_DISCONNECT)
             raise
         finally:
+            self._close_upstream(ex, cancel)
             self._finish(call, cancel)
+
+    def _close_upstream(self, ex: _Exchange, cancel: CancelTask | None) -> None:
+        """Close the upstream call: now, or once its cancel call is answered (bounded).
+
+        Closing first would let the upstream see a bare disconnect before the cancel call, and
+        record that instead of the real reason (``shutdown``, ``proxy_timeout``).
+        """
+        task = ex.upstream_task
+        if task is None:
+            return
+
+        def close(*_: object) -> None:
+            if not task.done():
+                task.cancel()
+            elif not task.cancelled() and task.exception() is None:
+                task.result().close()
+
+        if cancel is None or cancel.done():
+            close()
+            return
+        cancel.add_done_callback(close)
+        asyncio.get_running_loop().call_later(self._config.stream_close_grace, close)
 
     def _cancel(self, ex: _Exchange, reason: Reason) -> CancelTask | None:
         """Record why the call ends; cancel it upstream explicitly, by id, in the background."""
@@ -196,11 +220,16 @@ class HttpRelay:
         )
         body = self._body(ex) if request.body_exists else None
         sent = time.monotonic()
-        upstream = await self._send(ex, headers, body)
+        # The upstream call runs in a task of its own, so a hang-up that cancels this handler
+        # leaves it open until the explicit cancel has been answered (see _close_upstream).
+        ex.upstream_task = asyncio.ensure_future(self._send(ex, headers, body))
+        upstream = await asyncio.shield(ex.upstream_task)
         try:
             call.upstream_ttfb = time.monotonic() - sent
             self._state.metrics.upstream_ttfb.observe(call.upstream_ttfb)
             response = await self._respond(ex, upstream)
+        except (asyncio.CancelledError, TimeoutError, _ClientGone):
+            raise  # a cancel follows: _close_upstream closes the stream once it is answered
         except BaseException:
             upstream.close()  # drop the connection: the upstream sees its stream end at once
             raise
