@@ -61,12 +61,19 @@ DEFAULT_LISTENERS: tuple[ListenerFactory, ...] = (HttpListener, AdminListener)
 READY_KEYS = ("http", "grpc", "admin")
 
 
+def listener_factories(config: Config) -> tuple[ListenerFactory, ...]:
+    """The listeners this configuration serves, in start order (admin last, closed last).
+
+    The gRPC listener joins here: ``(HttpListener, GrpcListener, AdminListener)``.
+    """
+    del config  # every configuration serves the same listeners until gRPC lands
+    return DEFAULT_LISTENERS
+
+
 class Server:
-    def __init__(
-        self, config: Config, listeners: Sequence[ListenerFactory] = DEFAULT_LISTENERS
-    ) -> None:
+    def __init__(self, config: Config, listeners: Sequence[ListenerFactory] | None = None) -> None:
         self.config = config
-        self._factories = listeners
+        self._factories = listener_factories(config) if listeners is None else listeners
         self.registry = CollectorRegistry()
         self.metrics = ProxyMetrics(self.registry)
         self._listeners: list[Listener] = []
