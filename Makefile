@@ -52,6 +52,8 @@ demo: $(VENV)/.installed-base
 
 bench: $(VENV)/.installed-base
 	$(PY) -m bench.gateway_cancel
+	$(PY) -m bench.proxy_cancel
+	$(PY) -m bench.proxy_overhead
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
