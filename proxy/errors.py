@@ -5,6 +5,7 @@
     ProxyError                      status  outcome
     ├── ClientError                  4xx    rejected   the client's input is refused
     │   ├── BodyTooLarge             413
+    │   ├── ExpectationFailed        417  an Expect other than 100-continue
     │   └── BadRequestId             400
     ├── Overloaded                   503    rejected   --max-concurrent-streams reached, or draining
     └── UpstreamError                5xx    upstream_error
@@ -40,6 +41,10 @@ class ClientError(ProxyError):
 
 class BodyTooLarge(ClientError):
     status = 413
+
+
+class ExpectationFailed(ClientError):
+    status = 417
 
 
 class BadRequestId(ClientError):

@@ -31,6 +31,7 @@ from aiohttp import web
 
 from proxy.errors import (
     BodyTooLarge,
+    ExpectationFailed,
     Overloaded,
     ProxyError,
     UpstreamBroken,
@@ -218,6 +219,7 @@ class HttpRelay:
         headers = upstream_request_headers(
             request.headers.items(), ids=ids, client_addr=request.remote, scheme=request.scheme
         )
+        await self._continue(request)
         body = self._body(ex) if request.body_exists else None
         sent = time.monotonic()
         # The upstream call runs in a task of its own, so a hang-up that cancels this handler
@@ -235,6 +237,17 @@ class HttpRelay:
             raise
         upstream.release()
         return response
+
+    @staticmethod
+    async def _continue(request: web.BaseRequest) -> None:
+        """Answer ``Expect: 100-continue`` once the limits have passed (the body is wanted)."""
+        expect = request.headers.get("Expect")
+        if expect is None or request.version < (1, 1):
+            return
+        if expect.lower() != "100-continue":
+            raise ExpectationFailed(f"unsupported Expect: {expect}")
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the response proper has not started
 
     async def _body(self, ex: _Exchange) -> AsyncIterator[bytes]:
         limit = self._config.max_body_size

@@ -193,3 +193,34 @@ async def test_one_json_log_line_per_call(
     assert fields["request_id"] == call_id and fields["client_request_id"] == "c-9"
     assert (fields["status"], fields["outcome"], fields["stage"]) == (200, "completed", "streaming")
     assert fields["reason"] is None and fields["duration_ms"] >= fields["upstream_ttfb_ms"] >= 0
+
+
+async def test_expect_100_continue_is_answered_after_the_limits(upstream: ScriptedUpstream) -> None:
+    async with running_proxy(upstream.url, max_body_size=100) as proxy:
+        head = (
+            b"POST /echo HTTP/1.1\r\nHost: m\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"
+        )
+        reader, writer = await raw_request(proxy.addresses["http"], head)
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b"hello")
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+        writer.close()
+        head = (
+            b"POST /echo HTTP/1.1\r\nHost: m\r\nContent-Length: 500\r\nExpect: 100-continue\r\n\r\n"
+        )
+        reader, writer = await raw_request(proxy.addresses["http"], head)
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 413")
+        writer.close()
+    assert [r["body"] for r in upstream.requests] == ["hello"]
+
+
+async def test_head_and_no_content_responses_carry_no_body(
+    upstream: ScriptedUpstream, client: aiohttp.ClientSession
+) -> None:
+    async with running_proxy(upstream.url) as proxy:
+        async with client.head(http_url(proxy) + "/echo") as resp:
+            assert resp.status == 200 and await resp.read() == b""
+        async with client.get(http_url(proxy) + "/status/204") as resp:
+            assert resp.status == 204 and await resp.read() == b""
+        async with client.get(http_url(proxy) + "/echo") as resp:  # the connection is still sound
+            assert (await resp.json())["method"] == "GET"
