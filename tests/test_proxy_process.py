@@ -49,6 +49,11 @@ async def test_sigterm_drains_finishes_short_calls_and_cancels_the_rest(
             lambda: _listed(session, stack.gateway_url, "long"), what="the long call upstream"
         )
 
+        assert stack.proxy.listeners["grpc"] is None  # the ready file names every listener
+        assert set(stack.proxy.listeners) == {"http", "grpc", "admin"}
+        assert await _status(session, stack.admin_url + "/healthz", 200)
+        assert await _status(session, stack.admin_url + "/readyz", 200)
+
         stack.proxy.popen.terminate()  # SIGTERM
         await wait_until(
             lambda: _status(session, stack.admin_url + "/readyz", 503), what="/readyz 503"
@@ -75,7 +80,7 @@ async def test_dead_cancel_endpoint_gives_up_while_streams_keep_flowing(
 ) -> None:
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
-    args = ["--cancel-url", f"http://127.0.0.1:{dead.getsockname()[1]}", "--cancel-deadline", "3"]
+    args = ["--cancel-url", f"http://127.0.0.1:{dead.getsockname()[1]}", "--cancel-deadline", "5"]
     with running_stack(tmp_path, SLOW, args) as stack:
         body = {"model": MODEL, "prompt": "abandoned", "max_tokens": 3000, "stream": True}
         left = await session.post(stack.proxy_url + "/v1/completions", json=body)
@@ -92,7 +97,7 @@ async def test_dead_cancel_endpoint_gives_up_while_streams_keep_flowing(
             samples = await scrape(session, stack.admin_url)
             return total(samples, "hangup_proxy_cancel_calls_total", result="gave_up") == 1
 
-        await wait_until(gave_up, within=10, what="the cancel call to be given up")
+        await wait_until(gave_up, within=20, what="the cancel call to be given up")
         # The upstream stream was closed all the same: the gateway saw the hang-up by itself.
         await wait_until(lambda: _empty(session, stack.gateway_url), what="nothing in flight")
     dead.close()
