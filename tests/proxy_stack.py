@@ -78,6 +78,14 @@ def total(
     return sum(v for (n, ls), v in samples.items() if n == name and wanted <= ls)
 
 
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def delta(after: Samples, before: Samples, name: str, **labels: str) -> float:
+    """How much ``name`` (summed over ``labels``) grew between two scrapes."""
+    return total(after, name, **labels) - total(before, name, **labels)
+
+
 async def in_flight(session: aiohttp.ClientSession, gateway_url: str) -> dict[str, dict[str, Any]]:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with session.get(gateway_url + "/v2/requests", headers=headers) as resp:

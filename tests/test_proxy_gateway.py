@@ -12,16 +12,17 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
 
+from gateway_server.sse import SSEDecoder
 from tests.proxy_stack import (
     MODEL,
     Stack,
     completion_request,
+    delta,
     in_flight,
     open_raw,
     running_stack,
@@ -41,38 +42,105 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield running
 
 
+@pytest.fixture(scope="module")
+def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A gateway with 5 ms steps and 8 slots behind a proxy with default settings."""
+    with running_stack(tmp_path_factory.mktemp("fast"), ["--sim-step-base", "0.005"]) as running:
+        yield running
+
+
 @pytest.fixture
 async def session() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as client:
         yield client
 
 
-async def test_openai_client_through_the_proxy(tmp_path: Path) -> None:
-    with running_stack(tmp_path, []) as fast:
-        direct = openai.AsyncOpenAI(base_url=fast.gateway_url + "/v1", api_key="unused")
-        proxied = openai.AsyncOpenAI(base_url=fast.proxy_url + "/v1", api_key="unused")
-        async with direct, proxied:
-            want = await direct.completions.create(model=MODEL, prompt="hello there", max_tokens=12)
-            got = await proxied.completions.create(model=MODEL, prompt="hello there", max_tokens=12)
-            assert got.choices[0].text == want.choices[0].text != ""
-            stream = await proxied.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": "hello there"}],
-                max_tokens=12,
-                stream=True,
-            )
-            pieces = [
-                chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices
-            ]
-            chat = await direct.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "hello there"}], max_tokens=12
-            )
-            assert "".join(pieces) == chat.choices[0].message.content
-            with pytest.raises(openai.NotFoundError) as via_proxy:
-                await proxied.completions.create(model="no-such-model", prompt="x", max_tokens=1)
-            with pytest.raises(openai.NotFoundError) as via_direct:
-                await direct.completions.create(model="no-such-model", prompt="x", max_tokens=1)
-            assert via_proxy.value.body == via_direct.value.body
+async def test_openai_client_through_the_proxy(fast: Stack) -> None:
+    direct = openai.AsyncOpenAI(base_url=fast.gateway_url + "/v1", api_key="unused")
+    proxied = openai.AsyncOpenAI(base_url=fast.proxy_url + "/v1", api_key="unused")
+    async with direct, proxied:
+        want = await direct.completions.create(model=MODEL, prompt="hello there", max_tokens=12)
+        got = await proxied.completions.create(model=MODEL, prompt="hello there", max_tokens=12)
+        assert got.choices[0].text == want.choices[0].text != ""
+        stream = await proxied.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hello there"}],
+            max_tokens=12,
+            stream=True,
+        )
+        pieces = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+        chat = await direct.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hello there"}], max_tokens=12
+        )
+        assert "".join(pieces) == chat.choices[0].message.content
+        with pytest.raises(openai.NotFoundError) as via_proxy:
+            await proxied.completions.create(model="no-such-model", prompt="x", max_tokens=1)
+        with pytest.raises(openai.NotFoundError) as via_direct:
+            await direct.completions.create(model="no-such-model", prompt="x", max_tokens=1)
+        assert via_proxy.value.body == via_direct.value.body
+
+
+async def test_curl_timing_out_cancels_a_non_streaming_call(fast: Stack) -> None:
+    """A non-streaming client that gives up (curl --max-time) is cancelled upstream, not left
+    generating until max_tokens."""
+    body = json.dumps({"model": MODEL, "prompt": "a long answer", "max_tokens": 3000})
+    before = await _scrape_both(fast)
+    done = await asyncio.create_subprocess_exec(
+        "curl", "-sS", "--max-time", "0.5", "-H", "Content-Type: application/json",
+        "-d", body, fast.proxy_url + "/v1/completions",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await done.communicate()
+    assert done.returncode == 28, err  # curl: operation timed out
+    async with aiohttp.ClientSession() as session:
+        await wait_until(lambda: _idle(session, fast), within=10, what="nothing in flight")
+
+        async def counted() -> bool:
+            _, px = await _scrape_both(fast, session)
+            return delta(px, before[1], "hangup_proxy_cancel_calls_total") > 0
+
+        await wait_until(counted, within=10, what="the cancel call answered")
+        gw, px = await _scrape_both(fast, session)
+    cancels = "hangup_gateway_cancellations_total"
+    assert delta(gw, before[0], cancels, reason="client_disconnect", phase="decode") == 1
+    disconnects = "hangup_proxy_client_disconnects_total"
+    assert delta(px, before[1], disconnects, stage="before_response") == 1
+
+
+async def test_kserve_generate_stream_hangup_is_cancelled(
+    fast: Stack, session: aiohttp.ClientSession
+) -> None:
+    before, _ = await _scrape_both(fast, session)
+    body = {"text_input": "x", "parameters": {"max_tokens": 3000}}
+    decoder = SSEDecoder()
+    resp = await session.post(f"{fast.proxy_url}/v2/models/{MODEL}/generate_stream", json=body)
+    events = []
+    while len(events) < 3:
+        events.extend(json.loads(e.data) for e in decoder.feed(await resp.content.readany()))
+    assert all(e["model_name"] == MODEL and not e["triton_final_response"] for e in events)
+    resp.close()  # hang up mid-stream
+    await wait_until(lambda: _idle(session, fast), within=10, what="nothing in flight")
+    after, _ = await _scrape_both(fast, session)
+    cancels = "hangup_gateway_cancellations_total"
+    assert (
+        total(after, cancels, reason="client_disconnect")
+        - total(before, cancels, reason="client_disconnect")
+        == 1
+    )
+
+
+async def _scrape_both(
+    stack: Stack, session: aiohttp.ClientSession | None = None
+) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    """(gateway samples, proxy samples)."""
+    if session is None:
+        async with aiohttp.ClientSession() as own:
+            return await _scrape_both(stack, own)
+    return await scrape(session, stack.gateway_url), await scrape(session, stack.admin_url)
+
+
+async def _idle(session: aiohttp.ClientSession, stack: Stack) -> bool:
+    return not await in_flight(session, stack.gateway_url)
 
 
 async def _wait_phase(session: aiohttp.ClientSession, stack: Stack, rid: str, phase: str) -> int:
@@ -144,9 +212,6 @@ async def test_hangup_in_each_stage_and_phase(
     await wait_until(counted, within=10, what="the proxy's cancel call to be answered")
     after_gw = await scrape(session, stack.gateway_url)
     after_px = await scrape(session, stack.admin_url)
-
-    def delta(after: dict, before: dict, name: str, **labels: str) -> float:  # type: ignore[type-arg]
-        return total(after, name, **labels) - total(before, name, **labels)
 
     cancels = "hangup_gateway_cancellations_total"
     assert delta(after_gw, before_gw, cancels, reason="client_disconnect", phase=phase) == 1
