@@ -44,7 +44,7 @@ from proxy.headers import (
     client_response_headers,
     upstream_request_headers,
 )
-from proxy.logs import log_call
+from proxy.logs import log_call, server_logger
 from proxy.state import Call, ServerState
 from proxy.vocabulary import CancelResult, Outcome, Protocol, Reason, Stage
 
@@ -52,6 +52,7 @@ log = logging.getLogger("hangup.proxy.http")
 
 _NO_BODY_STATUSES = frozenset({204, 304})
 CancelTask = asyncio.Task[CancelResult | None]
+_CLOSE_TIMEOUT = 5.0  # seconds for handlers still running at close (the drain came first)
 
 
 class ProxyTimeout(ProxyError):
@@ -359,11 +360,12 @@ class HttpListener:
             self._relay,
             handler_cancellation=True,
             access_log=None,
+            logger=server_logger(),
             max_line_size=config.max_header_size,
             max_field_size=config.max_header_size,
             max_headers=config.max_headers,
         )
-        self._runner = web.ServerRunner(server)
+        self._runner = web.ServerRunner(server, shutdown_timeout=_CLOSE_TIMEOUT)
         await self._runner.setup()
         sock = socket.create_server((config.host, config.http_port), backlog=1024)
         self._site = web.SockSite(self._runner, sock)

@@ -166,15 +166,26 @@ async def test_body_limit_answers_413_for_declared_and_streamed_bodies(
     assert upstream.requests and all(len(str(r["body"])) <= 10 for r in upstream.requests)
 
 
-async def test_oversized_header_is_refused(
-    upstream: ScriptedUpstream, client: aiohttp.ClientSession
+async def test_oversized_or_too_many_headers_are_refused_with_a_one_line_warning(
+    upstream: ScriptedUpstream, client: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with running_proxy(upstream.url, max_header_size=100) as proxy:
+    caplog.set_level("WARNING", logger="hangup.proxy.http.server")
+    async with running_proxy(upstream.url, max_header_size=100, max_headers=8) as proxy:
         async with client.get(http_url(proxy) + "/echo", headers={"X-Big": "y" * 200}) as resp:
-            assert resp.status in (400, 431)
+            assert resp.status == 400
+            assert "Got more than 100 bytes" in await resp.text()
+        many = {f"X-H{i}": "y" for i in range(12)}
+        async with client.get(http_url(proxy) + "/echo", headers=many) as resp:
+            assert resp.status == 400
         async with client.get(http_url(proxy) + "/echo", headers={"X-Small": "y"}) as resp:
             assert resp.status == 200
-    assert upstream.requests and not any("X-Big" in json.dumps(r) for r in upstream.requests)
+    assert len(upstream.requests) == 1
+    records = [r for r in caplog.records if r.name == "hangup.proxy.http.server"]
+    assert [r.levelname for r in records] == ["WARNING", "WARNING"]
+    assert all(
+        r.exc_info is None and r.getMessage().startswith("bad request from 127.0.0.1")
+        for r in records
+    )
 
 
 async def test_one_json_log_line_per_call(
