@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
@@ -80,6 +81,7 @@ async def test_openai_client_through_the_proxy(fast: Stack) -> None:
         assert via_proxy.value.body == via_direct.value.body
 
 
+@pytest.mark.skipif(shutil.which("curl") is None, reason="needs the curl command")
 async def test_curl_timing_out_cancels_a_non_streaming_call(fast: Stack) -> None:
     """A non-streaming client that gives up (curl --max-time) is cancelled upstream, not left
     generating until max_tokens."""
