@@ -25,6 +25,7 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -119,7 +120,8 @@ class HttpRelay:
             self._state.release(call)
 
     @staticmethod
-    def _stop(call: Call, task: CancelTask | None, reason: Reason) -> None:
+    def _stop(call: Call, task: asyncio.Task[Any] | None, reason: Reason) -> None:
+        """Interrupt ``call`` (its handler task) with ``reason``: shutdown uses this."""
         if call.reason is None:
             call.reason = reason
         if task is not None:
