@@ -178,3 +178,19 @@ async def test_none_adapter_closes_upstream_without_cancel_call(upstream: Script
             proxy, "hangup_proxy_requests_total", 1, protocol="http", outcome="cancelled"
         )
         assert upstream.cancels == []
+
+
+async def test_max_request_duration_mid_stream_cuts_the_stream_and_cancels(
+    upstream: ScriptedUpstream,
+) -> None:
+    async with (
+        running_proxy(upstream.url, max_request_duration=0.3) as proxy,
+        aiohttp.ClientSession() as client,
+        client.get(http_url(proxy) + "/sse?events=5&gate=1") as resp,
+    ):
+        await upstream.release(1)
+        assert (await resp.content.readuntil(b"\n\n")).startswith(b"data: ")
+        with pytest.raises(aiohttp.ClientPayloadError):  # cut: no final chunk, never "complete"
+            await resp.read()
+        (cancel,) = await upstream.wait_cancels(1)
+        assert (cancel.request_id, cancel.reason) == (resp.headers["X-Request-Id"], "proxy_timeout")
