@@ -6,6 +6,7 @@ errors clear and JSON, limits enforced without harming other calls.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -235,3 +236,47 @@ async def test_head_and_no_content_responses_carry_no_body(
             assert resp.status == 204 and await resp.read() == b""
         async with client.get(http_url(proxy) + "/echo") as resp:  # the connection is still sound
             assert (await resp.json())["method"] == "GET"
+
+
+async def test_upstream_connect_timeout_is_a_clear_504(client: aiohttp.ClientSession) -> None:
+    """An upstream whose accept queue is full never completes the handshake (Linux drops SYNs)."""
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    address = full.getsockname()
+    fillers = []
+    for _ in range(4):  # fill the accept queue; nothing ever accepts
+        filler = socket.socket()
+        filler.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            filler.connect(address)
+        fillers.append(filler)
+    try:
+        upstream = f"http://127.0.0.1:{address[1]}"
+        async with (
+            running_proxy(upstream, upstream_connect_timeout=0.3) as proxy,
+            client.get(http_url(proxy) + "/v1/models") as resp,
+        ):
+            assert resp.status == 504
+            assert "did not answer in time" in (await resp.json())["error"]["message"]
+    finally:
+        for filler in fillers:
+            filler.close()
+        full.close()
+
+
+async def test_upstream_speaking_garbage_is_a_clear_502(client: aiohttp.ClientSession) -> None:
+    async def garbage(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"this is not HTTP\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(garbage, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with (
+        server,
+        running_proxy(f"http://127.0.0.1:{port}") as proxy,
+        client.get(http_url(proxy) + "/v1/models") as resp,
+    ):
+        assert resp.status == 502
+        assert (await resp.json())["error"]["type"] == "proxy_error"
