@@ -227,6 +227,7 @@ class HttpRelay:
         sent = time.monotonic()
         # The upstream call runs in a task of its own, so a hang-up that cancels this handler
         # leaves it open until the explicit cancel has been answered (see _close_upstream).
+        ex.upstream_started = True
         ex.upstream_task = asyncio.ensure_future(self._send(ex, headers, body))
         upstream = await asyncio.shield(ex.upstream_task)
         try:
@@ -266,7 +267,6 @@ class HttpRelay:
     ) -> aiohttp.ClientResponse:
         assert self._session is not None, "HttpRelay.open() was not awaited"
         url = self._base + ex.request.raw_path
-        ex.upstream_started = True
         try:
             return await self._session.request(
                 ex.request.method, url, headers=headers, data=body, allow_redirects=False

@@ -266,3 +266,35 @@ async def test_call_log_line_names_the_hangup(stack: Stack, session: aiohttp.Cli
     assert line["outcome"] == "cancelled" and line["reason"] == "client_disconnect"
     assert line["stage"] == "before_response" and line["status"] == 499
     assert line["cancel_result"] == "ok"
+
+
+async def test_hangup_mid_body_leaves_nothing_behind(
+    fast: Stack, session: aiohttp.ClientSession
+) -> None:
+    """The gateway never saw a whole request: the cancel finds nothing (the gateway keeps a
+    tombstone), the upstream connection is closed, and nothing is left in flight."""
+    _, px_before = await _scrape_both(fast, session)
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: m\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 500\r\n\r\n"
+    )
+    _, writer = await open_raw(fast.proxy_url, head + b'{"model": "hangup-sim", "prompt": "')
+
+    async def upstream_started() -> bool:
+        _, px = await _scrape_both(fast, session)
+        return total(px, "hangup_proxy_inflight_requests", protocol="http") == 1
+
+    await wait_until(upstream_started, within=10, what="the call in flight at the proxy")
+    writer.close()
+
+    async def answered() -> bool:
+        _, px = await _scrape_both(fast, session)
+        return delta(px, px_before, "hangup_proxy_cancel_calls_total") == 1
+
+    await wait_until(answered, within=10, what="the cancel call answered")
+    _, px = await _scrape_both(fast, session)
+    assert delta(px, px_before, "hangup_proxy_cancel_calls_total", result="not_found") == 1
+    assert (
+        delta(px, px_before, "hangup_proxy_client_disconnects_total", stage="before_response") == 1
+    )
+    assert await _idle(session, fast)
