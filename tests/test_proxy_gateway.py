@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import socket
 from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
@@ -298,3 +299,25 @@ async def test_hangup_mid_body_leaves_nothing_behind(
         delta(px, px_before, "hangup_proxy_client_disconnects_total", stage="before_response") == 1
     )
     assert await _idle(session, fast)
+
+
+async def test_half_closed_client_is_a_hangup_in_the_real_process(
+    fast: Stack, session: aiohttp.ClientSession
+) -> None:
+    """The proxy process (uvloop) treats a client's shutdown of its write side as a hang-up."""
+    gw_before, _ = await _scrape_both(fast, session)
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 3000}
+    reader, writer = await open_raw(fast.proxy_url, completion_request("/v1/completions", body))
+
+    async def running() -> bool:
+        return len(await in_flight(session, fast.gateway_url)) == 1
+
+    await wait_until(running, within=10, what="the call running upstream")
+    writer.get_extra_info("socket").shutdown(socket.SHUT_WR)
+    assert await reader.read() == b""  # no response: the proxy closed the connection
+    writer.close()
+    await wait_until(lambda: _idle(session, fast), within=10, what="nothing in flight")
+    gw, _ = await _scrape_both(fast, session)
+    assert (
+        delta(gw, gw_before, "hangup_gateway_cancellations_total", reason="client_disconnect") == 1
+    )
