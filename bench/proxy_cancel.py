@@ -5,7 +5,8 @@ The gateway runs with a probe engine (``bench/proxy_probe_gateway.py``: the norm
 simulated engine, recording per aborted request when the abort was asked for, which step
 boundary applied it and how many tokens it had generated). For each path, ``--calls`` streaming
 completions run ``--concurrency`` at a time; each client reads a seeded random number of tokens,
-notes the time on CLOCK_MONOTONIC (shared with the gateway process) and closes its connection.
+drops its connection (RST, at once) and notes the time on CLOCK_MONOTONIC (shared with the
+gateway process).
 Per hang-up:
 
 - ``to abort asked``: hang-up → the engine was asked to abort (what the path between the client
@@ -57,8 +58,10 @@ async def hang_up_after(url: str, rid: str, tokens: int) -> tuple[str, float, in
             raise RuntimeError(f"{rid}: stream ended early")
         if line.startswith(b"data: {"):
             seen += 1
+    # abort() closes the socket now (RST); close() would wait for this client's next loop turn,
+    # and the figures would include the benchmark client's own lag.
+    writer.transport.abort()
     left = time.monotonic()
-    writer.close()
     return rid, left, seen
 
 
