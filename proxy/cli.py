@@ -16,9 +16,15 @@ from proxy.server import Server
 
 async def _run(server: Server) -> None:
     stop = asyncio.Event()
+
+    def on_signal() -> None:
+        if stop.is_set():
+            server.hurry()  # a second signal: stop waiting for calls to finish
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal)
     await server.serve(stop)
 
 

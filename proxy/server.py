@@ -8,7 +8,7 @@ another factory (its key in the ready file is its ``name``; until one exists the
 Shutdown, in order (SIGTERM or SIGINT):
  1. ``draining`` is set: ``/readyz`` answers 503, new calls on open connections get 503.
  2. Every call listener stops accepting connections.
- 3. Calls in flight may finish until ``--drain-timeout``.
+ 3. Calls in flight may finish until ``--drain-timeout`` (a second signal ends the wait).
  4. The rest are stopped with reason ``shutdown``: each is cancelled upstream explicitly.
  5. Cancel calls in flight get until ``--cancel-deadline`` to be answered.
  6. Listeners close (admin last), then the cancel adapter.
@@ -79,6 +79,7 @@ class Server:
         self._listeners: list[Listener] = []
         self.state: ServerState | None = None
         self.addresses: dict[str, str | None] = {}
+        self._hurry = asyncio.Event()
 
     async def start(self) -> dict[str, str | None]:
         """Start every listener (inside the running loop); returns the ready-file map."""
@@ -120,7 +121,7 @@ class Server:
         log.info("draining", extra={"fields": {"inflight": state.inflight}})
         for listener in self._listeners:
             await listener.stop_accepting()
-        if not await state.wait_idle(self.config.drain_timeout):
+        if not await self._drained(state):
             stopped = state.stop_all(Reason.SHUTDOWN)
             log.warning(
                 "drain timeout: cancelling the rest", extra={"fields": {"stopped": stopped}}
@@ -131,6 +132,20 @@ class Server:
             await listener.close()
         await state.canceller.close()
         log.info("stopped")
+
+    def hurry(self) -> None:
+        """End the drain now: calls still in flight are cancelled with reason ``shutdown``."""
+        self._hurry.set()
+
+    async def _drained(self, state: ServerState) -> bool:
+        """Wait for the calls in flight, until --drain-timeout or ``hurry()``; True if none left."""
+        idle = asyncio.ensure_future(state.wait_idle(self.config.drain_timeout))
+        hurried = asyncio.ensure_future(self._hurry.wait())
+        await asyncio.wait({idle, hurried}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (idle, hurried):
+            task.cancel()
+        await asyncio.gather(idle, hurried, return_exceptions=True)
+        return state.inflight == 0
 
     async def serve(self, stop: asyncio.Event) -> None:
         """Start, serve until ``stop`` is set, then shut down."""

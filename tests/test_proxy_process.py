@@ -131,3 +131,27 @@ async def test_max_request_duration_reaches_the_gateway_as_proxy_timeout(
             == 1
         )
         assert total(gw, "hangup_gateway_cancellations_total") == 1
+
+
+async def test_a_second_sigterm_ends_the_drain_at_once(
+    tmp_path: Path, session: aiohttp.ClientSession
+) -> None:
+    with running_stack(
+        tmp_path, SLOW, ["--trust-client-request-id", "--drain-timeout", "600"]
+    ) as stack:
+        body = {"model": MODEL, "prompt": "long", "max_tokens": 3000}
+        _, call = await open_raw(
+            stack.proxy_url, completion_request("/v1/completions", body, request_id="held")
+        )
+        await wait_until(
+            lambda: _listed(session, stack.gateway_url, "held"), what="the call upstream"
+        )
+        stack.proxy.popen.terminate()
+        await wait_until(
+            lambda: _status(session, stack.admin_url + "/readyz", 503), what="/readyz 503"
+        )
+        stack.proxy.popen.terminate()  # the second signal: no 600 s wait
+        assert await asyncio.to_thread(stack.proxy.popen.wait, 30) == 0
+        gw = await scrape(session, stack.gateway_url)
+        assert total(gw, "hangup_gateway_cancellations_total", reason="shutdown") == 1
+        call.close()
