@@ -11,7 +11,8 @@ README, "Half-closed connections").
 Per call: admit (limits) → choose ids → stream the body up → relay the response chunk by chunk
 as it arrives (``iter_any``: no batching of SSE events) → release. On a hang-up, a proxy timeout
 or shutdown, the handler submits an explicit cancel by request id to the ``Canceller`` (its own
-task, so it outlives this one), closes the upstream connection, and ends. Errors the proxy
+task, so it outlives this one) and ends; the upstream call runs in a task of its own and is
+closed once the cancel is answered (at most ``--stream-close-grace`` later). Errors the proxy
 makes itself are ``ProxyError`` responses (JSON, OpenAI-style ``{"error": {...}}``) while nothing
 has been sent yet; after that the only honest signal is to close the client connection without
 the final chunk, so a truncated response never looks complete.
