@@ -180,7 +180,7 @@ class HttpRelay:
         """Record why the call ends; cancel it upstream explicitly, by id, in the background."""
         detected = time.monotonic()
         call = ex.call
-        call.reason, call.outcome = reason, Outcome.CANCELLED
+        call.reason, call.outcome, call.stopped_at = reason, Outcome.CANCELLED, detected
         if reason is Reason.CLIENT_DISCONNECT:
             self._state.metrics.disconnected(Protocol.HTTP, call.stage)
             if call.status is None:
@@ -201,6 +201,7 @@ class HttpRelay:
             return
 
         def done(task: CancelTask) -> None:
+            call.cancel_answered_at = time.monotonic()
             if not task.cancelled():
                 call.cancel_result = task.result()
             log_call(call.record())

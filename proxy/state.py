@@ -40,7 +40,9 @@ class Call:
     bytes_in: int = 0
     bytes_out: int = 0
     ended: float | None = None
+    stopped_at: float | None = None  # when the hang-up (or limit, or shutdown) was seen
     cancel_result: CancelResult | None = None
+    cancel_answered_at: float | None = None
     stop: Callable[[Reason], None] | None = None  # interrupts the call (set by its listener)
 
     def record(self) -> dict[str, object]:
@@ -63,9 +65,14 @@ class Call:
             "upstream_ttfb_ms": None
             if self.upstream_ttfb is None
             else round(self.upstream_ttfb * 1000, 3),
+            "cancel_ms": _ms(self.stopped_at, self.cancel_answered_at),
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
         }
+
+
+def _ms(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round((end - start) * 1000, 3)
 
 
 class ServerState:

@@ -267,6 +267,7 @@ async def test_call_log_line_names_the_hangup(stack: Stack, session: aiohttp.Cli
     assert line["outcome"] == "cancelled" and line["reason"] == "client_disconnect"
     assert line["stage"] == "before_response" and line["status"] == 499
     assert line["cancel_result"] == "ok"
+    assert isinstance(line["cancel_ms"], float) and line["cancel_ms"] > 0
 
 
 async def test_hangup_mid_body_leaves_nothing_behind(
