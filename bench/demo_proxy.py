@@ -135,7 +135,7 @@ def report(
 ) -> None:
     say("\nthe proxy recorded:")
     call = log_record(proxy, "request_id", REQUEST_ID)
-    keep = ("request_id", "status", "outcome", "stage", "reason", "cancel_result", "duration_ms")
+    keep = ("request_id", "status", "outcome", "stage", "reason", "cancel_result", "cancel_ms")
     say("  log: " + json.dumps({k: call.get(k) for k in keep}))
     for name, value in pm.items():
         if name.startswith(("hangup_proxy_client_disconnects", "hangup_proxy_cancel_calls_total",
