@@ -47,7 +47,9 @@ lint: $(VENV)/.installed-base
 test: $(VENV)/.installed-engine lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# The whole path (a client hangs up through the proxy), then an operator cancelling by id.
 demo: $(VENV)/.installed-base
+	$(PY) -m bench.demo_proxy
 	$(PY) -m bench.demo
 
 bench: $(VENV)/.installed-base

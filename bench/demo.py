@@ -1,4 +1,5 @@
-"""``make demo``: a streamed completion cancelled mid-answer, and what the gateway recorded.
+"""``make demo``, part two: an operator cancels a streamed completion by id through the
+gateway's cancel API, and what the gateway recorded.
 
 Starts the gateway (simulated engine) on loopback ports of its own, streams a completion,
 cancels it through the cancel API after a few tokens, then prints the cancel answer, the end of
@@ -79,7 +80,7 @@ def print_log(gateway: Process) -> None:
 
 async def main() -> int:
     work = REPO / ".demo"
-    say("hangup demo: the gateway with the simulated engine (loopback, ephemeral ports)\n")
+    say("\nhangup demo, part two: an operator cancels by id through the gateway's cancel API\n")
     with spawn("gateway_server", ["--http-port", "0", "--grpc-port", "0"], Path(work)) as gateway:
         await stream_then_cancel(gateway.url())
         print_log(gateway)

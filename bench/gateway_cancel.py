@@ -104,7 +104,7 @@ async def main() -> None:
             "to boundary", "boundary→gateway", "boundary→caller"]  # fmt: skip
     print(" ".join(f"{h:>{w}}" for h, w in zip(head, WIDTHS, strict=True)))
     for n in (int(x) for x in args.levels.split(",")):
-        boundary_log = work / f"boundaries-{n}.jsonl"
+        boundary_log = work / f"probe-{n}.jsonl"
         gw_args = [
             *(
                 "--http-port",
@@ -117,9 +117,9 @@ async def main() -> None:
                 "ERROR",
             ),
             *("--sim-step-base", "0.01", "--sim-step-per-seq", "0.0001"),
-            *("--boundary-log", str(boundary_log)),
+            *("--probe-log", str(boundary_log)),
         ]
-        with spawn("bench.instrumented_gateway", gw_args, work) as gw:
+        with spawn("bench.probe_gateway", gw_args, work) as gw:
             result = await level(gw.url(), gw.popen.pid, n, min(n, args.cancels), args.window)
             gw.terminate()
         records = [json.loads(line) for line in boundary_log.read_text().splitlines()]
