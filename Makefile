@@ -59,3 +59,41 @@ bench: $(VENV)/.installed-base
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
+
+# --- Images, Helm chart and observability (issue 6) ---------------------------------------------
+#   make image        the CPU image (Dockerfile) and the GPU image on vLLM's (Dockerfile.gpu)
+#   make k8s-tools    what the chart and rules tests need: promtool (Debian's prometheus package)
+#                     and Helm's engine (a `helm` binary on PATH, else helm-sdkpy in .venv-helm)
+# `make test` runs k8s-tools first; tests that still miss a tool skip and name it.
+
+IMAGE ?= hangup
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# helm-sdkpy ships Helm's engine for Python 3.12 only.
+HELM_PYTHON ?= $(shell for p in $$(ls -d $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python 2>/dev/null) python3.12; do \
+                 $$p -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { command -v $$p; break; }; done)
+HELM_VENV ?= .venv-helm
+
+.PHONY: image image-cpu image-gpu k8s-tools promtool helm-engine
+
+image: image-cpu image-gpu
+image-cpu:
+	docker build -f Dockerfile -t $(IMAGE):$(IMAGE_TAG) .
+image-gpu:
+	docker build -f Dockerfile.gpu -t $(IMAGE):$(IMAGE_TAG)-gpu .
+
+k8s-tools: promtool helm-engine
+
+promtool:
+	@command -v promtool >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else echo "promtool is missing and cannot be installed here: install Debian's prometheus package as root"; fi; }
+
+helm-engine:
+	@if command -v helm >/dev/null 2>&1; then echo "using $$(command -v helm)"; \
+	elif [ -f $(HELM_VENV)/.installed ]; then :; \
+	elif [ -z "$(HELM_PYTHON)" ]; then echo "no helm and no Python 3.12 for helm-sdkpy: the chart tests will skip"; \
+	else $(HELM_PYTHON) -m venv $(HELM_VENV) && $(HELM_VENV)/bin/pip install --quiet 'helm-sdkpy==0.1.32' \
+	  && touch $(HELM_VENV)/.installed; fi
+
+test: k8s-tools

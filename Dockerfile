@@ -1,0 +1,32 @@
+# hangup, CPU image: the proxy and the gateway with the simulated engine (no vLLM, no GPU).
+#   docker build -t hangup:0.1.0 .        (or: make image)
+#   docker run --rm hangup:0.1.0 hangup-gateway --help
+# Both commands are on PATH: the Helm chart runs `hangup-gateway` and `hangup-proxy` from this one
+# image. The base is pinned by exact tag (no digest: none could be looked up where this was written).
+
+FROM python:3.11.11-slim-bookworm AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+RUN python -m venv /opt/hangup
+COPY pyproject.toml README.md* ./
+COPY gateway_server ./gateway_server
+COPY proxy ./proxy
+RUN /opt/hangup/bin/pip install --no-cache-dir . \
+    && /opt/hangup/bin/pip uninstall --yes pip setuptools wheel
+
+FROM python:3.11.11-slim-bookworm
+LABEL org.opencontainers.image.title="hangup" \
+      org.opencontainers.image.description="Cancelling sidecar proxy and model gateway (simulated engine)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 hangup \
+    && useradd --system --uid 10001 --gid hangup --home-dir /home/hangup --create-home hangup
+COPY --from=build /opt/hangup /opt/hangup
+# The demo (bench/demo.py) runs from /app: `docker run --rm hangup:0.1.0 python -m bench.demo`.
+WORKDIR /app
+COPY bench ./bench
+ENV PATH=/opt/hangup/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+USER 10001:10001
+EXPOSE 8080 8081 9090
+CMD ["hangup-proxy", "--help"]

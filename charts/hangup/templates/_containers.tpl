@@ -1,0 +1,160 @@
+{{/* The pod's containers: the gateway (or the user's model server) and the proxy sidecar. */}}
+
+{{- define "hangup.gatewayProbe" -}}
+exec:
+  command:
+    - python3
+    - -c
+    - "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:{{ .port }}{{ .path }}', timeout=2).status != 200)"
+{{- with .probe }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "hangup.gatewayContainer" -}}
+{{- $g := .Values.gateway -}}
+- name: gateway
+  image: {{ include "hangup.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: [hangup-gateway]
+  args:
+    - --host=127.0.0.1
+    - --http-port={{ $g.httpPort }}
+    - --grpc-port={{ $g.grpcPort }}
+    - --engine={{ $g.engine }}
+    {{- with $g.model }}
+    - --model={{ . }}
+    {{- end }}
+    {{- with $g.servedModelName }}
+    - --served-model-name={{ . }}
+    {{- end }}
+    - --workers={{ $g.workers }}
+    - --cancel-token-file={{ include "hangup.tokenPath" . }}
+    - --drain-timeout={{ $g.drainTimeoutSeconds }}
+    {{- with $g.extraArgs }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  env:
+    - name: HOME
+      value: /tmp
+    {{- with $g.env }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  # No ports: the gateway listens on 127.0.0.1 and only the proxy beside it reaches it.
+  startupProbe:
+    {{- include "hangup.gatewayProbe" (dict "port" $g.httpPort "path" "/v2/health/live" "probe" $g.startupProbe) | nindent 4 }}
+  livenessProbe:
+    {{- include "hangup.gatewayProbe" (dict "port" $g.httpPort "path" "/v2/health/live" "probe" $g.livenessProbe) | nindent 4 }}
+  readinessProbe:
+    {{- include "hangup.gatewayProbe" (dict "port" $g.httpPort "path" "/v2/health/ready" "probe" $g.readinessProbe) | nindent 4 }}
+  lifecycle:
+    preStop:
+      # Keep serving while the proxy drains and sends its shutdown cancels.
+      exec:
+        command: [sleep, "{{ include "hangup.upstreamPreStopSeconds" . }}"]
+  {{- $resources := deepCopy ($g.resources | default dict) }}
+  {{- if gt (int $g.gpu.count) 0 }}
+  {{- $limits := get $resources "limits" | default dict }}
+  {{- $_ := set $limits $g.gpu.resourceName (int $g.gpu.count) }}
+  {{- $_ := set $resources "limits" $limits }}
+  {{- end }}
+  {{- with $resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: cancel-token
+      mountPath: /var/run/hangup/cancel-token
+      readOnly: true
+    - name: gateway-tmp
+      mountPath: /tmp
+    {{- with $g.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+{{- end }}
+
+{{- define "hangup.modelServerContainer" -}}
+{{- $c := deepCopy .Values.modelServer.container -}}
+{{- if not (hasKey $c "lifecycle") }}
+{{- $_ := set $c "lifecycle" (dict "preStop" (dict "exec" (dict "command" (list "sleep" (include "hangup.upstreamPreStopSeconds" .))))) }}
+{{- end }}
+{{- if .Values.modelServer.mountCancelToken }}
+{{- $mounts := get $c "volumeMounts" | default list }}
+{{- $mounts = append $mounts (dict "name" "cancel-token" "mountPath" "/var/run/hangup/cancel-token" "readOnly" true) }}
+{{- $_ := set $c "volumeMounts" $mounts }}
+{{- end }}
+- {{- toYaml $c | nindent 2 }}
+{{- end }}
+
+{{- define "hangup.proxyContainer" -}}
+{{- $p := .Values.proxy -}}
+{{- $upstreamGrpc := include "hangup.upstreamGrpc" . -}}
+- name: proxy
+  image: {{ include "hangup.proxyImage" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: [hangup-proxy]
+  args:
+    - --host=0.0.0.0
+    - --http-port={{ $p.httpPort }}
+    - --grpc-port={{ $p.grpcPort }}
+    - --admin-port={{ $p.adminPort }}
+    - --upstream-http={{ include "hangup.upstreamHttp" . }}
+    {{- with $upstreamGrpc }}
+    - --upstream-grpc={{ . }}
+    {{- end }}
+    - --cancel-adapter={{ $p.cancelAdapter }}
+    {{- if include "hangup.tokenEnabled" . }}
+    - --cancel-token-file={{ include "hangup.tokenPath" . }}
+    {{- end }}
+    - --drain-timeout={{ $p.drainTimeoutSeconds }}
+    {{- with $p.extraArgs }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with $p.env }}
+  env:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  ports:
+    - name: http
+      containerPort: {{ $p.httpPort }}
+      protocol: TCP
+    {{- if $upstreamGrpc }}
+    - name: grpc
+      containerPort: {{ $p.grpcPort }}
+      protocol: TCP
+    {{- end }}
+    - name: admin
+      containerPort: {{ $p.adminPort }}
+      protocol: TCP
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: admin
+    {{- toYaml $p.livenessProbe | nindent 4 }}
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: admin
+    {{- toYaml $p.readinessProbe | nindent 4 }}
+  lifecycle:
+    preStop:
+      # Let the Service drop this pod before the proxy stops taking new calls.
+      exec:
+        command: [sleep, "{{ .Values.shutdown.preStopSeconds }}"]
+  {{- with $p.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  volumeMounts:
+    {{- if include "hangup.tokenEnabled" . }}
+    - name: cancel-token
+      mountPath: /var/run/hangup/cancel-token
+      readOnly: true
+    {{- end }}
+    - name: proxy-tmp
+      mountPath: /tmp
+{{- end }}

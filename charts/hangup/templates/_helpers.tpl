@@ -1,0 +1,109 @@
+{{/* Names, labels and the derived settings every template shares. */}}
+
+{{- define "hangup.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "hangup.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "hangup.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "hangup.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hangup.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "hangup.labels" -}}
+helm.sh/chart: {{ include "hangup.chart" . }}
+{{ include "hangup.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: hangup
+{{- end }}
+
+{{- define "hangup.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "hangup.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "hangup.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{- define "hangup.proxyImage" -}}
+{{- $repo := .Values.proxy.image.repository | default .Values.image.repository }}
+{{- $tag := .Values.proxy.image.tag | default .Values.image.tag | default .Chart.AppVersion }}
+{{- printf "%s:%s" $repo $tag }}
+{{- end }}
+
+{{/* Whether a cancel token exists at all: the gateway always takes one; the `hangup` adapter sends it. */}}
+{{- define "hangup.tokenEnabled" -}}
+{{- if or .Values.gateway.enabled (eq .Values.proxy.cancelAdapter "hangup") .Values.modelServer.mountCancelToken }}true{{ end }}
+{{- end }}
+
+{{- define "hangup.tokenSecretName" -}}
+{{- .Values.cancelToken.existingSecret | default (printf "%s-cancel-token" (include "hangup.fullname" .)) }}
+{{- end }}
+
+{{- define "hangup.tokenPath" -}}
+/var/run/hangup/cancel-token/{{ .Values.cancelToken.key }}
+{{- end }}
+
+{{- define "hangup.upstreamHttp" -}}
+{{- if .Values.gateway.enabled }}
+{{- printf "http://127.0.0.1:%d" (int .Values.gateway.httpPort) }}
+{{- else }}
+{{- .Values.modelServer.upstreamHttp }}
+{{- end }}
+{{- end }}
+
+{{- define "hangup.upstreamGrpc" -}}
+{{- if .Values.gateway.enabled }}
+{{- printf "127.0.0.1:%d" (int .Values.gateway.grpcPort) }}
+{{- else }}
+{{- .Values.modelServer.upstreamGrpc }}
+{{- end }}
+{{- end }}
+
+{{/* Seconds the upstream (gateway or model server) keeps serving after the pod is told to stop:
+     until the proxy has drained and its shutdown cancels have landed. */}}
+{{- define "hangup.upstreamPreStopSeconds" -}}
+{{- add .Values.shutdown.preStopSeconds .Values.proxy.drainTimeoutSeconds .Values.shutdown.cancelGraceSeconds }}
+{{- end }}
+
+{{- define "hangup.requiredGraceSeconds" -}}
+{{- $gatewayDrain := ternary .Values.gateway.drainTimeoutSeconds 0 .Values.gateway.enabled }}
+{{- add (include "hangup.upstreamPreStopSeconds" . | int) $gatewayDrain }}
+{{- end }}
+
+{{- define "hangup.terminationGracePeriodSeconds" -}}
+{{- $required := include "hangup.requiredGraceSeconds" . | int }}
+{{- $set := .Values.shutdown.terminationGracePeriodSeconds }}
+{{- if kindIs "invalid" $set }}
+{{- add $required .Values.shutdown.marginSeconds }}
+{{- else if lt (int $set) $required }}
+{{- fail (printf "shutdown.terminationGracePeriodSeconds=%d is shorter than the %ds the pod needs to drain (preStopSeconds + proxy.drainTimeoutSeconds + cancelGraceSeconds + gateway.drainTimeoutSeconds): a rollout would cut streams short without cancelling them" (int $set) $required) }}
+{{- else }}
+{{- $set }}
+{{- end }}
+{{- end }}
+
+{{- define "hangup.testModel" -}}
+{{- .Values.test.model | default .Values.gateway.servedModelName | default .Values.gateway.model | default "sim" }}
+{{- end }}
