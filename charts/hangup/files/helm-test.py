@@ -61,7 +61,7 @@ def stream_and_hang_up(url: str, model: str, timeout: float) -> None:
 def main() -> int:
     url = os.environ["HANGUP_TEST_URL"]
     admin_url = os.environ["HANGUP_TEST_ADMIN_URL"]
-    model = os.environ.get("HANGUP_TEST_MODEL", "sim")
+    model = os.environ.get("HANGUP_TEST_MODEL", "hangup-sim")
     timeout = float(os.environ.get("HANGUP_TEST_TIMEOUT", "60"))
     hangups_before, cancels_before = counts(admin_url)
     stream_and_hang_up(url, model, timeout)

@@ -105,5 +105,5 @@ app.kubernetes.io/part-of: hangup
 {{- end }}
 
 {{- define "hangup.testModel" -}}
-{{- .Values.test.model | default .Values.gateway.servedModelName | default .Values.gateway.model | default "sim" }}
+{{- .Values.test.model | default .Values.gateway.servedModelName | default .Values.gateway.model | default "hangup-sim" }}
 {{- end }}
