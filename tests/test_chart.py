@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -271,3 +273,35 @@ def test_notes_tell_how_to_reach_and_watch_the_release(renders: dict[str, Releas
     assert "port-forward svc/rel-hangup 8080:8080 9090:9090" in notes
     assert "helm test rel" in notes
     assert "ServiceMonitor rel-hangup" in notes and "Grafana" in notes
+
+
+def test_chart_command_line_starts_the_real_gateway_and_its_probes_pass(
+    renders: dict[str, Release], tmp_path: Path
+) -> None:
+    """The gateway container's command and args, as rendered, run the real `hangup-gateway`
+    (ports moved to 0, the token path to a temporary file); its exec probes then pass."""
+    from tests.support import spawn
+
+    gateway = containers(renders["default-values.yaml"])["gateway"]
+    assert gateway["command"] == ["hangup-gateway"]
+    token = tmp_path / "token"
+    token.write_text("a-token-for-this-test")
+    moved = {"http-port": "0", "grpc-port": "0", "cancel-token-file": str(token)}
+    args = []
+    for arg in gateway["args"]:
+        name = arg.removeprefix("--").split("=", 1)[0]
+        args.append(f"--{name}={moved[name]}" if name in moved else arg)
+    with spawn("gateway_server", args, tmp_path) as process:
+        http = process.listeners["http"]
+        assert http.startswith("127.0.0.1:")
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            command = [
+                part.replace(f"127.0.0.1:{flag(gateway, 'http-port')}", http)
+                for part in gateway[probe]["exec"]["command"]
+            ]
+            assert command[0] == "python3"
+            done = subprocess.run(
+                [sys.executable, *command[1:]], capture_output=True, text=True, timeout=30
+            )
+            assert done.returncode == 0, f"{probe}: {done.stderr}"
+        assert process.terminate() == 0
