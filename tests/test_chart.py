@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart_support import CHART, HelmEngine, Release, scenario, scenarios
+from tests.chart_support import CHART, HelmEngine, Release, proxy_available, scenario, scenarios
 from tests.observability_files import DASHBOARD, RULES
 
 
@@ -315,7 +315,6 @@ def test_chart_command_line_starts_the_real_proxy_and_its_probes_pass(
     import urllib.request
 
     from tests.support import spawn
-    from tests.test_observability_e2e import proxy_available
 
     if not proxy_available():
         pytest.skip("the proxy is not implemented yet (python -m proxy --help fails)")

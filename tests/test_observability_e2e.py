@@ -26,10 +26,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.chart_support import CHART
+from tests.chart_support import CHART, proxy_available
 from tests.observability_files import RULES, PanelQuery, metric_names, panel_queries, rules
 from tests.prometheus_support import Prometheus, Target, prometheus_binary, running_prometheus
-from tests.support import REPO, Process, child_env, spawn
+from tests.support import Process, child_env, spawn
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +38,6 @@ LABELS = {"pod": "hangup-e2e-0", "namespace": "e2e"}
 # Per wave. Prometheus must scrape between waves: a labelled series created by the first wave
 # needs later samples that differ before rate() sees it move.
 HANGUPS, COMPLETIONS, EARLY_HANGUPS, WAVES = 6, 4, 2, 3
-
-
-def proxy_available() -> bool:
-    done = subprocess.run(
-        [sys.executable, "-m", "proxy", "--help"], capture_output=True, text=True,
-        env=child_env(), cwd=REPO, timeout=60,
-    )  # fmt: skip
-    return done.returncode == 0 and "--admin-port" in done.stdout
 
 
 @dataclass
