@@ -159,6 +159,14 @@ class HelmEngine:
                 out.get("notes", ""),
             )
 
+    def package(self, dest: Path) -> Path:
+        """`helm package` the chart into ``dest``; the archive's path."""
+        if self.helm:
+            done = self._run([self.helm, "package", str(CHART), "-d", str(dest)])
+            return Path(done.stdout.strip().rsplit(" ", 1)[-1])
+        argv = [str(HELM_VENV_PYTHON), str(ENGINE_SCRIPT), "package", str(CHART), str(dest)]
+        return Path(json.loads(self._run(argv).stdout)["path"])
+
     def _sdk(self, command: str, values: dict[str, Any], tmp: Path) -> dict[str, Any]:
         merged = merge(yaml.safe_load((CHART / "values.yaml").read_text()), values)
         vals = tmp / "values.json"

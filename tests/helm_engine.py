@@ -3,7 +3,8 @@
 helm-sdkpy (Helm's Go engine in a shared library) needs Python 3.12, so it lives in its own
 virtualenv (`.venv-helm`, built by `make helm-engine`) and this file runs there as a script:
 
-    .venv-helm/bin/python tests/helm_engine.py lint CHART MERGED_VALUES.json
+    .venv-helm/bin/python tests/helm_engine.py lint|render CHART MERGED_VALUES.json
+    .venv-helm/bin/python tests/helm_engine.py package CHART DEST_DIR
 
 It prints one JSON object: {"ok": bool, "messages": [{"severity", "path", "text"}]}. helm-sdkpy's
 lint takes no values, so the caller merges the scenario over the chart's values (what `helm lint
@@ -257,9 +258,20 @@ current-context: stub
     }
 
 
+def package(chart: Path, dest: Path) -> dict[str, Any]:
+    """`helm package`: the chart archive's path."""
+    import helm_sdkpy
+
+    config = helm_sdkpy.Configuration(namespace="default")
+    return {"path": asyncio.run(helm_sdkpy.Package(config).run(str(chart), str(dest)))}
+
+
 def main(argv: list[str]) -> int:
-    command, chart, values_json = argv[1], Path(argv[2]), argv[3]
-    values = json.loads(Path(values_json).read_text())
+    command, chart, arg = argv[1], Path(argv[2]), argv[3]
+    if command == "package":
+        print(json.dumps(package(chart, Path(arg))))
+        return 0
+    values = json.loads(Path(arg).read_text())
     if command == "lint":
         print(json.dumps(lint(chart, values)))
         return 0

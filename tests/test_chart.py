@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -208,6 +209,13 @@ def test_gpus_go_to_the_gateway_only(renders: dict[str, Release]) -> None:
     assert by_name["gateway"]["resources"]["limits"]["nvidia.com/gpu"] == 2
     assert by_name["gateway"]["resources"]["limits"]["memory"] == "32Gi"
     assert "nvidia.com/gpu" not in json.dumps(by_name["proxy"])
+    shm = next(
+        v for v in pod_spec(renders["full-values.yaml"])["volumes"] if v["name"] == "gateway-shm"
+    )
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "gateway-shm", "mountPath": "/dev/shm"} in by_name["gateway"]["volumeMounts"]
+    default_volumes = pod_spec(renders["default-values.yaml"])["volumes"]
+    assert "gateway-shm" not in {v["name"] for v in default_volumes}
 
 
 def test_dashboard_configmap_appears_only_when_enabled(renders: dict[str, Release]) -> None:
@@ -230,6 +238,19 @@ def test_chart_files_are_links_to_the_observability_sources() -> None:
         link = CHART / "files" / name
         assert link.is_symlink(), f"{link} should link to {source}"
         assert Path(os.path.realpath(link)) == source.resolve()
+
+
+def test_packaged_chart_carries_the_dashboard_and_rules_themselves(
+    helm: HelmEngine, tmp_path: Path
+) -> None:
+    """`helm package` stores the linked files' content: the archive needs no checkout beside it."""
+    archive = helm.package(tmp_path)
+    with tarfile.open(archive) as tar:
+        for name, source in (("hangup-dashboard.json", DASHBOARD), ("hangup-rules.yaml", RULES)):
+            member = tar.getmember(f"hangup/files/{name}")
+            assert member.isfile(), f"{name} is packaged as a link"
+            extracted = tar.extractfile(member)
+            assert extracted is not None and extracted.read() == source.read_bytes()
 
 
 def test_service_monitor_scrapes_proxy_and_gateway_through_the_proxy(

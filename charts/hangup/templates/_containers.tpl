@@ -35,8 +35,11 @@ exec:
     {{- toYaml . | nindent 4 }}
     {{- end }}
   env:
+    # The root filesystem is read-only: caches (Hugging Face, vLLM, Triton) go to /tmp.
     - name: HOME
       value: /tmp
+    - name: HF_HOME
+      value: /tmp/huggingface
     {{- with $g.env }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -70,6 +73,10 @@ exec:
       readOnly: true
     - name: gateway-tmp
       mountPath: /tmp
+    {{- if gt (int $g.gpu.count) 0 }}
+    - name: gateway-shm
+      mountPath: /dev/shm
+    {{- end }}
     {{- with $g.extraVolumeMounts }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
