@@ -347,12 +347,14 @@ def test_chart_command_line_starts_the_real_proxy_and_its_probes_pass(
     with spawn("gateway_server", gateway_args, tmp_path / "gateway") as gateway:
         moved = {
             "host": "127.0.0.1", "http-port": "0", "grpc-port": "0", "admin-port": "0",
-            "upstream-http": gateway.url("http"), "upstream-grpc": gateway.listeners["grpc"],
+            "upstream-http": gateway.url("http"), "upstream-grpc": gateway.listeners.get("grpc"),
             "cancel-token-file": str(token),
         }  # fmt: skip
         args = []
         for arg in proxy["args"]:
             name = arg.removeprefix("--").split("=", 1)[0]
+            if name in moved and moved[name] is None:  # no gRPC listener on this gateway yet
+                continue
             args.append(f"--{name}={moved[name]}" if name in moved else arg)
         with spawn("proxy", args, tmp_path / "proxy") as process:
             for probe in ("livenessProbe", "readinessProbe"):

@@ -111,12 +111,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         targets = [Target("hangup-gateway", gateway.listeners["http"], LABELS)]
         front, admin = gateway.url("http"), None
         if proxy_available():
-            proxy: Process = exits.enter_context(spawn("proxy", [
+            proxy_args = [
                 "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
                 "--admin-port", "0", "--upstream-http", gateway.url("http"),
-                "--upstream-grpc", gateway.listeners["grpc"], "--cancel-adapter", "hangup",
-                "--cancel-token-file", str(token),
-            ], tmp / "proxy"))  # fmt: skip
+                "--cancel-adapter", "hangup", "--cancel-token-file", str(token),
+            ]  # fmt: skip
+            if gateway.listeners.get("grpc"):  # None until the gateway serves gRPC
+                proxy_args += ["--upstream-grpc", gateway.listeners["grpc"]]
+            proxy: Process = exits.enter_context(spawn("proxy", proxy_args, tmp / "proxy"))
             front, admin = proxy.url("http"), proxy.url("admin")
             # As the chart has it: the gateway's metrics through the proxy's HTTP port.
             targets = [

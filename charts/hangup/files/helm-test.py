@@ -2,7 +2,8 @@
 
 Standard library only, so it runs in any image with Python 3. Configured by environment:
 HANGUP_TEST_URL (the proxy's HTTP address), HANGUP_TEST_ADMIN_URL (its admin address),
-HANGUP_TEST_MODEL, HANGUP_TEST_TIMEOUT (seconds). Exits 0 once the proxy has counted one more
+HANGUP_TEST_MODEL, HANGUP_TEST_MAX_TOKENS (long enough that the answer is still streaming when
+the test hangs up, short enough for the model's context), HANGUP_TEST_TIMEOUT (seconds). Exits 0 once the proxy has counted one more
 client hang-up and one more acknowledged cancel call than before the test; 1 otherwise.
 With several replicas the Service may route the scrapes to other pods: it keeps looking until the
 timeout, so a pass is certain to be seen but a slow pass needs fewer replicas to be quick.
@@ -42,11 +43,11 @@ def counts(admin_url: str) -> tuple[float, float]:
     return hangups, cancels
 
 
-def stream_and_hang_up(url: str, model: str, timeout: float) -> None:
+def stream_and_hang_up(url: str, model: str, max_tokens: int, timeout: float) -> None:
     """Start a long streaming completion, read its first event, then close the connection."""
     target = urllib.parse.urlsplit(url)
     conn = http.client.HTTPConnection(target.hostname or "", target.port or 80, timeout=timeout)
-    body = {"model": model, "prompt": "hang up on me", "max_tokens": 4096, "stream": True}
+    body = {"model": model, "prompt": "hang up on me", "max_tokens": max_tokens, "stream": True}
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     resp = conn.getresponse()
     if resp.status != 200:
@@ -62,9 +63,10 @@ def main() -> int:
     url = os.environ["HANGUP_TEST_URL"]
     admin_url = os.environ["HANGUP_TEST_ADMIN_URL"]
     model = os.environ.get("HANGUP_TEST_MODEL", "hangup-sim")
+    max_tokens = int(os.environ.get("HANGUP_TEST_MAX_TOKENS", "1000"))
     timeout = float(os.environ.get("HANGUP_TEST_TIMEOUT", "60"))
     hangups_before, cancels_before = counts(admin_url)
-    stream_and_hang_up(url, model, timeout)
+    stream_and_hang_up(url, model, max_tokens, timeout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         hangups, cancels = counts(admin_url)
