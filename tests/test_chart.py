@@ -204,6 +204,18 @@ def test_full_scenario_creates_every_optional_object(renders: dict[str, Release]
     assert "replicas" not in renders["full-values.yaml"].one("Deployment")["spec"]  # the HPA's
 
 
+def test_network_policy_lets_clients_and_prometheus_in_and_nothing_else(
+    renders: dict[str, Release],
+) -> None:
+    policy = renders["full-values.yaml"].one("NetworkPolicy")
+    clients, scrapers = policy["spec"]["ingress"]
+    assert {p["port"] for p in clients["ports"]} == {"http", "grpc"}
+    assert "from" not in clients  # clientFrom is empty: any client
+    assert {p["port"] for p in scrapers["ports"]} == {"admin", "http"}
+    namespace = scrapers["from"][0]["namespaceSelector"]["matchLabels"]
+    assert namespace == {"kubernetes.io/metadata.name": "monitoring"}
+
+
 def test_gpus_go_to_the_gateway_only(renders: dict[str, Release]) -> None:
     by_name = containers(renders["full-values.yaml"])
     assert by_name["gateway"]["resources"]["limits"]["nvidia.com/gpu"] == 2
