@@ -18,10 +18,12 @@ FROM python:3.11.11-slim-bookworm
 LABEL org.opencontainers.image.title="hangup" \
       org.opencontainers.image.description="Cancelling sidecar proxy and model gateway (simulated engine)" \
       org.opencontainers.image.licenses="Apache-2.0"
-RUN groupadd --system --gid 10001 hangup \
-    && useradd --system --uid 10001 --gid hangup --home-dir /home/hangup --create-home hangup
-COPY --from=build /opt/hangup /opt/hangup
 # The demo (bench/demo.py) runs from /app: `docker run --rm hangup:0.1.0 python -m bench.demo`.
+# The code stays root-owned; only the demo's log directory is writable.
+RUN groupadd --system --gid 10001 hangup \
+    && useradd --system --uid 10001 --gid hangup --home-dir /home/hangup --create-home hangup \
+    && install -d -o 10001 -g 10001 /app/.demo
+COPY --from=build /opt/hangup /opt/hangup
 WORKDIR /app
 COPY bench ./bench
 ENV PATH=/opt/hangup/bin:$PATH \

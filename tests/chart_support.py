@@ -122,7 +122,11 @@ class HelmEngine:
             out = self._sdk("lint", values, Path(tmp))
             return Lint(out["ok"], out["messages"])
 
-    def render(self, values: dict[str, Any]) -> Release:
+    def render(
+        self, values: dict[str, Any], existing: list[dict[str, Any]] | None = None
+    ) -> Release:
+        """Install into nothing: the release Helm would create. ``existing`` objects are what
+        Helm's `lookup` finds (helm-sdkpy only: a `helm` binary's dry run looks nothing up)."""
         with tempfile.TemporaryDirectory() as tmp:
             if self.helm:
                 vals = Path(tmp) / "values.yaml"
@@ -150,7 +154,9 @@ class HelmEngine:
                     hooks=[h["manifest"] for h in rel.get("hooks", [])],
                     notes=rel["info"].get("notes", ""),
                 )
-            out = self._sdk("render", values, Path(tmp))
+            extra = Path(tmp) / "existing.json"
+            extra.write_text(json.dumps(existing or []))
+            out = self._sdk("render", values, Path(tmp), extra)
             return Release(
                 out["ok"],
                 out.get("error", ""),
@@ -167,12 +173,13 @@ class HelmEngine:
         argv = [str(HELM_VENV_PYTHON), str(ENGINE_SCRIPT), "package", str(CHART), str(dest)]
         return Path(json.loads(self._run(argv).stdout)["path"])
 
-    def _sdk(self, command: str, values: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    def _sdk(self, command: str, values: dict[str, Any], tmp: Path, *extra: Path) -> dict[str, Any]:
         merged = merge(yaml.safe_load((CHART / "values.yaml").read_text()), values)
         vals = tmp / "values.json"
         vals.write_text(json.dumps(merged))
         done = self._run(
             [str(HELM_VENV_PYTHON), str(ENGINE_SCRIPT), command, str(CHART), str(vals)]
+            + [str(e) for e in extra]
         )
         return dict(json.loads(done.stdout))
 

@@ -3,7 +3,7 @@
 helm-sdkpy (Helm's Go engine in a shared library) needs Python 3.12, so it lives in its own
 virtualenv (`.venv-helm`, built by `make helm-engine`) and this file runs there as a script:
 
-    .venv-helm/bin/python tests/helm_engine.py lint|render CHART MERGED_VALUES.json
+    .venv-helm/bin/python tests/helm_engine.py lint|render CHART MERGED_VALUES.json [EXISTING.json]
     .venv-helm/bin/python tests/helm_engine.py package CHART DEST_DIR
 
 It prints one JSON object: {"ok": bool, "messages": [{"severity", "path", "text"}]}. helm-sdkpy's
@@ -132,13 +132,30 @@ def object_identity(body: bytes, content_type: str) -> dict[str, Any]:
     }
 
 
+class KubeAPIServer(ThreadingHTTPServer):
+    """The stand-in's server; ``store`` maps API paths to the objects held there."""
+
+    def __init__(self, existing: list[dict[str, Any]]) -> None:
+        super().__init__(("127.0.0.1", 0), RecordingKubeAPI)
+        self.store: dict[str, dict[str, Any]] = {}
+        for obj in existing:  # objects "already in the cluster" (what Helm's lookup finds)
+            meta = obj["metadata"]
+            plural = next(n for n, k, _ in RESOURCES[obj["apiVersion"]] if k == obj["kind"])
+            prefix = "/api/v1" if obj["apiVersion"] == "v1" else f"/apis/{obj['apiVersion']}"
+            self.store[f"{prefix}/namespaces/{meta['namespace']}/{plural}/{meta['name']}"] = obj
+
+
 class RecordingKubeAPI(BaseHTTPRequestHandler):
     """A stand-in Kubernetes API server on loopback, NOT a cluster: it serves discovery for the
     kinds above, stores what it is sent and answers 404 for anything it has not stored. Nothing
     is scheduled, admitted or validated; it only lets Helm's install action run offline so its
     rendered manifest can be read."""
 
-    store: dict[str, dict[str, Any]] = {}
+    server: KubeAPIServer
+
+    @property
+    def store(self) -> dict[str, dict[str, Any]]:
+        return self.server.store
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -226,9 +243,11 @@ class RecordingKubeAPI(BaseHTTPRequestHandler):
             self.reply(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
 
 
-def render(chart: Path, values: dict[str, Any]) -> dict[str, Any]:
+def render(
+    chart: Path, values: dict[str, Any], existing: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """Helm's install action against a RecordingKubeAPI: the release's manifest, hooks, notes."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), RecordingKubeAPI)
+    server = KubeAPIServer(existing or [])
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     host, port = server.server_address[:2]
@@ -276,7 +295,8 @@ def main(argv: list[str]) -> int:
         print(json.dumps(lint(chart, values)))
         return 0
     if command == "render":
-        print(json.dumps(render(chart, values)))
+        existing = json.loads(Path(argv[4]).read_text()) if len(argv) > 4 else []
+        print(json.dumps(render(chart, values, existing)))
         return 0
     print(f"unknown command {command!r}", file=sys.stderr)
     return 2

@@ -152,6 +152,21 @@ def test_each_install_generates_a_fresh_token(helm: HelmEngine) -> None:
     assert len(tokens) == 2
 
 
+def test_an_upgrade_keeps_the_token_already_in_the_cluster(helm: HelmEngine) -> None:
+    """Running pods read the token from the Secret: an upgrade must not replace it."""
+    if helm.helm:
+        pytest.skip("a `helm` binary's client-only dry run cannot look up cluster objects")
+    first = helm.render({}).one("Secret")
+    # As the first install left it: in the namespace, owned by the release.
+    first["metadata"]["namespace"] = "default"
+    first["metadata"]["annotations"] = {
+        "meta.helm.sh/release-name": "rel", "meta.helm.sh/release-namespace": "default",
+    }  # fmt: skip
+    again = helm.render({}, existing=[first])
+    assert again.ok, again.error
+    assert again.one("Secret")["data"]["token"] == first["data"]["token"]
+
+
 @pytest.mark.parametrize("name", scenarios())
 def test_shutdown_order_lets_the_proxy_cancel_before_the_upstream_stops(
     renders: dict[str, Release], name: str
