@@ -1,15 +1,20 @@
-"""Helm's own engine, for the chart tests: a `helm` binary when one is on PATH, else helm-sdkpy.
+"""Helm's engine from helm-sdkpy, for the chart tests (tests/chart_support.py drives it).
 
 helm-sdkpy (Helm's Go engine in a shared library) needs Python 3.12, so it lives in its own
-virtualenv (`.venv-helm`, built by `make helm-engine`) and this file runs there as a script:
+virtualenv (`.venv-helm`, built by `make helm-engine`) and this file runs there as a script,
+printing one JSON object:
 
-    .venv-helm/bin/python tests/helm_engine.py lint|render CHART MERGED_VALUES.json [EXISTING.json]
+    .venv-helm/bin/python tests/helm_engine.py lint CHART MERGED_VALUES.json
+        {"ok", "messages": [{"severity", "path", "text"}]}
+    .venv-helm/bin/python tests/helm_engine.py render CHART MERGED_VALUES.json [EXISTING.json]
+        {"ok", "error"} or {"ok", "manifest", "hooks", "notes"}
     .venv-helm/bin/python tests/helm_engine.py package CHART DEST_DIR
+        {"path"}
 
-It prints one JSON object: {"ok": bool, "messages": [{"severity", "path", "text"}]}. helm-sdkpy's
-lint takes no values, so the caller merges the scenario over the chart's values (what `helm lint
--f` does) and this script lints a copy of the chart whose values.yaml is the merged result. Kept
-to the standard library and helm_sdkpy: it runs under another Python.
+helm-sdkpy's lint takes no values, so the caller merges the scenario over the chart's values
+(what `helm lint -f` does) and this script lints a copy of the chart whose values.yaml is the
+result. It has no `template` either: `render` runs its install action against RecordingKubeAPI,
+a stand-in API server on loopback (see there). Standard library and helm_sdkpy only.
 """
 
 from __future__ import annotations
@@ -211,7 +216,7 @@ class RecordingKubeAPI(BaseHTTPRequestHandler):
             self.reply(200, found)
         elif path in self.store:
             self.reply(200, self.store[path])
-        elif OBJECT_PATH.match(path) and not OBJECT_PATH.match(path).group("name"):  # type: ignore[union-attr]
+        elif (match := OBJECT_PATH.match(path)) and not match.group("name"):
             items = [o for k, o in self.store.items() if k.startswith(path + "/")]
             self.reply(200, {"kind": "List", "apiVersion": "v1", "metadata": {}, "items": items})
         else:
@@ -269,6 +274,7 @@ current-context: stub
         return {"ok": False, "error": str(exc)}
     finally:
         server.shutdown()
+        server.server_close()
     return {
         "ok": True,
         "manifest": release.get("manifest", ""),
