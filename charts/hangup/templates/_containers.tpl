@@ -115,6 +115,7 @@ exec:
     {{- if include "hangup.tokenEnabled" . }}
     - --cancel-token-file={{ include "hangup.tokenPath" . }}
     {{- end }}
+    - --cancel-deadline={{ $p.cancelDeadlineSeconds }}
     - --drain-timeout={{ $p.drainTimeoutSeconds }}
     {{- with $p.extraArgs }}
     {{- toYaml . | nindent 4 }}

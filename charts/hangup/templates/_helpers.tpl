@@ -82,9 +82,9 @@ app.kubernetes.io/part-of: hangup
 {{- end }}
 
 {{/* Seconds the upstream (gateway or model server) keeps serving after the pod is told to stop:
-     until the proxy has drained and its shutdown cancels have landed. */}}
+     until the proxy has drained and its shutdown cancels have landed or given up. */}}
 {{- define "hangup.upstreamPreStopSeconds" -}}
-{{- add .Values.shutdown.preStopSeconds .Values.proxy.drainTimeoutSeconds .Values.shutdown.cancelGraceSeconds }}
+{{- add .Values.shutdown.preStopSeconds .Values.proxy.drainTimeoutSeconds .Values.proxy.cancelDeadlineSeconds }}
 {{- end }}
 
 {{- define "hangup.requiredGraceSeconds" -}}
@@ -98,7 +98,7 @@ app.kubernetes.io/part-of: hangup
 {{- if kindIs "invalid" $set }}
 {{- add $required .Values.shutdown.marginSeconds }}
 {{- else if lt (int $set) $required }}
-{{- fail (printf "shutdown.terminationGracePeriodSeconds=%d is shorter than the %ds the pod needs to drain (preStopSeconds + proxy.drainTimeoutSeconds + cancelGraceSeconds + gateway.drainTimeoutSeconds): a rollout would cut streams short without cancelling them" (int $set) $required) }}
+{{- fail (printf "shutdown.terminationGracePeriodSeconds=%d is shorter than the %ds the pod needs to drain (shutdown.preStopSeconds + proxy.drainTimeoutSeconds + proxy.cancelDeadlineSeconds + gateway.drainTimeoutSeconds): a rollout would cut streams short without cancelling them" (int $set) $required) }}
 {{- else }}
 {{- $set }}
 {{- end }}
