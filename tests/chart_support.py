@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,17 +22,6 @@ REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "hangup"
 HELM_VENV_PYTHON = REPO / ".venv-helm" / "bin" / "python"
 ENGINE_SCRIPT = REPO / "tests" / "helm_engine.py"
-
-
-def proxy_available() -> bool:
-    """Whether this checkout has the real proxy yet (its `--help` names the admin port)."""
-    from tests.support import child_env
-
-    done = subprocess.run(
-        [sys.executable, "-m", "proxy", "--help"], capture_output=True, text=True,
-        env=child_env(), cwd=REPO, timeout=60,
-    )  # fmt: skip
-    return done.returncode == 0 and "--admin-port" in done.stdout
 
 
 def merge(base: Any, over: Any) -> Any:

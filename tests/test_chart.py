@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart_support import CHART, HelmEngine, Release, proxy_available, scenario, scenarios
+from tests.chart_support import CHART, HelmEngine, Release, scenario, scenarios
 from tests.observability_files import DASHBOARD, RULES
 
 
@@ -369,8 +369,6 @@ def test_chart_command_line_starts_the_real_proxy_and_its_probes_pass(
 
     from tests.support import spawn
 
-    if not proxy_available():
-        pytest.skip("the proxy is not implemented yet (python -m proxy --help fails)")
     proxy = containers(renders["default-values.yaml"])["proxy"]
     assert proxy["command"] == ["hangup-proxy"]
     token = tmp_path / "token"

@@ -1,12 +1,10 @@
-"""End to end: a real Prometheus on loopback scrapes a live gateway (and proxy) while a workload
+"""End to end: a real Prometheus on loopback scrapes a live gateway and proxy while a workload
 hangs up on purpose; every dashboard query and recording rule must then return data, and every
 metric name they use must be one the running code exports.
 
-The stack mirrors the chart: Prometheus scrapes the proxy's admin port, and the gateway's
-/metrics through the proxy's HTTP port (the gateway stays on loopback); every series gets the
-`pod` and `namespace` labels Kubernetes discovery would add. Until the proxy is implemented
-(`python -m proxy --help` fails) the workload talks to the gateway directly and the proxy's
-half of the checks skips, saying so.
+The stack mirrors the chart: clients go through the proxy; Prometheus scrapes the proxy's admin
+port, and the gateway's /metrics through the proxy's HTTP port (the gateway stays on loopback);
+every series gets the `pod` and `namespace` labels Kubernetes discovery would add.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.chart_support import CHART, proxy_available
+from tests.chart_support import CHART
 from tests.observability_files import RULES, PanelQuery, metric_names, panel_queries, rules
 from tests.prometheus_support import Prometheus, Target, prometheus_binary, running_prometheus
 from tests.support import Process, child_env, spawn
@@ -44,8 +42,8 @@ HANGUPS, COMPLETIONS, EARLY_HANGUPS, WAVES = 6, 4, 2, 3
 class Stack:
     prometheus: Prometheus
     gateway_metrics_url: str
-    front_url: str  # where clients connect: the proxy, or the gateway without one
-    proxy_admin_url: str | None
+    front_url: str  # the proxy's HTTP address: where clients connect
+    proxy_admin_url: str
 
 
 async def stream_and_hang_up(session: aiohttp.ClientSession, url: str) -> None:
@@ -108,23 +106,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             ["--http-port", "0", "--grpc-port", "0", "--cancel-token-file", str(token)],
             tmp / "gateway",
         ))  # fmt: skip
-        targets = [Target("hangup-gateway", gateway.listeners["http"], LABELS)]
-        front, admin = gateway.url("http"), None
-        if proxy_available():
-            proxy_args = [
-                "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
-                "--admin-port", "0", "--upstream-http", gateway.url("http"),
-                "--cancel-adapter", "hangup", "--cancel-token-file", str(token),
-            ]  # fmt: skip
-            if gateway.listeners.get("grpc"):  # None until the gateway serves gRPC
-                proxy_args += ["--upstream-grpc", gateway.listeners["grpc"]]
-            proxy: Process = exits.enter_context(spawn("proxy", proxy_args, tmp / "proxy"))
-            front, admin = proxy.url("http"), proxy.url("admin")
-            # As the chart has it: the gateway's metrics through the proxy's HTTP port.
-            targets = [
-                Target("hangup-gateway", proxy.listeners["http"], LABELS),
-                Target("hangup-proxy", proxy.listeners["admin"], LABELS),
-            ]
+        proxy_args = [
+            "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
+            "--admin-port", "0", "--upstream-http", gateway.url("http"),
+            "--cancel-adapter", "hangup", "--cancel-token-file", str(token),
+        ]  # fmt: skip
+        if gateway.listeners.get("grpc"):  # None until the gateway serves gRPC
+            proxy_args += ["--upstream-grpc", gateway.listeners["grpc"]]
+        proxy: Process = exits.enter_context(spawn("proxy", proxy_args, tmp / "proxy"))
+        front, admin = proxy.url("http"), proxy.url("admin")
+        # As the chart has it: the gateway's metrics through the proxy's HTTP port.
+        targets = [
+            Target("hangup-gateway", proxy.listeners["http"], LABELS),
+            Target("hangup-proxy", proxy.listeners["admin"], LABELS),
+        ]
         prometheus = exits.enter_context(running_prometheus(tmp / "prometheus", targets, [RULES]))
         jobs = {t.job for t in targets}
         wait_until(lambda: prometheus.targets_up() == dict.fromkeys(jobs, 1.0), "targets up")
@@ -185,15 +180,12 @@ def test_gateway_recording_rules_return_data(stack: Stack) -> None:
 
 
 def test_proxy_panels_and_rules_return_data(stack: Stack) -> None:
-    if stack.proxy_admin_url is None:
-        pytest.skip("the proxy is not implemented yet (python -m proxy --help fails): gateway only")
     check_all_return_data(stack.prometheus, panel_exprs(proxy=True) | rule_exprs(proxy=True))
 
 
 def test_dashboard_variables_find_the_model_and_pod(stack: Stack) -> None:
     assert MODEL in stack.prometheus.label_values("model", "hangup_gateway_requests_total")
-    if stack.proxy_admin_url is not None:
-        assert LABELS["pod"] in stack.prometheus.label_values("pod", "hangup_proxy_requests_total")
+    assert LABELS["pod"] in stack.prometheus.label_values("pod", "hangup_proxy_requests_total")
 
 
 def test_cancellations_reached_the_engine(stack: Stack) -> None:
@@ -222,16 +214,13 @@ def test_every_metric_name_used_is_exported_by_the_code(stack: Stack) -> None:
     gateway = {n for n in used if n.startswith("hangup_gateway_")}
     missing = gateway - exported_names(stack.gateway_metrics_url)
     assert not missing, f"the gateway does not export: {sorted(missing)}"
-    if stack.proxy_admin_url is not None:
-        proxy = {n for n in used if n.startswith("hangup_proxy_")}
-        missing = proxy - exported_names(f"{stack.proxy_admin_url}/metrics")
-        assert not missing, f"the proxy does not export: {sorted(missing)}"
+    proxy = {n for n in used if n.startswith("hangup_proxy_")}
+    missing = proxy - exported_names(f"{stack.proxy_admin_url}/metrics")
+    assert not missing, f"the proxy does not export: {sorted(missing)}"
 
 
 def test_helm_test_script_passes_against_the_live_proxy(stack: Stack) -> None:
     """The chart's `helm test` pod runs files/helm-test.py; here it runs against the real proxy."""
-    if stack.proxy_admin_url is None:
-        pytest.skip("the proxy is not implemented yet: nothing to hang up through")
     env = child_env({
         "HANGUP_TEST_URL": stack.front_url, "HANGUP_TEST_ADMIN_URL": stack.proxy_admin_url,
         "HANGUP_TEST_MODEL": MODEL, "HANGUP_TEST_TIMEOUT": "30",
