@@ -122,7 +122,7 @@ def test_cpu_image_runs_the_demo_and_hangs_up_cleanly() -> None:
         path=str(REPO), dockerfile="Dockerfile", tag="hangup:test", rm=True
     )
     assert image.attrs["Config"]["User"].split(":")[0] == "10001"
-    output = client.containers.run("hangup:test", ["python", "-m", "bench.demo"], remove=True)
+    output = client.containers.run("hangup:test", ["python", "-m", "bench.demo_proxy"], remove=True)
     text = output.decode()
     # The client hung up through the proxy; the proxy's cancel call reached the gateway.
     assert 'hangup_proxy_cancel_calls_total{adapter="hangup",result="ok"} 1' in text, text
