@@ -118,11 +118,16 @@ def docker_client() -> Any:
 @pytest.mark.slow
 def test_cpu_image_runs_the_demo_and_hangs_up_cleanly() -> None:
     client = docker_client()
-    image, _ = client.images.build(
-        path=str(REPO), dockerfile="Dockerfile", tag="hangup:test", rm=True
-    )
-    assert image.attrs["Config"]["User"].split(":")[0] == "10001"
-    output = client.containers.run("hangup:test", ["python", "-m", "bench.demo_proxy"], remove=True)
+    try:
+        image, _ = client.images.build(
+            path=str(REPO), dockerfile="Dockerfile", tag="hangup:test", rm=True
+        )
+        assert image.attrs["Config"]["User"].split(":")[0] == "10001"
+        output = client.containers.run(
+            "hangup:test", ["python", "-m", "bench.demo_proxy"], remove=True
+        )
+    finally:
+        client.close()
     text = output.decode()
     # The client hung up through the proxy; the proxy's cancel call reached the gateway.
     assert 'hangup_proxy_cancel_calls_total{adapter="hangup",result="ok"} 1' in text, text
