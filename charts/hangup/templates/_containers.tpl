@@ -92,7 +92,7 @@ exec:
 {{- $mounts = append $mounts (dict "name" "cancel-token" "mountPath" "/var/run/hangup/cancel-token" "readOnly" true) }}
 {{- $_ := set $c "volumeMounts" $mounts }}
 {{- end }}
-- {{- toYaml $c | nindent 2 }}
+{{- toYaml (list $c) }}
 {{- end }}
 
 {{- define "hangup.proxyContainer" -}}
