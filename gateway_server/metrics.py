@@ -74,6 +74,9 @@ class GatewayMetrics:
         for model in models:  # every series exists from the start: rates and alerts see zeros
             self.generated_tokens.labels(model)
             self.wasted_tokens.labels(model)
+            self.cancel_to_abort.labels(model)
+            self.time_to_first_token.labels(model)
+            self.inter_token_latency.labels(model)
             for protocol in Protocol:
                 for outcome in Outcome:
                     self.requests.labels(model, protocol.value, outcome.value)
