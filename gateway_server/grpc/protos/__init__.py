@@ -1,0 +1,6 @@
+"""hangup's ``.proto`` files and their generated modules (see :mod:`.regenerate`).
+
+- ``inference.proto``: package ``inference``, the KServe v2 / Triton subset hangup serves, with
+  the public protocol's message names and field numbers (wire-compatible).
+- ``cancellation.proto``: package ``hangup.v1``, the cancel API over gRPC.
+"""
