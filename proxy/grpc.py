@@ -1,0 +1,388 @@
+"""The gRPC listener: relays every method to the upstream as raw messages, and turns a client that
+hangs up into an explicit cancel call.
+
+How one call goes::
+
+    client ──▶ generic handler (any method, bytes in / bytes out; no schema)
+                 │  admit (limits, draining) · pick the upstream call id (x-request-id)
+                 ▼
+               upstream stream-stream call, same method, client metadata, remaining deadline
+                 │  requests pumped client → upstream in a task of their own
+                 │  initial metadata, messages, trailers and status relayed upstream → client
+                 ▼
+    hang-up:   the handler is cancelled ──▶ why? deadline passed → deadline_exceeded;
+               client's TCP connection gone → client_disconnect (see grpc_peer);
+               otherwise the client cancelled → grpc_cancelled
+                 ▼
+               explicit cancel call (by id, with the reason) submitted to the Canceller;
+               the upstream stream stays open until the cancel is acknowledged or
+               ``cancel_close_wait`` passes, then it is cancelled too.
+
+Every gRPC method has the same shape on the wire (length-prefixed messages on one HTTP/2
+stream), so relaying each call as stream-stream serves unary and streaming methods alike. The
+explicit cancel goes out *before* the upstream stream is closed so the upstream records the real
+reason, not the "stream reset" it would infer from the closed stream.
+
+The proxy ends a call itself with its own reason (``shutdown`` when draining ends,
+``proxy_timeout`` past ``--max-request-duration``); the client then gets ``UNAVAILABLE`` or
+``DEADLINE_EXCEEDED``. Calls refused on arrival get ``UNAVAILABLE`` (draining),
+``RESOURCE_EXHAUSTED`` (``--max-concurrent-streams``) or ``INVALID_ARGUMENT`` (a trusted but
+malformed ``x-request-id``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from proxy.cancel import Canceller
+from proxy.config import Config
+from proxy.errors import BadRequestId, Overloaded
+from proxy.grpc_peer import Liveness, connection_liveness
+from proxy.headers import CLIENT_REQUEST_ID, REQUEST_ID, RequestIds, choose_request_ids
+from proxy.logs import log_call
+from proxy.state import Call, ServerState
+from proxy.vocabulary import Outcome, Protocol, Reason, Stage
+
+log = logging.getLogger("hangup.proxy.grpc")
+
+Metadata = tuple[tuple[str, str | bytes], ...]
+_REQUEST_ID = REQUEST_ID.lower()
+_CLIENT_REQUEST_ID = CLIENT_REQUEST_ID.lower()
+# Set by gRPC itself on each hop, or describing one HTTP/2 connection: never relayed.
+_CONNECTION_SCOPED = frozenset(
+    {"user-agent", "te", "content-type", "connection", "keep-alive", "host", "transfer-encoding"}
+)
+_UNLIMITED_MESSAGES = [
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+]
+_LOCAL_ENDINGS = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
+_PROXY_STOPPED = {
+    Reason.SHUTDOWN: (grpc.StatusCode.UNAVAILABLE, "the proxy is shutting down"),
+    Reason.PROXY_TIMEOUT: (grpc.StatusCode.DEADLINE_EXCEEDED, "proxy timeout"),
+}
+
+
+@dataclass(frozen=True)
+class GrpcRelayConfig:
+    host: str = "127.0.0.1"
+    port: int = 8081
+    upstream: str = "127.0.0.1:8001"
+    trust_client_request_id: bool = False
+    max_request_duration: float | None = None
+    cancel_close_wait: float = 0.5
+    """How long a hung-up call's upstream stream waits for the cancel's acknowledgement."""
+
+    @classmethod
+    def from_config(cls, config: Config) -> GrpcRelayConfig:
+        return cls(
+            host=config.host,
+            port=config.grpc_port,
+            upstream=config.upstream_grpc,
+            trust_client_request_id=config.trust_client_request_id,
+            max_request_duration=config.max_request_duration,
+            cancel_close_wait=min(config.cancel_attempt_timeout, 0.5),
+        )
+
+
+def relayable(metadata: Sequence[tuple[str, Any]]) -> Metadata:
+    """``metadata`` without what gRPC sets per hop (reserved, pseudo and connection fields)."""
+    return tuple(
+        (key, value)
+        for key, value in metadata
+        if not key.startswith(("grpc-", ":")) and key not in _CONNECTION_SCOPED
+    )
+
+
+def upstream_metadata(metadata: Sequence[tuple[str, Any]], ids: RequestIds) -> Metadata:
+    """What goes upstream: the client's metadata with the call id (and the client's own id)."""
+    kept = tuple(
+        (k, v) for k, v in relayable(metadata) if k not in (_REQUEST_ID, _CLIENT_REQUEST_ID)
+    )
+    extra: Metadata = ((_REQUEST_ID, ids.upstream),)
+    if ids.client is not None and ids.client != ids.upstream:
+        extra += ((_CLIENT_REQUEST_ID, ids.client),)
+    return kept + extra
+
+
+def client_metadata(metadata: Sequence[tuple[str, Any]], request_id: str) -> Metadata:
+    """The upstream's initial metadata for the client, always naming the call id."""
+    kept = tuple((k, v) for k, v in relayable(metadata) if k != _REQUEST_ID)
+    return (*kept, (_REQUEST_ID, request_id))
+
+
+class _Exchange:
+    """One relayed call: pumps requests up, relays responses, trailers and status down."""
+
+    def __init__(
+        self, upstream: grpc.aio.StreamStreamCall, context: Any, call: Call, state: ServerState
+    ) -> None:
+        self.upstream = upstream
+        self._context = context
+        self._call = call
+        self._state = state
+        self.ended = False  # the upstream finished the call (nothing left to cancel there)
+        self.unreachable = False  # it failed UNAVAILABLE before relaying a thing
+
+    async def run(self, requests: AsyncIterator[bytes]) -> grpc.StatusCode:
+        pump = asyncio.create_task(self._pump(requests))
+        try:
+            return await self._relay_responses()
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+
+    async def _pump(self, requests: AsyncIterator[bytes]) -> None:
+        try:
+            async for message in requests:
+                self._call.bytes_in += len(message)
+                await self.upstream.write(message)
+            await self.upstream.done_writing()
+        except Exception as exc:
+            # Either side ended the call first (the upstream with a status that reaches the
+            # client through the response side, or the client by leaving).
+            log.debug("request pump stopped: %s: %s", type(exc).__name__, exc)
+
+    async def _relay_responses(self) -> grpc.StatusCode:
+        sent = time.monotonic()
+        try:
+            initial = await self.upstream.initial_metadata()
+            self._first_byte(sent)
+            await self._context.send_initial_metadata(
+                client_metadata(initial or (), self._call.request_id or "")
+            )
+            while (message := await self.upstream.read()) is not grpc.aio.EOF:
+                self._call.stage = Stage.STREAMING
+                self._call.bytes_out += len(message)
+                await self._context.write(message)
+            code = await self.upstream.code()
+            details = await self.upstream.details()
+            trailing = await self.upstream.trailing_metadata()
+        except grpc.aio.AioRpcError as exc:
+            code, details, trailing = exc.code(), exc.details(), exc.trailing_metadata()
+            self.unreachable = code == grpc.StatusCode.UNAVAILABLE and not self._call.bytes_out
+        # DEADLINE_EXCEEDED and CANCELLED may be made up locally by gRPC while the upstream is
+        # still working: such a call still gets its explicit cancel.
+        self.ended = code not in _LOCAL_ENDINGS
+        self._context.set_trailing_metadata(relayable(trailing or ()))
+        if code != grpc.StatusCode.OK:
+            self._context.set_code(code)
+            self._context.set_details(details or "")
+        return code
+
+    def _first_byte(self, sent: float) -> None:
+        if self._call.upstream_ttfb is None:
+            self._call.upstream_ttfb = time.monotonic() - sent
+            self._state.metrics.upstream_ttfb.observe(self._call.upstream_ttfb)
+
+
+class GrpcRelay:
+    """The gRPC listener. ``start`` binds and serves; ``stop`` ends it (see ``proxy.state`` for
+    the drain sequence, which stops this listener's calls through ``Call.stop``)."""
+
+    def __init__(self, config: GrpcRelayConfig, state: ServerState, canceller: Canceller) -> None:
+        self._config = config
+        self._state = state
+        self._canceller = canceller
+        self._server: grpc.aio.Server | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._port = 0
+
+    @property
+    def port(self) -> int:
+        """The bound port (after ``start``)."""
+        return self._port
+
+    async def start(self) -> None:
+        """Bind ``host:port`` and serve. Raises ``OSError`` when the address cannot be bound."""
+        self._channel = grpc.aio.insecure_channel(
+            self._config.upstream, options=_UNLIMITED_MESSAGES
+        )
+        server = grpc.aio.server(options=_UNLIMITED_MESSAGES)
+        server.add_generic_rpc_handlers([_RelayHandler(self._handle)])
+        self._port = server.add_insecure_port(f"{self._config.host}:{self._config.port}")
+        if self._port == 0:
+            raise OSError(
+                f"cannot bind the gRPC listener to {self._config.host}:{self._config.port}"
+            )
+        await server.start()
+        self._server = server
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop serving: calls still running after ``grace`` seconds are cancelled by gRPC."""
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        if self._channel is not None:
+            await self._channel.close()
+            self._channel = None
+
+    async def _handle(self, method: str, requests: AsyncIterator[bytes], context: Any) -> None:
+        call = Call(Protocol.GRPC, "POST", method, context.peer())
+        metadata = tuple(context.invocation_metadata() or ())
+        try:
+            ids = choose_request_ids(
+                [(k, v) for k, v in metadata if isinstance(v, str)],
+                trust_client=self._config.trust_client_request_id,
+            )
+            self._state.admit(call)
+        except (BadRequestId, Overloaded) as exc:
+            await self._refuse(call, context, exc)
+            return
+        call.request_id, call.client_request_id = ids.upstream, ids.client
+        task = asyncio.current_task()
+        assert task is not None
+        call.stop = lambda reason: self._stop(call, task, reason)
+        try:
+            await self._relay(call, method, metadata, ids, requests, context)
+        finally:
+            call.ended = time.monotonic()
+            self._state.release(call)
+            self._state.metrics.finished(Protocol.GRPC, call.outcome or Outcome.COMPLETED)
+            log_call(call.record())
+
+    async def _refuse(self, call: Call, context: Any, exc: BadRequestId | Overloaded) -> None:
+        if isinstance(exc, BadRequestId):
+            code = grpc.StatusCode.INVALID_ARGUMENT
+        elif self._state.draining:
+            code = grpc.StatusCode.UNAVAILABLE
+        else:
+            code = grpc.StatusCode.RESOURCE_EXHAUSTED
+        call.outcome, call.error, call.ended = Outcome.REJECTED, exc.message, time.monotonic()
+        self._state.metrics.finished(Protocol.GRPC, Outcome.REJECTED)
+        log_call(call.record())
+        context.set_code(code)
+        context.set_details(exc.message)
+
+    @staticmethod
+    def _stop(call: Call, task: asyncio.Task[Any], reason: Reason) -> None:
+        if call.reason is None:
+            call.reason = reason
+            task.cancel()
+
+    async def _relay(
+        self,
+        call: Call,
+        method: str,
+        metadata: Metadata,
+        ids: RequestIds,
+        requests: AsyncIterator[bytes],
+        context: Any,
+    ) -> None:
+        assert self._channel is not None
+        upstream = self._channel.stream_stream(method)(
+            metadata=upstream_metadata(metadata, ids), timeout=context.time_remaining()
+        )
+        exchange = _Exchange(upstream, context, call, self._state)
+        # The exchange runs in a task of its own: gRPC cancels a client call whose awaiting task
+        # is cancelled, and the upstream call must outlive the handler's cancellation until the
+        # explicit cancel has gone out.
+        relaying = asyncio.create_task(exchange.run(requests))
+        try:
+            await self._await_exchange(call, exchange, relaying, context)
+        finally:
+            if not relaying.done():
+                exchange.upstream.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await relaying
+
+    async def _await_exchange(
+        self, call: Call, exchange: _Exchange, relaying: asyncio.Task[grpc.StatusCode], context: Any
+    ) -> None:
+        try:
+            async with asyncio.timeout(self._config.max_request_duration):
+                code = await asyncio.shield(relaying)
+        except TimeoutError:
+            await self._hung_up(call, exchange, relaying, Reason.PROXY_TIMEOUT)
+            self._tell_client(context, Reason.PROXY_TIMEOUT)
+            return
+        except asyncio.CancelledError:
+            stopped_by = call.reason  # set when the proxy itself ended the call
+            await self._hung_up(call, exchange, relaying, stopped_by or self._why(context))
+            if stopped_by is None:
+                raise
+            # The client gets a status, not a reset.
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            self._tell_client(context, stopped_by)
+            return
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED and self._deadline_passed(context):
+            # The upstream call's copy of the client's deadline fired first: the same hang-up.
+            await self._hung_up(call, exchange, relaying, Reason.DEADLINE_EXCEEDED)
+        elif exchange.unreachable:
+            call.outcome, call.error = Outcome.UPSTREAM_ERROR, "upstream unavailable"
+        else:
+            call.outcome = Outcome.COMPLETED
+
+    @staticmethod
+    def _deadline_passed(context: Any) -> bool:
+        remaining = context.time_remaining()
+        return remaining is not None and remaining <= 0.001
+
+    def _why(self, context: Any) -> Reason:
+        """Why gRPC cancelled the handler: the deadline, a vanished client, or a client cancel."""
+        if self._deadline_passed(context):
+            return Reason.DEADLINE_EXCEEDED
+        if connection_liveness(context.peer(), self._port) is Liveness.GONE:
+            return Reason.CLIENT_DISCONNECT
+        return Reason.GRPC_CANCELLED
+
+    @staticmethod
+    def _tell_client(context: Any, reason: Reason) -> None:
+        code, details = _PROXY_STOPPED[reason]
+        context.set_code(code)
+        context.set_details(details)
+
+    async def _hung_up(
+        self,
+        call: Call,
+        exchange: _Exchange,
+        relaying: asyncio.Task[grpc.StatusCode],
+        reason: Reason,
+    ) -> None:
+        """Record the hang-up, cancel upstream explicitly, then close the upstream stream.
+
+        Returns once the exchange has ended; the cancel call may still be retrying (the
+        ``Canceller`` owns it).
+        """
+        detected = time.monotonic()
+        call.reason, call.outcome = reason, Outcome.CANCELLED
+        if reason not in _PROXY_STOPPED:
+            self._state.metrics.disconnected(Protocol.GRPC, call.stage)
+        self._state.metrics.cancelled(Protocol.GRPC, reason)
+        try:
+            if not exchange.ended and call.request_id is not None:
+                pending = self._canceller.submit(call.request_id, reason, detected)
+                done, _ = await asyncio.wait({pending}, timeout=self._config.cancel_close_wait)
+                if done and not pending.cancelled() and pending.exception() is None:
+                    call.cancel_result = pending.result()
+        finally:
+            exchange.upstream.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await relaying
+
+
+class _RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """Answers every method with a raw-bytes stream-stream handler bound to its method name."""
+
+    def __init__(self, handle: Callable[[str, AsyncIterator[bytes], Any], Awaitable[None]]) -> None:
+        self._handle = handle
+
+    def service(self, handler_call_details: Any) -> Any:
+        method: str = handler_call_details.method
+
+        async def behaviour(requests: AsyncIterator[bytes], context: Any) -> None:
+            await self._handle(method, requests, context)
+
+        # No (de)serializers: messages stay bytes end to end.
+        return grpc.stream_stream_rpc_method_handler(behaviour)
