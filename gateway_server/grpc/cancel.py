@@ -1,0 +1,59 @@
+"""``hangup.v1.Cancellation/Cancel``: the cancel contract over gRPC (DESIGN.md).
+
+Same behaviour as ``POST /v2/requests/{id}/cancel``: cancels a running call (or one aliased
+request of a stream), answers ``finished`` for one that already ended, ``NOT_FOUND`` for an id
+never seen (leaving a tombstone, so a request still on its way is rejected when it arrives).
+With a cancel token, the metadata ``authorization: Bearer <token>`` is required
+(``UNAUTHENTICATED`` otherwise). An unknown reason is ``INVALID_ARGUMENT``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+
+from gateway_server.errors import GatewayError, InvalidRequest
+from gateway_server.grpc.common import check_token, status_of
+from gateway_server.grpc.protos import cancellation_pb2 as pb
+from gateway_server.registry import CallRegistry
+from gateway_server.vocabulary import Reason
+
+SERVICE_NAME = "hangup.v1.Cancellation"
+
+
+class CancellationServicer:
+    def __init__(self, registry: CallRegistry, token: str | None) -> None:
+        self._registry = registry
+        self._token = token
+
+    async def cancel(self, request: pb.CancelRequest, context: Any) -> pb.CancelResponse:
+        try:
+            check_token(context, self._token)
+            if not request.request_id:
+                raise InvalidRequest("request_id is required")
+            try:
+                reason = Reason.parse(request.reason or None)
+            except ValueError as exc:
+                raise InvalidRequest(str(exc), param="reason") from exc
+            # Shielded: a caller that hangs up must not leave an abort half done.
+            result = await asyncio.shield(self._registry.cancel(request.request_id, reason))
+        except GatewayError as exc:
+            await context.abort(status_of(exc), exc.message)
+            raise AssertionError("context.abort returns by raising") from exc
+        return pb.CancelResponse(
+            request_id=result.request_id,
+            state=result.state,
+            phase=result.phase.value if result.phase is not None else "",
+            generated_tokens=result.generated_tokens,
+        )
+
+
+def cancellation_handler(servicer: CancellationServicer) -> grpc.GenericRpcHandler:
+    method = grpc.unary_unary_rpc_method_handler(
+        servicer.cancel,
+        request_deserializer=pb.CancelRequest.FromString,
+        response_serializer=pb.CancelResponse.SerializeToString,
+    )
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Cancel": method})

@@ -1,0 +1,190 @@
+"""``inference.GRPCInferenceService``: KServe v2 over gRPC with Triton's additions.
+
+Health and metadata answer from the service's state. ``ModelInfer`` runs one engine request and
+answers once with the whole text; ``ModelStreamInfer`` is Triton's decoupled streaming (see
+:mod:`gateway_server.grpc.stream`). Every generation call is one gateway call whose id is the
+``x-request-id`` metadata (a fresh one when absent), echoed in the initial metadata.
+
+Errors are the gateway's exceptions mapped to status codes (:mod:`gateway_server.grpc.common`);
+refused generation requests count as ``outcome="rejected"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any, TypeVar
+
+import grpc
+
+from gateway_server import __version__
+from gateway_server.engine.base import SamplingParams
+from gateway_server.errors import GatewayError, RequestCancelled
+from gateway_server.grpc.common import (
+    REQUEST_ID_KEY,
+    call_id,
+    generate_guarded,
+    hangup_reason,
+    refused,
+    status_of,
+)
+from gateway_server.grpc.protos import inference_pb2 as pb
+from gateway_server.grpc.stream import MODEL_VERSION, StreamSession, prepare
+from gateway_server.grpc.tensors import TextRequest, text_response
+from gateway_server.registry import Call
+from gateway_server.service import GenerationService
+from gateway_server.vocabulary import Protocol
+
+SERVICE_NAME = "inference.GRPCInferenceService"
+_INPUTS = (
+    ("text_input", "BYTES", pb.TYPE_STRING, False),
+    ("stream", "BOOL", pb.TYPE_BOOL, True),
+    ("sampling_parameters", "BYTES", pb.TYPE_STRING, True),
+    ("exclude_input_in_output", "BOOL", pb.TYPE_BOOL, True),
+)
+
+R = TypeVar("R")
+Handler = Callable[..., Awaitable[R]]
+
+
+def _statuses(generation: bool) -> Callable[[Handler[R]], Handler[R]]:
+    """Turn the gateway's exceptions raised by a handler into gRPC statuses."""
+
+    def wrap(handler: Handler[R]) -> Handler[R]:
+        @functools.wraps(handler)
+        async def run(self: InferenceServicer, request: Any, context: Any) -> R:
+            try:
+                return await handler(self, request, context)
+            except GatewayError as exc:
+                if generation and refused(exc):
+                    self.service.record_rejected(getattr(request, "model_name", None),
+                                                 Protocol.KSERVE_GRPC)  # fmt: skip
+                await context.abort(status_of(exc), exc.message)
+                raise AssertionError("context.abort returns by raising") from exc
+            except RequestCancelled as exc:
+                await context.abort(grpc.StatusCode.CANCELLED, f"request cancelled ({exc.reason})")
+                raise AssertionError("context.abort returns by raising") from exc
+
+        return run
+
+    return wrap
+
+
+class InferenceServicer:
+    def __init__(self, service: GenerationService) -> None:
+        self.service = service
+
+    def _ready(self) -> bool:
+        return self.service.pool.ready and not self.service.draining
+
+    @_statuses(generation=False)
+    async def server_live(self, request: pb.ServerLiveRequest, context: Any) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    @_statuses(generation=False)
+    async def server_ready(self, request: pb.ServerReadyRequest, context: Any) -> Any:
+        return pb.ServerReadyResponse(ready=self._ready())
+
+    @_statuses(generation=False)
+    async def model_ready(self, request: pb.ModelReadyRequest, context: Any) -> Any:
+        self.service.check_model(request.name)
+        return pb.ModelReadyResponse(ready=self._ready())
+
+    @_statuses(generation=False)
+    async def server_metadata(self, request: pb.ServerMetadataRequest, context: Any) -> Any:
+        return pb.ServerMetadataResponse(
+            name="hangup", version=__version__, extensions=["hangup_cancel", "sequence"]
+        )
+
+    @_statuses(generation=False)
+    async def model_metadata(self, request: pb.ModelMetadataRequest, context: Any) -> Any:
+        self.service.check_model(request.name)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=self.service.model.name,
+            versions=[MODEL_VERSION],
+            platform="hangup",
+            inputs=[tensor(name=n, datatype=t, shape=[1]) for n, t, _, _ in _INPUTS],
+            outputs=[tensor(name="text_output", datatype="BYTES", shape=[-1])],
+        )
+
+    @_statuses(generation=False)
+    async def model_config(self, request: pb.ModelConfigRequest, context: Any) -> Any:
+        self.service.check_model(request.name)
+        config = pb.ModelConfig(
+            name=self.service.model.name,
+            backend="hangup",
+            max_batch_size=0,
+            input=[
+                pb.ModelInput(name=n, data_type=d, dims=[1], optional=o) for n, _, d, o in _INPUTS
+            ],
+            output=[pb.ModelOutput(name="text_output", data_type=pb.TYPE_STRING, dims=[-1])],
+            model_transaction_policy=pb.ModelTransactionPolicy(decoupled=True),
+        )
+        return pb.ModelConfigResponse(config=config)
+
+    @_statuses(generation=True)
+    async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> Any:
+        call_name = call_id(context, uuid.uuid4().hex)
+        text, params = prepare(self.service, request)
+        async with self.service.call(call_name, request.model_name, Protocol.KSERVE_GRPC) as call:
+            whole = await generate_guarded(call, context, self._complete(call, text, params))
+        await context.send_initial_metadata(((REQUEST_ID_KEY, call_name),))
+        return text_response(request.model_name, MODEL_VERSION, request.id, whole, {})
+
+    async def _complete(self, call: Call, text: TextRequest, params: SamplingParams) -> str:
+        whole = "" if text.exclude_input_in_output else text.prompt
+        async with aclosing(self.service.generate(call, text.prompt, params)) as chunks:
+            async for chunk in chunks:
+                whole += chunk.text
+        return whole
+
+    @_statuses(generation=True)
+    async def model_stream_infer(
+        self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> None:
+        call_name = call_id(context, uuid.uuid4().hex)
+        model = self.service.model.name
+        async with self.service.call(call_name, model, Protocol.KSERVE_GRPC) as call:
+            await context.send_initial_metadata(((REQUEST_ID_KEY, call_name),))
+            session = StreamSession(self.service, call)
+            try:
+                await session.serve(requests, context.write)
+            except asyncio.CancelledError:
+                call.hangup_reason = hangup_reason(context)
+                await session.abort()
+                raise
+            await session.abort()
+            if session.cancelled is not None:
+                raise RequestCancelled(session.cancelled)
+
+
+def inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
+    """The method handlers of ``inference.GRPCInferenceService`` bound to ``servicer``."""
+
+    def unary(behaviour: Any, request_type: Any) -> Any:
+        return grpc.unary_unary_rpc_method_handler(
+            behaviour,
+            request_deserializer=request_type.FromString,
+            response_serializer=lambda message: message.SerializeToString(),
+        )
+
+    s = servicer
+    methods = {
+        "ServerLive": unary(s.server_live, pb.ServerLiveRequest),
+        "ServerReady": unary(s.server_ready, pb.ServerReadyRequest),
+        "ModelReady": unary(s.model_ready, pb.ModelReadyRequest),
+        "ServerMetadata": unary(s.server_metadata, pb.ServerMetadataRequest),
+        "ModelMetadata": unary(s.model_metadata, pb.ModelMetadataRequest),
+        "ModelConfig": unary(s.model_config, pb.ModelConfigRequest),
+        "ModelInfer": unary(s.model_infer, pb.ModelInferRequest),
+        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+            s.model_stream_infer,
+            request_deserializer=pb.ModelInferRequest.FromString,
+            response_serializer=pb.ModelStreamInferResponse.SerializeToString,
+        ),
+    }
+    return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)

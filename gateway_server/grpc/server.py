@@ -1,0 +1,67 @@
+"""Starts and stops the gateway's gRPC listener (called by :mod:`gateway_server.server`).
+
+One ``grpc.aio`` server on ``--host:--grpc-port`` serves ``inference.GRPCInferenceService``,
+``hangup.v1.Cancellation``, ``grpc.health.v1.Health`` (overall and per service: ``SERVING``
+while ready, ``NOT_SERVING`` once draining) and server reflection.
+
+Shutdown follows the gateway's sequence: :meth:`GrpcServerHandle.stop_accepting` marks health
+``NOT_SERVING`` (new generation calls are refused as the service is draining), the gateway lets
+calls finish or cancels them, then :meth:`GrpcServerHandle.stop` closes the listener.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from gateway_server.config import GatewayConfig
+from gateway_server.grpc import cancel, inference
+from gateway_server.service import GenerationService
+
+_SERVICES = (inference.SERVICE_NAME, cancel.SERVICE_NAME)
+# Prompts and answers can be large; the gateway's own limit is the model's context length.
+_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+
+
+@dataclass
+class GrpcServerHandle:
+    server: Any
+    health: Any
+    port: int
+
+    async def stop_accepting(self) -> None:
+        """Report NOT_SERVING to health checks (load balancers stop sending new calls)."""
+        await self.health.enter_graceful_shutdown()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Close the listener; calls still running after ``grace`` seconds are cancelled."""
+        await self.server.stop(grace)
+
+
+async def start_grpc_server(service: GenerationService, config: GatewayConfig) -> GrpcServerHandle:
+    """Bind ``config.host:config.grpc_port`` and serve. Raises OSError when it cannot bind."""
+    server = grpc.aio.server(options=_OPTIONS)
+    server.add_generic_rpc_handlers(
+        [
+            inference.inference_handler(inference.InferenceServicer(service)),
+            cancel.cancellation_handler(
+                cancel.CancellationServicer(service.registry, config.cancel_token)
+            ),
+        ]
+    )
+    checks = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(checks, server)
+    reflection.enable_server_reflection(
+        (*_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+    if port == 0:
+        raise OSError(f"cannot bind the gRPC listener to {config.host}:{config.grpc_port}")
+    await server.start()
+    for name in ("", *_SERVICES):
+        await checks.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return GrpcServerHandle(server, checks, port)
