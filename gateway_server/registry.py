@@ -134,9 +134,16 @@ class CallRegistry:
             self._idle.set()
 
     def attach(self, call: Call, request: EngineCall) -> None:
+        """Add an engine request to ``call``. Raises DuplicateRequestId when its alias is in
+        flight, CancelledBeforeArrival when a cancel for its alias came first (a request that
+        waited, e.g. behind others of its gRPC sequence)."""
         if request.alias is not None:
             if request.alias in self._aliases or request.alias in self._live:
                 raise DuplicateRequestId(f"request id {request.alias!r} is already in flight")
+            self._expire()
+            tomb = self._tombstones.pop(request.alias, None)
+            if tomb is not None:
+                raise CancelledBeforeArrival(request.alias, tomb[1])
             self._aliases[request.alias] = (call, request)
         call.requests[request.engine_request_id] = request
 

@@ -1,9 +1,8 @@
 """The checked-in protobuf modules are current, and hangup's KServe v2 proto is wire-compatible
 with the one Triton's clients are generated from.
 
-hangup's ``inference`` package and tritonclient's cannot share one process (both register the
-same symbols in protobuf's default pool), so the comparison reads hangup's schema from a
-descriptor set that protoc writes, never from the imported module.
+hangup's schema is read from a descriptor set that protoc writes from the ``.proto`` (the source
+of truth), Triton's from ``tritonclient``'s generated modules.
 """
 
 from __future__ import annotations

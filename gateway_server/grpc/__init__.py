@@ -1,8 +1,13 @@
 """The gateway's gRPC side: KServe v2 / Triton ``inference.GRPCInferenceService``, the
 ``hangup.v1.Cancellation`` cancel API, health checking and reflection.
 
+- :mod:`.server` starts and stops the listener (``start_grpc_server``, called by the gateway);
+- :mod:`.inference` serves health, metadata, ``ModelInfer`` and ``ModelStreamInfer``;
+- :mod:`.stream` is one decoupled ``ModelStreamInfer`` stream (many requests, sequences);
+- :mod:`.tensors` turns tensors into a text request and text into a response (no I/O);
+- :mod:`.cancel` is the cancel API over gRPC; :mod:`.common` what the handlers share.
+
 The schemas live in :mod:`gateway_server.grpc.protos` (hangup's own ``.proto`` files, with
-checked-in generated modules). They share the ``inference`` package with Triton's, so a process
-that serves them must not also import ``tritonclient`` (protobuf refuses a second definition of
-the same symbols); tests and benchmarks run the gateway as its own process.
+checked-in generated modules registered in a descriptor pool of their own, so a process may also
+load Triton's client, which declares the same ``inference`` symbols).
 """

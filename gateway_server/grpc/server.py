@@ -15,16 +15,26 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pool
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from gateway_server.config import GatewayConfig
 from gateway_server.grpc import cancel, inference
+from gateway_server.grpc.protos import cancellation_pb2, inference_pb2
 from gateway_server.service import GenerationService
 
 _SERVICES = (inference.SERVICE_NAME, cancel.SERVICE_NAME)
 # Prompts and answers can be large; the gateway's own limit is the model's context length.
 _OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+
+
+def _reflected() -> descriptor_pool.DescriptorPool:
+    """A pool holding every served file: hangup's live in a pool of their own (see protos)."""
+    pool = descriptor_pool.DescriptorPool()
+    for module in (inference_pb2, cancellation_pb2, health_pb2, reflection_pb2):
+        pool.AddSerializedFile(module.DESCRIPTOR.serialized_pb)
+    return pool
 
 
 @dataclass
@@ -56,7 +66,7 @@ async def start_grpc_server(service: GenerationService, config: GatewayConfig) -
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     reflection.enable_server_reflection(
-        (*_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        (*_SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME), server, pool=_reflected()
     )
     port = server.add_insecure_port(f"{config.host}:{config.grpc_port}")
     if port == 0:

@@ -18,13 +18,14 @@ _runtime_version.ValidateProtobufRuntimeVersion(
     'gateway_server/grpc/protos/cancellation.proto'
 )
 # @@protoc_insertion_point(imports)
+from gateway_server.grpc.protos.pool import POOL as _POOL
 
 _sym_db = _symbol_database.Default()
 
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n-gateway_server/grpc/protos/cancellation.proto\x12\thangup.v1\"3\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\\\n\x0e\x43\x61ncelResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x18\n\x10generated_tokens\x18\x04 \x01(\x03\x32O\n\x0c\x43\x61ncellation\x12?\n\x06\x43\x61ncel\x12\x18.hangup.v1.CancelRequest\x1a\x19.hangup.v1.CancelResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _POOL.AddSerializedFile(b'\n-gateway_server/grpc/protos/cancellation.proto\x12\thangup.v1\"3\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\\\n\x0e\x43\x61ncelResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x18\n\x10generated_tokens\x18\x04 \x01(\x03\x32O\n\x0c\x43\x61ncellation\x12?\n\x06\x43\x61ncel\x12\x18.hangup.v1.CancelRequest\x1a\x19.hangup.v1.CancelResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
