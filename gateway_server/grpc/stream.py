@@ -112,7 +112,10 @@ class StreamSession:
             if self.cancelled is not None:
                 break
             self._start(request)
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # asyncio.wait, not gather: cancelling this reader must not cancel the requests (the
+        # handler cancels them itself, once it has recorded why).
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
         self._out.put_nowait(None)
 
     def _start(self, request: pb.ModelInferRequest) -> None:

@@ -1,0 +1,289 @@
+"""The gateway's gRPC side, spoken to directly with Triton's own aio client and plain gRPC stubs.
+
+An in-process gateway (simulated engine, 10 ms steps) on 127.0.0.1:0. Everything through the
+proxy, with the sync client too, is in ``test_grpc_through_proxy.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc.aio as triton
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from gateway_server.grpc.protos import cancellation_pb2
+from tests.gateway_fixtures import MODEL, Gateway, running_gateway
+from tests.support import wait_until
+
+LONG = 2000  # tokens: 20 s at 10 ms a step, far longer than any test waits
+
+
+def inputs(prompt: str, *, stream: bool = True, **sampling: Any) -> list[triton.InferInput]:
+    """The inputs Triton's vLLM backend takes."""
+    text = triton.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([prompt.encode()], dtype=np.object_))
+    flag = triton.InferInput("stream", [1], "BOOL")
+    flag.set_data_from_numpy(np.array([stream]))
+    params = triton.InferInput("sampling_parameters", [1], "BYTES")
+    params.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=np.object_))
+    return [text, flag, params]
+
+
+def text_of(result: Any) -> str:
+    output = result.as_numpy("text_output")
+    return "" if output is None else "".join(v.decode() for v in output)
+
+
+def flag_of(result: Any) -> bool:
+    return bool(result.get_response().parameters["triton_final_response"].bool_param)
+
+
+def cancel_id_of(result: Any) -> str:
+    return str(result.get_response().parameters["hangup_request_id"].string_param)
+
+
+@pytest.fixture
+async def client(gateway: Gateway) -> AsyncIterator[triton.InferenceServerClient]:
+    c = triton.InferenceServerClient(gateway.server.listeners["grpc"])
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+class Stream:
+    """One ModelStreamInfer stream: requests are sent when put, results read in order."""
+
+    def __init__(self, client: triton.InferenceServerClient, **options: Any) -> None:
+        self._requests: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        self.responses = client.stream_infer(self._iterate(), **options)
+
+    async def _iterate(self) -> AsyncIterator[dict[str, Any]]:
+        while (request := await self._requests.get()) is not None:
+            yield request
+
+    def send(self, request_id: str, prompt: str, **options: Any) -> None:
+        stream = options.pop("stream", True)
+        extra = {k: options.pop(k) for k in ("sequence_id", "sequence_start", "sequence_end")
+                 if k in options}  # fmt: skip
+        tensors = inputs(prompt, stream=stream, **options)
+        request = {"model_name": MODEL, "request_id": request_id, "inputs": tensors, **extra}
+        self._requests.put_nowait(request)
+
+    def close(self) -> None:
+        self._requests.put_nowait(None)
+
+    async def next(self) -> tuple[Any, InferenceServerException | None]:
+        async with asyncio.timeout(10):
+            result: tuple[Any, InferenceServerException | None] = await anext(self.responses)
+            return result
+
+    async def until_final(self, request_id: str) -> list[Any]:
+        """Results of ``request_id`` up to its final one (others' results are dropped)."""
+        mine: list[Any] = []
+        while True:
+            result, error = await self.next()
+            assert error is None, error
+            if result.get_response().id == request_id:
+                mine.append(result)
+                if flag_of(result):
+                    return mine
+
+
+async def test_health_metadata_config_and_reflection(
+    gateway: Gateway, client: triton.InferenceServerClient
+) -> None:
+    assert await client.is_server_live() and await client.is_server_ready()
+    assert await client.is_model_ready(MODEL)
+    metadata = await client.get_model_metadata(MODEL)
+    assert [i.name for i in metadata.inputs][:2] == ["text_input", "stream"]
+    assert [(o.name, o.datatype) for o in metadata.outputs] == [("text_output", "BYTES")]
+    config = (await client.get_model_config(MODEL)).config
+    assert config.model_transaction_policy.decoupled
+    with pytest.raises(InferenceServerException, match="not served"):
+        await client.get_model_metadata("other")
+
+    async with grpc.aio.insecure_channel(gateway.server.listeners["grpc"]) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "inference.GRPCInferenceService", "hangup.v1.Cancellation"):
+            answer = await health.Check(health_pb2.HealthCheckRequest(service=service))
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
+        ask = reflection_pb2.ServerReflectionRequest(list_services="")
+        async for answer in reflect.ServerReflectionInfo(iter([ask])):
+            names = {s.name for s in answer.list_services_response.service}
+        assert {"inference.GRPCInferenceService", "hangup.v1.Cancellation"} <= names
+
+
+async def test_unary_infer_answers_what_the_http_api_answers(
+    gateway: Gateway, client: triton.InferenceServerClient
+) -> None:
+    result = await client.infer(MODEL, inputs("Once upon", stream=False, max_tokens=6, seed=3))
+    body = {"text_input": "Once upon", "max_tokens": 6, "seed": 3}
+    async with gateway.session.post(f"{gateway.url}/v2/models/{MODEL}/generate", json=body) as r:
+        expected = (await r.json())["text_output"]
+    assert text_of(result) == expected and expected.startswith("Once upon")
+    excluded = await client.infer(
+        MODEL,
+        [
+            *inputs("Once upon", stream=False, max_tokens=6, seed=3),
+            _bool("exclude_input_in_output", True),
+        ],
+    )
+    assert text_of(excluded) == expected.removeprefix("Once upon")
+    assert gateway.requests("completed", protocol="kserve_grpc") == 2
+
+
+def _bool(name: str, value: bool) -> triton.InferInput:
+    tensor = triton.InferInput(name, [1], "BOOL")
+    tensor.set_data_from_numpy(np.array([value]))
+    return tensor
+
+
+async def test_stream_interleaves_requests_and_flags_each_last_response(
+    client: triton.InferenceServerClient,
+) -> None:
+    stream = Stream(client)
+    stream.send("a", "first", max_tokens=5)
+    stream.send("b", "second", max_tokens=3, stream=False)
+    seen: dict[str, list[Any]] = {"a": [], "b": []}
+    while not all(r and flag_of(r[-1]) for r in seen.values()):
+        result, error = await stream.next()
+        assert error is None, error
+        seen[result.get_response().id].append(result)
+    streamed, whole = seen["a"], seen["b"]
+    assert [flag_of(r) for r in streamed] == [False] * (len(streamed) - 1) + [True]
+    assert len(whole) == 1 and text_of(whole[0]).startswith("second")  # the prompt, then text
+    assert not text_of(streamed[0]).startswith("first")  # streamed text never repeats it
+    stream.close()
+
+
+async def test_malformed_request_is_invalid_argument_and_the_stream_survives(
+    client: triton.InferenceServerClient,
+) -> None:
+    stream = Stream(client)
+    stream.send("bad", "x", max_tokens=0)
+    _, error = await stream.next()
+    assert error is not None and "INVALID_ARGUMENT" in str(error) and "max_tokens" in str(error)
+    stream.send("good", "still here", max_tokens=3)
+    assert text_of((await stream.until_final("good"))[0])
+    stream.close()
+    with pytest.raises(InferenceServerException, match=r"StatusCode\.INVALID_ARGUMENT"):
+        await client.infer(MODEL, inputs("x", stream=False, max_tokens=0))
+
+
+async def test_one_request_of_a_stream_is_cancelled_alone(
+    gateway: Gateway, client: triton.InferenceServerClient
+) -> None:
+    stream = Stream(client)
+    stream.send("long", "keep going", max_tokens=LONG, ignore_eos=True)
+    first, _ = await stream.next()
+    stream.send("short", "meanwhile", max_tokens=4)
+    status, body = await gateway.cancel(cancel_id_of(first), "explicit")
+    assert status == 200 and body["state"] == "cancelled"
+    errors, finished = [], []
+    while not (errors and finished):
+        result, error = await stream.next()
+        if error is not None:
+            errors.append(str(error))
+        elif result.get_response().id == "short" and flag_of(result):
+            finished.append(result)
+    assert "CANCELLED" in errors[0]
+    assert gateway.cancellations("explicit", "decode") == 1
+    stream.close()
+
+
+async def test_cancelling_one_request_of_a_sequence_cancels_those_waiting_behind_it(
+    gateway: Gateway, client: triton.InferenceServerClient
+) -> None:
+    stream = Stream(client)
+    stream.send("s1", "one", max_tokens=LONG, ignore_eos=True, sequence_id=7, sequence_start=True)
+    first, _ = await stream.next()
+    stream.send("s2", "two", max_tokens=3, sequence_id=7)
+    stream.send("s3", "three", max_tokens=3, sequence_id=7, sequence_end=True)
+    stream.send("other", "elsewhere", max_tokens=3, sequence_id=8, sequence_start=True)
+    # Requests are read in order: once "other" has answered, s2 and s3 wait behind s1.
+    await stream.until_final("other")
+    async with grpc.aio.insecure_channel(gateway.server.listeners["grpc"]) as channel:
+        request = cancellation_pb2.CancelRequest(request_id=cancel_id_of(first))
+        answer = await cancel_stub(channel)(request)
+    assert answer.state == "cancelled" and answer.phase == "decode"
+    errors = []
+    while len(errors) < 3:
+        _, error = await stream.next()
+        if error is not None:
+            errors.append(str(error))
+    assert all("CANCELLED" in e for e in errors)
+    assert sum("earlier request of its sequence" in e for e in errors) == 2
+    assert gateway.requests("completed", protocol="kserve_grpc") == 1  # "other" only
+    stream.close()
+
+
+async def test_cancelling_the_stream_aborts_every_request_on_it(
+    gateway: Gateway, client: triton.InferenceServerClient
+) -> None:
+    stream = Stream(client)
+    for name in ("a", "b", "c"):
+        stream.send(name, name, max_tokens=LONG, ignore_eos=True)
+    started: set[str] = set()
+    while len(started) < 3:
+        result, _ = await stream.next()
+        started.add(result.get_response().id)
+    stream.responses.cancel()
+    await wait_until(lambda: gateway.cancellations("grpc_cancelled", "decode") == 3)
+    await wait_until(lambda: len(gateway.server.registry) == 0, what="nothing in flight")
+
+
+async def test_unary_deadline_cancels_with_its_reason(
+    gateway: Gateway, client: triton.InferenceServerClient
+) -> None:
+    with pytest.raises(InferenceServerException, match="Deadline"):
+        await client.infer(
+            MODEL,
+            inputs("slow", stream=False, max_tokens=LONG, ignore_eos=True),
+            client_timeout=0.3,
+        )
+    await wait_until(lambda: gateway.cancellations("deadline_exceeded", "decode") == 1)
+
+
+def cancel_stub(channel: grpc.aio.Channel) -> Any:
+    return channel.unary_unary(
+        "/hangup.v1.Cancellation/Cancel",
+        request_serializer=cancellation_pb2.CancelRequest.SerializeToString,
+        response_deserializer=cancellation_pb2.CancelResponse.FromString,
+    )
+
+
+async def test_cancel_service_contract() -> None:
+    async with (
+        running_gateway(token="s3cret") as gateway,
+        grpc.aio.insecure_channel(gateway.server.listeners["grpc"]) as channel,
+    ):
+        cancel = cancel_stub(channel)
+        request = cancellation_pb2.CancelRequest(request_id="nobody", reason="explicit")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await cancel(request)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        auth = (("authorization", "Bearer s3cret"),)
+        with pytest.raises(grpc.aio.AioRpcError) as missing:
+            await cancel(request, metadata=auth)
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        bad_reason = cancellation_pb2.CancelRequest(request_id="x", reason="??")
+        with pytest.raises(grpc.aio.AioRpcError) as bad:
+            await cancel(bad_reason, metadata=auth)
+        assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # The id cancelled first is rejected when its call arrives (the tombstone).
+        client = triton.InferenceServerClient(gateway.server.listeners["grpc"])
+        try:
+            with pytest.raises(InferenceServerException, match="CANCELLED"):
+                await client.infer(MODEL, inputs("late"), headers={"x-request-id": "nobody"})
+        finally:
+            await client.close()
