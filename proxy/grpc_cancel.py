@@ -22,7 +22,8 @@ import logging
 import grpc
 
 from gateway_server.grpc.protos import cancellation_pb2
-from proxy.cancel import CancelAttemptFailed
+from proxy.cancel import CancelAdapter, CancelAttemptFailed, NoCancelAdapter
+from proxy.config import AdapterName, Config
 from proxy.vocabulary import CancelResult, Reason
 
 log = logging.getLogger("hangup.proxy.cancel")
@@ -90,3 +91,13 @@ class GrpcCancelAdapter:
 
     async def close(self) -> None:
         await self._channel.close()
+
+
+def open_grpc_adapter(config: Config) -> CancelAdapter:
+    """The adapter gRPC calls are cancelled with: ``--cancel-adapter hangup`` speaks
+    ``hangup.v1.Cancellation`` to ``--upstream-grpc``; ``none`` makes no call."""
+    if config.cancel_adapter is AdapterName.NONE:
+        return NoCancelAdapter()
+    return GrpcCancelAdapter(
+        config.upstream_grpc, config.cancel_token, config.cancel_attempt_timeout
+    )
