@@ -17,9 +17,12 @@ import pytest
 import tritonclient.grpc.aio as triton
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from prometheus_client import CollectorRegistry
 from tritonclient.utils import InferenceServerException
 
+from gateway_server.config import GatewayConfig
 from gateway_server.grpc.protos import cancellation_pb2
+from gateway_server.server import GatewayServer
 from tests.gateway_fixtures import MODEL, Gateway, running_gateway
 from tests.support import wait_until
 
@@ -287,3 +290,32 @@ async def test_cancel_service_contract() -> None:
                 await client.infer(MODEL, inputs("late"), headers={"x-request-id": "nobody"})
         finally:
             await client.close()
+
+
+async def test_shutdown_reports_not_serving_and_cancels_streams_left_running() -> None:
+    config = GatewayConfig(http_port=0, grpc_port=0, drain_timeout=0.2)
+    server = GatewayServer(config, registry=CollectorRegistry())
+    address = (await server.start())["grpc"]
+    assert address is not None
+    client = triton.InferenceServerClient(address)
+    stream = Stream(client)
+    stream.send("long", "forever", max_tokens=LONG, ignore_eos=True)
+    await stream.next()
+    shutdown = asyncio.create_task(server.shutdown())
+    async with grpc.aio.insecure_channel(address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+
+        async def not_serving() -> bool:
+            answer = await health.Check(health_pb2.HealthCheckRequest(service=""))
+            return bool(answer.status == health_pb2.HealthCheckResponse.NOT_SERVING)
+
+        await wait_until(not_serving, what="health NOT_SERVING while draining")
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        while True:
+            await stream.next()
+    assert ended.value.code() == grpc.StatusCode.CANCELLED
+    assert ended.value.details() == "request cancelled (shutdown)"
+    await shutdown
+    await client.close()
+    cancelled = {"model": MODEL, "reason": "shutdown", "phase": "decode"}
+    assert server.metrics_registry.get_sample_value("hangup_gateway_cancellations_total", cancelled)
