@@ -119,6 +119,11 @@ def client_metadata(metadata: Sequence[tuple[str, Any]], request_id: str) -> Met
     return (*kept, (_REQUEST_ID, request_id))
 
 
+class ClientGone(Exception):
+    """Sending to the client failed: its call or its connection is gone (a hang-up that gRPC
+    reports to the writer before, or instead of, cancelling the handler)."""
+
+
 class _Exchange:
     """One relayed call: pumps requests up, relays responses, trailers and status down."""
 
@@ -131,15 +136,20 @@ class _Exchange:
         self._state = state
         self.ended = False  # the upstream finished the call (nothing left to cancel there)
         self.unreachable = False  # it failed UNAVAILABLE before relaying a thing
+        self._pump_task: asyncio.Task[None] | None = None
 
     async def run(self, requests: AsyncIterator[bytes]) -> grpc.StatusCode:
-        pump = asyncio.create_task(self._pump(requests))
-        try:
-            return await self._relay_responses()
-        finally:
-            pump.cancel()
+        """Relay until the upstream's status; the request pump keeps going until ``close``."""
+        self._pump_task = asyncio.create_task(self._pump(requests))
+        return await self._relay_responses()
+
+    async def close(self) -> None:
+        """Stop pumping requests (call once the upstream call is finished or cancelled: a
+        pump stopped inside an upstream write would cancel the upstream call itself)."""
+        if self._pump_task is not None:
+            self._pump_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await pump
+                await self._pump_task
 
     async def _pump(self, requests: AsyncIterator[bytes]) -> None:
         try:
@@ -157,13 +167,15 @@ class _Exchange:
         try:
             initial = await self.upstream.initial_metadata()
             self._first_byte(sent)
-            await self._context.send_initial_metadata(
-                client_metadata(initial or (), self._call.request_id or "")
+            await self._to_client(
+                self._context.send_initial_metadata(
+                    client_metadata(initial or (), self._call.request_id or "")
+                )
             )
             while (message := await self.upstream.read()) is not grpc.aio.EOF:
                 self._call.stage = Stage.STREAMING
                 self._call.bytes_out += len(message)
-                await self._context.write(message)
+                await self._to_client(self._context.write(message))
             code = await self.upstream.code()
             details = await self.upstream.details()
             trailing = await self.upstream.trailing_metadata()
@@ -178,6 +190,16 @@ class _Exchange:
             self._context.set_code(code)
             self._context.set_details(details or "")
         return code
+
+    @staticmethod
+    async def _to_client(sending: Awaitable[None]) -> None:
+        """Send to the client; raises ClientGone when its call or connection is gone."""
+        try:
+            await sending
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            raise ClientGone(f"{type(exc).__name__}: {exc}") from exc
 
     def _first_byte(self, sent: float) -> None:
         if self._call.upstream_ttfb is None:
@@ -290,10 +312,12 @@ class GrpcRelay:
         try:
             await self._await_exchange(call, exchange, relaying, context)
         finally:
-            if not relaying.done():
+            # Whatever happened, no upstream call outlives its client call.
+            if not exchange.upstream.done():
                 exchange.upstream.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, ClientGone):
                 await relaying
+            await exchange.close()
 
     async def _await_exchange(
         self, call: Call, exchange: _Exchange, relaying: asyncio.Task[grpc.StatusCode], context: Any
@@ -304,6 +328,10 @@ class GrpcRelay:
         except TimeoutError:
             await self._hung_up(call, exchange, relaying, Reason.PROXY_TIMEOUT)
             self._tell_client(context, Reason.PROXY_TIMEOUT)
+            return
+        except ClientGone as exc:
+            call.error = str(exc)
+            await self._hung_up(call, exchange, relaying, self._why(context, gone=True))
             return
         except asyncio.CancelledError:
             stopped_by = call.reason  # set when the proxy itself ended the call
@@ -329,11 +357,16 @@ class GrpcRelay:
         remaining = context.time_remaining()
         return remaining is not None and remaining <= 0.001
 
-    def _why(self, context: Any) -> Reason:
-        """Why gRPC cancelled the handler: the deadline, a vanished client, or a client cancel."""
+    def _why(self, context: Any, *, gone: bool = False) -> Reason:
+        """Why the client's call ended: its deadline, a vanished client, or a client cancel.
+
+        ``gone``: sending to the client failed, which without a live connection means the
+        client vanished too.
+        """
         if self._deadline_passed(context):
             return Reason.DEADLINE_EXCEEDED
-        if connection_liveness(context.peer(), self._port) is Liveness.GONE:
+        liveness = connection_liveness(context.peer(), self._port)
+        if liveness is Liveness.GONE or (gone and liveness is Liveness.UNKNOWN):
             return Reason.CLIENT_DISCONNECT
         return Reason.GRPC_CANCELLED
 
