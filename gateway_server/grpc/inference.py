@@ -11,7 +11,6 @@ refused generation requests count as ``outcome="rejected"``.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -153,7 +152,9 @@ class InferenceServicer:
             session = StreamSession(self.service, call)
             try:
                 await session.serve(requests, context.write)
-            except asyncio.CancelledError:
+            except BaseException:
+                # Cancelled by gRPC, or a write failed: either way the client is gone, and no
+                # request of the stream may outlive the handler.
                 call.hangup_reason = hangup_reason(context)
                 await session.abort()
                 raise
