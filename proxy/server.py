@@ -1,9 +1,8 @@
 """``Config → Server``: starts the listeners, writes the ready file, and drains on shutdown.
 
 The server runs a list of listeners sharing one ``ServerState`` (calls in flight, the draining
-flag, metrics, the canceller). HTTP and admin are built in; a gRPC listener plugs in by passing
-another factory (its key in the ready file is its ``name``; until one exists the ready file says
-``"grpc": null``).
+flag, metrics, the canceller). HTTP, gRPC (``proxy.grpc_listener``) and admin are built in; other
+listeners plug in by passing another factory (its key in the ready file is its ``name``).
 
 Shutdown, in order (SIGTERM or SIGINT):
  1. ``draining`` is set: ``/readyz`` answers 503, new calls on open connections get 503.
@@ -29,6 +28,7 @@ from prometheus_client import CollectorRegistry
 from proxy.admin import AdminListener
 from proxy.cancel import Canceller, open_adapter
 from proxy.config import Config
+from proxy.grpc_listener import GrpcListener
 from proxy.http import HttpListener
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
@@ -57,16 +57,13 @@ class Listener(Protocol):
 
 
 ListenerFactory = Callable[[ServerState], Listener]
-DEFAULT_LISTENERS: tuple[ListenerFactory, ...] = (HttpListener, AdminListener)
+DEFAULT_LISTENERS: tuple[ListenerFactory, ...] = (HttpListener, GrpcListener, AdminListener)
 READY_KEYS = ("http", "grpc", "admin")
 
 
 def listener_factories(config: Config) -> tuple[ListenerFactory, ...]:
-    """The listeners this configuration serves, in start order (admin last, closed last).
-
-    The gRPC listener joins here: ``(HttpListener, GrpcListener, AdminListener)``.
-    """
-    del config  # every configuration serves the same listeners until gRPC lands
+    """The listeners this configuration serves, in start order (admin last, closed last)."""
+    del config  # every configuration serves HTTP, gRPC and admin
     return DEFAULT_LISTENERS
 
 
