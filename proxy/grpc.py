@@ -64,6 +64,9 @@ _UNLIMITED_MESSAGES = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
 ]
+# The upstream call carries the client's deadline as it stood when the call started upstream, so
+# it fires a hair before the client's own: a call ending this close to its deadline ended by it.
+_DEADLINE_SLACK = 0.1
 _LOCAL_ENDINGS = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED})
 _PROXY_STOPPED = {
     Reason.SHUTDOWN: (grpc.StatusCode.UNAVAILABLE, "the proxy is shutting down"),
@@ -355,7 +358,7 @@ class GrpcRelay:
     @staticmethod
     def _deadline_passed(context: Any) -> bool:
         remaining = context.time_remaining()
-        return remaining is not None and remaining <= 0.001
+        return remaining is not None and remaining <= _DEADLINE_SLACK
 
     def _why(self, context: Any, *, gone: bool = False) -> Reason:
         """Why the client's call ended: its deadline, a vanished client, or a client cancel.
