@@ -1,9 +1,11 @@
-"""Telling a vanished gRPC client from one that cancelled: peer strings and kernel socket tables."""
+"""Telling a vanished gRPC client from one that cancelled: peer strings, the kernel's socket
+diagnostics encoded and decoded byte by byte, and a real connection asked about."""
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import struct
 import sys
 
 import pytest
@@ -11,28 +13,14 @@ import pytest
 from proxy.grpc_peer import (
     Endpoint,
     Liveness,
+    Socket,
     connection_liveness,
+    decode_replies,
+    encode_query,
     liveness,
     parse_peer,
-    parse_table,
 )
 
-HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
-REST = " 00000000:00000000 00:00000000 00000000 0 0 1 1 0 20 4 30 10 -1\n"
-V4 = HEADER + (
-    "   0: 0100007F:1F91 00000000:0000 0A"
-    + REST
-    + "   1: 0100007F:1F91 0100007F:D431 01"
-    + REST
-    + "   2: 0100007F:1F91 0100007F:D432 08"
-    + REST
-)
-V6 = HEADER + (
-    "   0: 00000000000000000000000001000000:1F91 00000000000000000000000001000000:9C40 01"
-    + REST
-    + "   1: 0000000000000000FFFF00000100007F:1F91 0000000000000000FFFF00000200007F:9C41 01"
-    + REST
-)
 LOCALHOST = ipaddress.ip_address("127.0.0.1")
 
 
@@ -51,36 +39,66 @@ def test_peer_strings(peer: str, expected: Endpoint | None) -> None:
     assert parse_peer(peer) == expected
 
 
-def test_ipv4_table_states() -> None:
-    sockets = parse_table(V4)
-    assert [s.state for s in sockets] == [0x0A, 0x01, 0x08]
-    assert sockets[1].local == Endpoint(LOCALHOST, 0x1F91)
-    assert liveness(sockets, Endpoint(LOCALHOST, 0xD431), 0x1F91) is Liveness.OPEN
-    # Half-closed by the client (CLOSE_WAIT) and absent both mean it left.
-    assert liveness(sockets, Endpoint(LOCALHOST, 0xD432), 0x1F91) is Liveness.GONE
-    assert liveness(sockets, Endpoint(LOCALHOST, 0xD433), 0x1F91) is Liveness.GONE
-    # The same client port talking to another local port is another connection.
-    assert liveness(sockets, Endpoint(LOCALHOST, 0xD431), 80) is Liveness.GONE
+def test_query_bytes() -> None:
+    query = encode_query(socket.AF_INET, 8081, 40000, seq=7)
+    length, kind, flags, seq, pid = struct.unpack_from("=IHHII", query)
+    assert (length, kind, flags, seq, pid) == (len(query), 20, 0x301, 7, 0)
+    family, protocol, _, _, states = struct.unpack_from("=BBBBI", query, 16)
+    assert (family, protocol, states) == (socket.AF_INET, socket.IPPROTO_TCP, 0xFFFFFFFF)
+    attr_len, attr_type = struct.unpack_from("=HH", query, 16 + 56)
+    assert (attr_len, attr_type) == (4 + 16, 1)
+    program = struct.unpack_from("=BBHBBHBBHBBH", query, 16 + 56 + 4)
+    # sport == 8081 else reject; dport == 40000 else reject; then accept (end of program)
+    assert program == (11, 8, 20, 0, 0, 8081, 12, 8, 12, 0, 0, 40000)
 
 
-def test_ipv6_table_with_mapped_ipv4_clients() -> None:
-    sockets = parse_table(V6)
-    assert sockets[0].remote == Endpoint(ipaddress.ip_address("::1"), 0x9C40)
-    assert sockets[1].remote == Endpoint(ipaddress.ip_address("127.0.0.2"), 0x9C41)
-    peer = parse_peer("ipv6:[::ffff:127.0.0.2]:40001")
-    assert peer is not None
-    assert liveness(sockets, peer, 0x1F91) is Liveness.OPEN
+def _reply(family: int, state: int, sport: int, dport: int, src: bytes, dst: bytes) -> bytes:
+    body = struct.pack("=BBBB", family, state, 0, 0) + struct.pack("!HH", sport, dport)
+    body += src.ljust(16, b"\0") + dst.ljust(16, b"\0") + b"\0" * 12 + b"\0" * 20
+    return struct.pack("=IHHII", 16 + len(body), 20, 2, 1, 0) + body
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/net/tcp")
-def test_a_real_connection_is_open_until_the_client_closes_it() -> None:
-    with socket.create_server(("127.0.0.1", 0)) as listener:
+def test_replies_decode_into_sockets_until_done() -> None:
+    loopback = bytes([127, 0, 0, 1])
+    mapped = ipaddress.IPv6Address("::ffff:127.0.0.2").packed
+    data = _reply(socket.AF_INET, 1, 8081, 40000, loopback, loopback)
+    data += _reply(socket.AF_INET6, 8, 8081, 40001, mapped, mapped)
+    sockets, done = decode_replies(data)
+    assert not done
+    assert sockets == [
+        Socket(Endpoint(LOCALHOST, 8081), Endpoint(LOCALHOST, 40000), 1),
+        Socket(Endpoint(ipaddress.ip_address("127.0.0.2"), 8081),
+               Endpoint(ipaddress.ip_address("127.0.0.2"), 40001), 8),
+    ]  # fmt: skip
+    assert decode_replies(struct.pack("=IHHII", 20, 3, 2, 1, 0) + b"\0" * 4) == ([], True)
+    with pytest.raises(OSError, match="refused"):
+        decode_replies(struct.pack("=IHHIIi", 20, 2, 0, 1, 0, -22))
+
+
+def test_liveness_from_socket_states() -> None:
+    client = Endpoint(LOCALHOST, 40000)
+    established = Socket(Endpoint(LOCALHOST, 8081), client, 1)
+    close_wait = Socket(Endpoint(LOCALHOST, 8081), client, 8)
+    assert liveness([established], client, 8081) is Liveness.OPEN
+    assert liveness([close_wait], client, 8081) is Liveness.GONE  # half-closed: it left
+    assert liveness([], client, 8081) is Liveness.GONE
+    other_host = Endpoint(ipaddress.ip_address("10.0.0.9"), 40000)
+    assert liveness([established], other_host, 8081) is Liveness.GONE
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="asks Linux's sock_diag")
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_a_real_connection_is_open_until_the_client_closes_it(host: str) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.create_server((host, 0), family=family) as listener:
         port = listener.getsockname()[1]
-        client = socket.create_connection(("127.0.0.1", port))
+        client = socket.create_connection((host, port))
         accepted, _ = listener.accept()
         with accepted:
-            host, client_port = client.getsockname()
-            peer = f"ipv4:{host}:{client_port}"
+            client_port = client.getsockname()[1]
+            peer = f"ipv4:{host}:{client_port}" if family == socket.AF_INET else (
+                f"ipv6:[{host}]:{client_port}"
+            )  # fmt: skip
             assert connection_liveness(peer, port) is Liveness.OPEN
             client.close()
             assert connection_liveness(peer, port) is Liveness.GONE
