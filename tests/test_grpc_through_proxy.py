@@ -309,3 +309,28 @@ def test_health_and_metadata_pass_through_the_proxy(stack: Stack) -> None:
             client.is_model_ready("other")
     finally:
         client.close()
+
+
+def test_sigterm_drains_then_cancels_streams_left_with_reason_shutdown(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    tmp = tmp_path_factory.mktemp("grpc-drain")
+    gateway_args = ["--engine", "sim", "--http-port", "0", "--grpc-port", "0"]
+    with spawn("gateway_server", gateway_args, tmp / "gateway") as gateway:
+        proxy_args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+                      "--upstream-http", gateway.url("http"), "--drain-timeout", "0.3",
+                      "--upstream-grpc", gateway.listeners["grpc"]]  # fmt: skip
+        with spawn("proxy", proxy_args, tmp / "proxy") as proxy:
+            stack = Stack(gateway, proxy)
+            stream = SyncStream(stack)
+            try:
+                stream.send("long", "outlives the drain", max_tokens=LONG, ignore_eos=True)
+                assert stream.next()[1] is None
+                assert proxy.terminate() == 0
+                while (ended := stream.next())[1] is None:
+                    pass  # the last tokens relayed while draining
+                assert "UNAVAILABLE" in str(ended[1]) and "shutting down" in str(ended[1])
+            finally:
+                stream.client.close()
+            until(lambda: stack.cancellations("shutdown") == 1, "the gateway to count a shutdown")
+            until(lambda: stack.in_flight() == 0, "nothing left in flight on the gateway")
