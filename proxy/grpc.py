@@ -188,6 +188,7 @@ class _Exchange:
         # DEADLINE_EXCEEDED and CANCELLED may be made up locally by gRPC while the upstream is
         # still working: such a call still gets its explicit cancel.
         self.ended = code not in _LOCAL_ENDINGS
+        self._call.status = code.value[0]  # the gRPC status number, in the call's log line
         self._context.set_trailing_metadata(relayable(trailing or ()))
         if code != grpc.StatusCode.OK:
             self._context.set_code(code)
@@ -283,6 +284,7 @@ class GrpcRelay:
         else:
             code = grpc.StatusCode.RESOURCE_EXHAUSTED
         call.outcome, call.error, call.ended = Outcome.REJECTED, exc.message, time.monotonic()
+        call.status = code.value[0]
         self._state.metrics.finished(Protocol.GRPC, Outcome.REJECTED)
         log_call(call.record())
         context.set_code(code)
@@ -330,7 +332,7 @@ class GrpcRelay:
                 code = await asyncio.shield(relaying)
         except TimeoutError:
             await self._hung_up(call, exchange, relaying, Reason.PROXY_TIMEOUT)
-            self._tell_client(context, Reason.PROXY_TIMEOUT)
+            self._tell_client(context, call, Reason.PROXY_TIMEOUT)
             return
         except ClientGone as exc:
             call.error = str(exc)
@@ -345,7 +347,7 @@ class GrpcRelay:
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            self._tell_client(context, stopped_by)
+            self._tell_client(context, call, stopped_by)
             return
         if code == grpc.StatusCode.DEADLINE_EXCEEDED and self._deadline_passed(context):
             # The upstream call's copy of the client's deadline fired first: the same hang-up.
@@ -374,8 +376,9 @@ class GrpcRelay:
         return Reason.GRPC_CANCELLED
 
     @staticmethod
-    def _tell_client(context: Any, reason: Reason) -> None:
+    def _tell_client(context: Any, call: Call, reason: Reason) -> None:
         code, details = _PROXY_STOPPED[reason]
+        call.status = code.value[0]
         context.set_code(code)
         context.set_details(details)
 
