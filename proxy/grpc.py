@@ -81,6 +81,8 @@ class GrpcRelayConfig:
     upstream: str = "127.0.0.1:8001"
     trust_client_request_id: bool = False
     max_request_duration: float | None = None
+    max_message_size: int | None = None
+    """Largest request message a client may send (``--max-body-size``); None: no limit."""
     cancel_close_wait: float = 0.5
     """How long a hung-up call's upstream stream waits for the cancel's acknowledgement."""
 
@@ -92,6 +94,7 @@ class GrpcRelayConfig:
             upstream=config.upstream_grpc,
             trust_client_request_id=config.trust_client_request_id,
             max_request_duration=config.max_request_duration,
+            max_message_size=config.max_body_size,
             cancel_close_wait=min(config.cancel_attempt_timeout, 0.5),
         )
 
@@ -233,7 +236,12 @@ class GrpcRelay:
         self._channel = grpc.aio.insecure_channel(
             self._config.upstream, options=_UNLIMITED_MESSAGES
         )
-        server = grpc.aio.server(options=_UNLIMITED_MESSAGES)
+        limit = self._config.max_message_size
+        # gRPC itself refuses a larger request message with RESOURCE_EXHAUSTED.
+        server = grpc.aio.server(
+            options=[("grpc.max_receive_message_length", -1 if limit is None else limit),
+                     ("grpc.max_send_message_length", -1)]
+        )  # fmt: skip
         server.add_generic_rpc_handlers([_RelayHandler(self._handle)])
         self._port = server.add_insecure_port(f"{self._config.host}:{self._config.port}")
         if self._port == 0:

@@ -307,3 +307,11 @@ async def _until(predicate: Any) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
         await asyncio.sleep(0.01)
+
+
+async def test_a_request_message_over_the_body_limit_is_refused() -> None:
+    async with running(max_body_size=10) as stack:
+        assert await stack.method("Echo", "unary_unary")(b"x" * 10) == b"X" * 10
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stack.method("Echo", "unary_unary")(b"x" * 11)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
