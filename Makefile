@@ -56,6 +56,8 @@ bench: $(VENV)/.installed-base
 	$(PY) -m bench.gateway_cancel
 	$(PY) -m bench.proxy_cancel
 	$(PY) -m bench.proxy_overhead
+	$(PY) -m bench.grpc_cancel
+	$(PY) -m bench.grpc_relay
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
