@@ -158,12 +158,15 @@ def connection_liveness(peer: str, local_port: int) -> Liveness:
     endpoint = parse_peer(peer)
     if endpoint is None or not hasattr(socket, "AF_NETLINK"):
         return Liveness.UNKNOWN
+    # The client's own family first: one kernel query answers in the common case.
+    families = (socket.AF_INET, socket.AF_INET6)
+    if isinstance(endpoint.address, ipaddress.IPv6Address):
+        families = families[::-1]
     try:
-        sockets = [
-            sock
-            for family in (socket.AF_INET, socket.AF_INET6)
-            for sock in _dump(family, local_port, endpoint.port)
-        ]
+        for family in families:
+            found = liveness(_dump(family, local_port, endpoint.port), endpoint, local_port)
+            if found is Liveness.OPEN:
+                return found
     except (OSError, struct.error, ValueError):
         return Liveness.UNKNOWN
-    return liveness(sockets, endpoint, local_port)
+    return Liveness.GONE
