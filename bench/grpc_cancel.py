@@ -5,6 +5,8 @@ a time, a ModelStreamInfer stream starts a long request, waits for its first res
 request is decoding), and the client cancels the call (HTTP/2 ``RST_STREAM``). On one clock
 (CLOCK_MONOTONIC, shared by the processes) it reports:
 
+- ``to abort asked``: client cancel → the gateway asking the engine to abort (what the path
+  between them costs: the relay's detection and cancel call, or the reset stream);
 - ``to boundary``: client cancel → the engine's step boundary that applied the abort;
 - ``to confirmed``: client cancel → the gateway holding the engine's confirmation;
 - ``reason``: what the gateway recorded (``hangup_gateway_cancellations_total``).
@@ -24,7 +26,7 @@ import grpc
 
 from bench.grpc_paths import (
     PATHS,
-    boundaries,
+    aborts,
     gateway_cancellations,
     path,
     quantile,
@@ -86,9 +88,8 @@ async def main() -> None:
     args = parser.parse_args()
     work = REPO / ".demo" / "bench-grpc"
     gateway_args = ["--sim-slots", "64", "--sim-step-base", "0.01", "--sim-step-per-seq", "0.0001"]
-    print(
-        f"{'path':>8} {'cancels':>8} {'ms p50/p99: to boundary':>24} {'to confirmed':>15}  reasons"
-    )
+    print(f"{'path':>8} {'cancels':>8} {'ms p50/p99: to abort asked':>27} {'to boundary':>15}"
+          f" {'to confirmed':>15}  reasons")  # fmt: skip
     for name in args.paths.split(","):
         with path(name, Path(work), gateway_args) as p:
             sent = await run_path(p.target, args.cancels, args.background)
@@ -99,13 +100,14 @@ async def main() -> None:
 
             wait_for(arrived, 30.0, "every cancel to reach the gateway")
             recorded = gateway_cancellations(p.gateway_http)
-        seen = boundaries(p.boundary_log)
-        to_boundary = [1000 * (seen[k][0] - t) for k, t in sent.items() if k in seen]
-        to_confirmed = [1000 * (seen[k][1] - t) for k, t in sent.items()
-                        if k in seen and seen[k][1] is not None]  # fmt: skip
+        seen = aborts(p.boundary_log)
+        measured = [(seen[k], t) for k, t in sent.items() if k in seen]
+        asked = [1000 * (a.requested - t) for a, t in measured]
+        to_boundary = [1000 * (a.boundary - t) for a, t in measured]
+        to_confirmed = [1000 * (a.confirmed - t) for a, t in measured if a.confirmed is not None]
         reasons = ", ".join(f"{r}={n:.0f}" for r, n in sorted(recorded.items()))
-        print(f"{name:>8} {len(to_boundary):>8} {pair(to_boundary):>24} {pair(to_confirmed):>15}"
-              f"  {reasons}", flush=True)  # fmt: skip
+        print(f"{name:>8} {len(measured):>8} {pair(asked):>27} {pair(to_boundary):>15}"
+              f" {pair(to_confirmed):>15}  {reasons}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@
 - ``envoy``: client → Envoy (HTTP/2 router, one worker thread) → gateway. Envoy resets the
   upstream stream when the client resets its own, and makes no cancel call.
 
-Every path gets a fresh gateway (``bench.instrumented_gateway``: it logs when each abort hit a
-step boundary) so runs do not disturb each other. Envoy binds port 0; its bound port is read
-from its admin API, polled until it answers (no sleeps on a guess).
+Every path gets a fresh gateway (``bench.probe_gateway``: it logs when each abort was asked of
+the engine and when a step boundary applied it) so runs do not disturb each other. Envoy binds
+port 0; its bound port is read from its admin API, polled until it answers (no sleeps on a
+guess).
 """
 
 from __future__ import annotations
@@ -137,10 +138,10 @@ def _envoy_port(process: subprocess.Popen[bytes], admin_file: Path, timeout: flo
 def path(name: str, work: Path, gateway_args: list[str]) -> Iterator[Path_]:
     """A fresh gateway and, for ``hangup`` and ``envoy``, the relay in front of it."""
     work.mkdir(parents=True, exist_ok=True)
-    boundary_log = work / f"boundaries-{name}.jsonl"
+    boundary_log = work / f"probe-{name}.jsonl"
     args = ["--http-port", "0", "--grpc-port", "0", "--log-level", "ERROR", *gateway_args,
-            "--boundary-log", str(boundary_log)]  # fmt: skip
-    with spawn("bench.instrumented_gateway", args, work / f"gw-{name}") as gw:
+            "--probe-log", str(boundary_log)]  # fmt: skip
+    with spawn("bench.probe_gateway", args, work / f"gw-{name}") as gw:
         try:
             if name == "direct":
                 yield Path_(name, gw.listeners["grpc"], gw.url(), gw.popen.pid, None, boundary_log)
@@ -159,10 +160,17 @@ def path(name: str, work: Path, gateway_args: list[str]) -> Iterator[Path_]:
             gw.terminate()  # writes the boundary log
 
 
-def boundaries(log: Path) -> dict[str, tuple[float, float | None]]:
-    """Engine request id → (abort applied at a step boundary, gateway held the confirmation)."""
+@dataclass(frozen=True)
+class Abort:
+    requested: float  # the gateway asked the engine to abort
+    boundary: float  # a step boundary applied it
+    confirmed: float | None  # the gateway held the engine's confirmation
+
+
+def aborts(log: Path) -> dict[str, Abort]:
+    """Engine request id → when its abort was asked for, applied and confirmed."""
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    return {r["id"]: (r["boundary"], r["confirmed"]) for r in records}
+    return {r["id"]: Abort(r["requested"], r["boundary"], r["confirmed"]) for r in records}
 
 
 def text_request(request_id: str, prompt: str, max_tokens: int, stream: bool) -> Any:
