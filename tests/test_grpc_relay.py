@@ -315,3 +315,16 @@ async def test_a_request_message_over_the_body_limit_is_refused() -> None:
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stack.method("Echo", "unary_unary")(b"x" * 11)
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+async def test_a_trusted_client_id_is_used_upstream_and_a_malformed_one_refused() -> None:
+    async with running(trust_client_request_id=True) as stack:
+        call = stack.method("Echo", "unary_unary")(b"x", metadata=(("x-request-id", "mine-1"),))
+        await call
+        assert dict(await call.initial_metadata())["x-request-id"] == "mine-1"
+        _, request_id, _ = await stack.upstream.wait_for("metadata")
+        assert request_id == "mine-1"
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await stack.method("Echo", "unary_unary")(b"x", metadata=(("x-request-id", "a b"),))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert stack.sample("hangup_proxy_requests_total", protocol="grpc", outcome="rejected")
