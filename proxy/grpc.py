@@ -95,7 +95,7 @@ class GrpcRelayConfig:
             trust_client_request_id=config.trust_client_request_id,
             max_request_duration=config.max_request_duration,
             max_message_size=config.max_body_size,
-            cancel_close_wait=min(config.cancel_attempt_timeout, 0.5),
+            cancel_close_wait=config.stream_close_grace,
         )
 
 
