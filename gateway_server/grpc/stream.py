@@ -99,7 +99,7 @@ class StreamSession:
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await reader
+                await reader  # raises what broke the reading of requests, if anything did
 
     async def abort(self) -> None:
         """Cancel every request in flight and wait until each has aborted on its engine."""
@@ -108,15 +108,17 @@ class StreamSession:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _read(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
-        async for request in requests:
-            if self.cancelled is not None:
-                break
-            self._start(request)
-        # asyncio.wait, not gather: cancelling this reader must not cancel the requests (the
-        # handler cancels them itself, once it has recorded why).
-        if self._tasks:
-            await asyncio.wait(set(self._tasks))
-        self._out.put_nowait(None)
+        try:
+            async for request in requests:
+                if self.cancelled is not None:
+                    break
+                self._start(request)
+            # asyncio.wait, not gather: cancelling this reader must not cancel the requests
+            # (the handler cancels them itself, once it has recorded why).
+            if self._tasks:
+                await asyncio.wait(set(self._tasks))
+        finally:
+            self._out.put_nowait(None)  # whatever ended the reading ends the stream
 
     def _start(self, request: pb.ModelInferRequest) -> None:
         try:
