@@ -319,3 +319,13 @@ async def test_shutdown_reports_not_serving_and_cancels_streams_left_running() -
     await client.close()
     cancelled = {"model": MODEL, "reason": "shutdown", "phase": "decode"}
     assert server.metrics_registry.get_sample_value("hangup_gateway_cancellations_total", cancelled)
+
+
+async def test_bytes_that_are_not_a_request_end_the_stream_with_an_error(gateway: Gateway) -> None:
+    async with grpc.aio.insecure_channel(gateway.server.listeners["grpc"]) as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")()
+        await call.write(b"\xff\xff\xff")  # not a ModelInferRequest
+        async with asyncio.timeout(10):
+            code = await call.code()
+        assert code not in (grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED)
+    await wait_until(lambda: len(gateway.server.registry) == 0, what="the call closed")
