@@ -22,6 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from gateway_server.config import GatewayConfig
 from gateway_server.grpc.protos import cancellation_pb2
+from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.server import GatewayServer
 from tests.gateway_fixtures import MODEL, Gateway, running_gateway
 from tests.support import wait_until
@@ -321,11 +322,31 @@ async def test_shutdown_reports_not_serving_and_cancels_streams_left_running() -
     assert server.metrics_registry.get_sample_value("hangup_gateway_cancellations_total", cancelled)
 
 
-async def test_bytes_that_are_not_a_request_end_the_stream_with_an_error(gateway: Gateway) -> None:
+async def test_bytes_that_are_not_a_request_are_invalid_argument(gateway: Gateway) -> None:
     async with grpc.aio.insecure_channel(gateway.server.listeners["grpc"]) as channel:
-        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")()
-        await call.write(b"\xff\xff\xff")  # not a ModelInferRequest
-        async with asyncio.timeout(10):
-            code = await call.code()
-        assert code not in (grpc.StatusCode.OK, grpc.StatusCode.DEADLINE_EXCEEDED)
+        with pytest.raises(grpc.aio.AioRpcError) as unary:
+            await channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")(b"\xff\xff")
+        assert unary.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a valid inference.ModelInferRequest" in (unary.value.details() or "")
+        # On a stream it costs that message only: the next request is answered.
+        call = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )()
+        await call.write(b"\xff\xff\xff")
+        bad = await call.read()
+        assert bad.error_message.startswith("INVALID_ARGUMENT: the message is not a valid")
+        await call.write(text_request("good", "still served", 3).SerializeToString())
+        good = await call.read()
+        assert not good.error_message and good.infer_response.id == "good"
+        call.cancel()
     await wait_until(lambda: len(gateway.server.registry) == 0, what="the call closed")
+
+
+def text_request(request_id: str, prompt: str, max_tokens: int) -> Any:
+    request = pb.ModelInferRequest(model_name=MODEL, id=request_id)
+    text = request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    text.contents.bytes_contents.append(prompt.encode())
+    params = request.inputs.add(name="sampling_parameters", datatype="BYTES", shape=[1])
+    params.contents.bytes_contents.append(json.dumps({"max_tokens": max_tokens}).encode())
+    return request

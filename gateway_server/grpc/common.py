@@ -24,6 +24,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError, Message
 
 from gateway_server.errors import (
     CancelledBeforeArrival,
@@ -53,6 +54,16 @@ _CODES: tuple[tuple[type[GatewayError] | tuple[type[GatewayError], ...], grpc.St
 )
 
 T = TypeVar("T")
+M = TypeVar("M", bound=Message)
+
+
+def parse(message_type: type[M], raw: bytes) -> M:
+    """``raw`` parsed as a ``message_type``. Raises InvalidRequest when it is not one."""
+    try:
+        return message_type.FromString(raw)
+    except DecodeError as exc:
+        name = message_type.DESCRIPTOR.full_name
+        raise InvalidRequest(f"the message is not a valid {name}") from exc
 
 
 def status_of(exc: GatewayError) -> grpc.StatusCode:

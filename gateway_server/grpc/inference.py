@@ -27,6 +27,7 @@ from gateway_server.grpc.common import (
     call_id,
     generate_guarded,
     hangup_reason,
+    parse,
     refused,
     status_of,
 )
@@ -49,13 +50,16 @@ R = TypeVar("R")
 Handler = Callable[..., Awaitable[R]]
 
 
-def _statuses(generation: bool) -> Callable[[Handler[R]], Handler[R]]:
-    """Turn the gateway's exceptions raised by a handler into gRPC statuses."""
+def _statuses(generation: bool, request_type: Any = None) -> Callable[[Handler[R]], Handler[R]]:
+    """Turn the gateway's exceptions raised by a handler into gRPC statuses; with
+    ``request_type``, parse the raw request first (a malformed one is INVALID_ARGUMENT)."""
 
     def wrap(handler: Handler[R]) -> Handler[R]:
         @functools.wraps(handler)
         async def run(self: InferenceServicer, request: Any, context: Any) -> R:
             try:
+                if request_type is not None:
+                    request = parse(request_type, request)
                 return await handler(self, request, context)
             except GatewayError as exc:
                 if generation and refused(exc):
@@ -79,26 +83,26 @@ class InferenceServicer:
     def _ready(self) -> bool:
         return self.service.pool.ready and not self.service.draining
 
-    @_statuses(generation=False)
+    @_statuses(generation=False, request_type=pb.ServerLiveRequest)
     async def server_live(self, request: pb.ServerLiveRequest, context: Any) -> Any:
         return pb.ServerLiveResponse(live=True)
 
-    @_statuses(generation=False)
+    @_statuses(generation=False, request_type=pb.ServerReadyRequest)
     async def server_ready(self, request: pb.ServerReadyRequest, context: Any) -> Any:
         return pb.ServerReadyResponse(ready=self._ready())
 
-    @_statuses(generation=False)
+    @_statuses(generation=False, request_type=pb.ModelReadyRequest)
     async def model_ready(self, request: pb.ModelReadyRequest, context: Any) -> Any:
         self.service.check_model(request.name)
         return pb.ModelReadyResponse(ready=self._ready())
 
-    @_statuses(generation=False)
+    @_statuses(generation=False, request_type=pb.ServerMetadataRequest)
     async def server_metadata(self, request: pb.ServerMetadataRequest, context: Any) -> Any:
         return pb.ServerMetadataResponse(
             name="hangup", version=__version__, extensions=["hangup_cancel", "sequence"]
         )
 
-    @_statuses(generation=False)
+    @_statuses(generation=False, request_type=pb.ModelMetadataRequest)
     async def model_metadata(self, request: pb.ModelMetadataRequest, context: Any) -> Any:
         self.service.check_model(request.name)
         tensor = pb.ModelMetadataResponse.TensorMetadata
@@ -110,7 +114,7 @@ class InferenceServicer:
             outputs=[tensor(name="text_output", datatype="BYTES", shape=[-1])],
         )
 
-    @_statuses(generation=False)
+    @_statuses(generation=False, request_type=pb.ModelConfigRequest)
     async def model_config(self, request: pb.ModelConfigRequest, context: Any) -> Any:
         self.service.check_model(request.name)
         config = pb.ModelConfig(
@@ -125,7 +129,7 @@ class InferenceServicer:
         )
         return pb.ModelConfigResponse(config=config)
 
-    @_statuses(generation=True)
+    @_statuses(generation=True, request_type=pb.ModelInferRequest)
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> Any:
         call_name = call_id(context, uuid.uuid4().hex)
         text, params = prepare(self.service, request)
@@ -142,9 +146,7 @@ class InferenceServicer:
         return whole
 
     @_statuses(generation=True)
-    async def model_stream_infer(
-        self, requests: AsyncIterator[pb.ModelInferRequest], context: Any
-    ) -> None:
+    async def model_stream_infer(self, requests: AsyncIterator[bytes], context: Any) -> None:
         call_name = call_id(context, uuid.uuid4().hex)
         model = self.service.model.name
         async with self.service.call(call_name, model, Protocol.KSERVE_GRPC) as call:
@@ -166,25 +168,24 @@ class InferenceServicer:
 def inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
     """The method handlers of ``inference.GRPCInferenceService`` bound to ``servicer``."""
 
-    def unary(behaviour: Any, request_type: Any) -> Any:
+    # Requests arrive as bytes and are parsed by the handlers, so that a malformed one is the
+    # client's error (INVALID_ARGUMENT), and on a stream costs only that message.
+    def unary(behaviour: Any) -> Any:
         return grpc.unary_unary_rpc_method_handler(
-            behaviour,
-            request_deserializer=request_type.FromString,
-            response_serializer=lambda message: message.SerializeToString(),
+            behaviour, response_serializer=lambda message: message.SerializeToString()
         )
 
     s = servicer
     methods = {
-        "ServerLive": unary(s.server_live, pb.ServerLiveRequest),
-        "ServerReady": unary(s.server_ready, pb.ServerReadyRequest),
-        "ModelReady": unary(s.model_ready, pb.ModelReadyRequest),
-        "ServerMetadata": unary(s.server_metadata, pb.ServerMetadataRequest),
-        "ModelMetadata": unary(s.model_metadata, pb.ModelMetadataRequest),
-        "ModelConfig": unary(s.model_config, pb.ModelConfigRequest),
-        "ModelInfer": unary(s.model_infer, pb.ModelInferRequest),
+        "ServerLive": unary(s.server_live),
+        "ServerReady": unary(s.server_ready),
+        "ModelReady": unary(s.model_ready),
+        "ServerMetadata": unary(s.server_metadata),
+        "ModelMetadata": unary(s.model_metadata),
+        "ModelConfig": unary(s.model_config),
+        "ModelInfer": unary(s.model_infer),
         "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
             s.model_stream_infer,
-            request_deserializer=pb.ModelInferRequest.FromString,
             response_serializer=pb.ModelStreamInferResponse.SerializeToString,
         ),
     }

@@ -39,7 +39,7 @@ from gateway_server.errors import (
     InvalidRequest,
     RequestCancelled,
 )
-from gateway_server.grpc.common import refused, status_of
+from gateway_server.grpc.common import parse, refused, status_of
 from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.tensors import TextRequest, decode_request, parameter, text_response
 from gateway_server.http.common import check_prompt_fits, sampling_params
@@ -89,7 +89,7 @@ class StreamSession:
         self.cancelled: Reason | None = None
         """Set when the call itself was cancelled: the stream ends with CANCELLED."""
 
-    async def serve(self, requests: AsyncIterator[pb.ModelInferRequest], write: Write) -> None:
+    async def serve(self, requests: AsyncIterator[bytes], write: Write) -> None:
         """Answer every request on the stream; returns when the client has sent its last one
         and every answer is written, or when the call was cancelled."""
         reader = asyncio.create_task(self._read(requests))
@@ -107,12 +107,12 @@ class StreamSession:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _read(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
+    async def _read(self, requests: AsyncIterator[bytes]) -> None:
         try:
-            async for request in requests:
+            async for raw in requests:
                 if self.cancelled is not None:
                     break
-                self._start(request)
+                self._start(raw)
             # asyncio.wait, not gather: cancelling this reader must not cancel the requests
             # (the handler cancels them itself, once it has recorded why).
             if self._tasks:
@@ -120,8 +120,10 @@ class StreamSession:
         finally:
             self._out.put_nowait(None)  # whatever ended the reading ends the stream
 
-    def _start(self, request: pb.ModelInferRequest) -> None:
+    def _start(self, raw: bytes) -> None:
+        request = pb.ModelInferRequest()
         try:
+            request = parse(pb.ModelInferRequest, raw)
             text, params = prepare(self._service, request)
             sequence = self._sequence(request)
         except GatewayError as exc:
