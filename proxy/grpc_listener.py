@@ -12,10 +12,15 @@ for this listener's cancel calls up to ``--cancel-deadline`` and closes the sock
 
 from __future__ import annotations
 
+import logging
+
 from proxy.cancel import Canceller
 from proxy.grpc import GrpcRelay, GrpcRelayConfig
 from proxy.grpc_cancel import open_grpc_adapter
+from proxy.grpc_peer import can_tell_disconnects
 from proxy.state import ServerState
+
+log = logging.getLogger("hangup.proxy.grpc")
 
 
 class GrpcListener:
@@ -39,6 +44,10 @@ class GrpcListener:
         )
         self._relay = GrpcRelay(GrpcRelayConfig.from_config(config), self._state, self._canceller)
         await self._relay.start()
+        if not can_tell_disconnects():
+            log.warning(
+                "sock_diag is unavailable: gRPC clients that vanish count as grpc_cancelled"
+            )
         return f"{config.host}:{self._relay.port}"
 
     async def stop_accepting(self) -> None:

@@ -170,3 +170,14 @@ def connection_liveness(peer: str, local_port: int) -> Liveness:
     except (OSError, struct.error, ValueError):
         return Liveness.UNKNOWN
     return Liveness.GONE
+
+
+def can_tell_disconnects() -> bool:
+    """Whether this host answers sock_diag queries (asked once, at the listener's start)."""
+    if not hasattr(socket, "AF_NETLINK"):
+        return False
+    try:
+        _dump(socket.AF_INET, 1, 1)
+    except (OSError, struct.error, ValueError):
+        return False
+    return True

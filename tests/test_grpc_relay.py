@@ -26,11 +26,15 @@ from proxy.cancel import Canceller
 from proxy.config import Config
 from proxy.grpc import GrpcRelay, GrpcRelayConfig
 from proxy.grpc_cancel import GrpcCancelAdapter
+from proxy.grpc_peer import can_tell_disconnects
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
 from proxy.vocabulary import Reason
 from tests.support import child_env
 
+needs_sock_diag = pytest.mark.skipif(
+    not can_tell_disconnects(), reason="needs Linux sock_diag to tell a disconnect from a cancel"
+)
 WAIT = 10.0  # upper bound on waiting for an event; tests finish as soon as it happens
 
 
@@ -230,6 +234,7 @@ async def test_deadline_is_passed_upstream_and_its_expiry_cancels_with_that_reas
         assert reason == Reason.DEADLINE_EXCEEDED.value
 
 
+@needs_sock_diag
 async def test_a_client_that_vanishes_is_cancelled_as_a_disconnect() -> None:
     async with running() as stack:
         script = textwrap.dedent(

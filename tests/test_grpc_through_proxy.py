@@ -26,8 +26,12 @@ import tritonclient.grpc.aio as triton_aio
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+from proxy.grpc_peer import can_tell_disconnects
 from tests.support import Process, child_env, spawn
 
+needs_sock_diag = pytest.mark.skipif(
+    not can_tell_disconnects(), reason="needs Linux sock_diag to tell a disconnect from a cancel"
+)
 MODEL = "hangup-sim"
 TOKEN = "grpc-test-token"
 LONG = 2000  # tokens: 20 s at 10 ms a step, far longer than any test waits
@@ -271,6 +275,7 @@ def test_malformed_request_is_invalid_argument_and_the_stream_survives(stack: St
         stream.close()
 
 
+@needs_sock_diag
 def test_a_client_process_that_dies_is_cancelled_as_a_disconnect(stack: Stack) -> None:
     before = stack.cancellations("client_disconnect")
     # A client that streams, then dies without a word (SIGKILL while it waits).
