@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
@@ -215,6 +216,29 @@ async def test_aio_client_cancelling_its_iterator(stack: Stack) -> None:
         assert error is None and text_of(result)
         responses.cancel()
         await wait_async(lambda: stack.cancellations("grpc_cancelled") == before + 1)
+    finally:
+        await client.close()
+
+
+async def test_a_stream_past_its_deadline_aborts_its_requests_as_deadline_exceeded(
+    stack: Stack,
+) -> None:
+    before = stack.cancellations("deadline_exceeded")
+    client = triton_aio.InferenceServerClient(stack.target)
+
+    async def requests() -> Any:
+        for name in ("d1", "d2"):
+            yield {"model_name": MODEL, "request_id": name,
+                   "inputs": inputs(name, max_tokens=LONG, ignore_eos=True)}  # fmt: skip
+        await asyncio.Event().wait()  # the stream stays open until its deadline
+
+    try:
+        responses = client.stream_infer(requests(), stream_timeout=1.0)
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            async for _, error in responses:
+                assert error is None
+        assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        await wait_async(lambda: stack.cancellations("deadline_exceeded") == before + 2)
     finally:
         await client.close()
 
