@@ -12,3 +12,7 @@ async def gateway() -> AsyncIterator[Gateway]:
     """A gateway with the simulated engine's defaults (8 slots, 10 ms steps)."""
     async with running_gateway() as gw:
         yield gw
+
+
+# The real vLLM engine's session fixtures (tiny local model, one shared two-worker gateway).
+from tests.vllm_fixtures import tiny_model, vllm_gateway2  # noqa: E402, F401
