@@ -148,7 +148,7 @@ class VllmEngine:
         except Exception as exc:
             raise EngineError(
                 f"vLLM worker {self.index} could not load {self.model!r}: "
-                f"{type(exc).__name__}: {exc} (the engine core's own error is logged above)"
+                f"{type(exc).__name__}: {exc}"
             ) from exc
         log.info(json.dumps({
             "event": "vllm_worker_ready", "worker": self.index, "model": self.model,
