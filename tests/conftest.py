@@ -6,13 +6,12 @@ import pytest
 
 from tests.gateway_fixtures import Gateway, running_gateway
 
+# The real vLLM engine's session fixtures (tiny local model, one shared two-worker gateway).
+from tests.vllm_fixtures import tiny_model, vllm_gateway2  # noqa: F401
+
 
 @pytest.fixture
 async def gateway() -> AsyncIterator[Gateway]:
     """A gateway with the simulated engine's defaults (8 slots, 10 ms steps)."""
     async with running_gateway() as gw:
         yield gw
-
-
-# The real vLLM engine's session fixtures (tiny local model, one shared two-worker gateway).
-from tests.vllm_fixtures import tiny_model, vllm_gateway2  # noqa: E402, F401

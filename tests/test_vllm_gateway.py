@@ -79,7 +79,9 @@ def wasted(samples: dict[str, float]) -> float:
 
 @pytest.fixture
 def gateway(vllm_gateway2: Process) -> Process:
-    """The shared gateway, checked idle before the test (a KV-cache baseline of zero)."""
+    """The shared vLLM gateway, checked idle before the test (a KV-cache baseline of zero).
+
+    Overrides conftest's simulated-engine ``gateway`` in this module."""
     wait_for(lambda: engines_idle(vllm_gateway2), "the engines to be idle")
     return vllm_gateway2
 
