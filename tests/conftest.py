@@ -6,8 +6,9 @@ import pytest
 
 from tests.gateway_fixtures import Gateway, running_gateway
 
-# The real vLLM engine's session fixtures (tiny local model, one shared two-worker gateway).
-from tests.vllm_fixtures import tiny_model, vllm_gateway2  # noqa: F401
+# The real vLLM engine's session fixtures (tiny local model, a shared two-worker gateway, a
+# proxy in front of it).
+from tests.vllm_fixtures import tiny_model, vllm_gateway2, vllm_proxy  # noqa: F401
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
 """The gateway with real vLLM workers (tiny local model): completions, hang-ups, two workers.
 
-One gateway with two workers serves the whole module (started once per session). Each test
-leaves the engines idle when it ends, so the next one starts from a known KV-cache baseline.
-Clients are real: the openai client, and aiohttp for a client that hangs up on a non-streaming
-request. Traffic goes to the gateway directly (the proxy's own tests cover the hop in front).
+One gateway with two workers and ``hangup-proxy`` in front serve the whole module (started once
+per session). Completions and hang-ups go through the proxy, as users' traffic does; the
+two-worker tests talk to the gateway directly, since they are about its routing. Each test
+leaves the engines idle, so the next one starts from a known KV-cache baseline. Clients are
+real: the openai client, and aiohttp for a client that hangs up on a non-streaming request.
 """
 
 from __future__ import annotations
@@ -35,15 +36,26 @@ def client(gateway: Process, **kwargs: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway.url() + "/v1", api_key="unused", max_retries=0, **kwargs)
 
 
-def wait_for(predicate: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what``."""
+def wait_for(
+    predicate: Callable[[], Any], what: str, timeout: float = 60.0,
+    explain: Callable[[], str] | None = None,
+) -> Any:  # fmt: skip
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` (and what
+    ``explain`` says about the state then)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = predicate()
         if result:
             return result
         time.sleep(0.005)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    detail = f"\n{explain()}" if explain else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
+
+
+def gateway_state(gateway: Process) -> str:
+    """Calls in flight and the last request_end log lines: what a failed wait should show."""
+    ends = [line for line in gateway.log().splitlines() if '"request_end"' in line]
+    return f"calls in flight: {calls_in_flight(gateway)}\nlast ends:\n" + "\n".join(ends[-5:])
 
 
 def metric(samples: dict[str, float], name: str, **labels: str) -> float:
@@ -87,10 +99,10 @@ def gateway(vllm_gateway2: Process) -> Process:
 
 
 def test_completion_counts_tokens_with_the_model_tokenizer(
-    gateway: Process, tiny_model: Path
+    gateway: Process, vllm_proxy: Process, tiny_model: Path
 ) -> None:
     prompt = "Hello world, how are you today?"
-    result = client(gateway).completions.create(model=MODEL, prompt=prompt, max_tokens=12)
+    result = client(vllm_proxy).completions.create(model=MODEL, prompt=prompt, max_tokens=12)
     expected_prompt_tokens = len(
         Tokenizer.from_file(str(tiny_model / "tokenizer.json")).encode(prompt).ids
     )
@@ -101,8 +113,8 @@ def test_completion_counts_tokens_with_the_model_tokenizer(
     assert result.usage.prompt_tokens == expected_prompt_tokens
 
 
-def test_streamed_text_equals_the_non_streamed_text(gateway: Process) -> None:
-    api = client(gateway)
+def test_streamed_text_equals_the_non_streamed_text(gateway: Process, vllm_proxy: Process) -> None:
+    api = client(vllm_proxy)
     kwargs: dict[str, Any] = {"model": MODEL, "prompt": "Monday Tuesday", "max_tokens": 24,
                               "temperature": 0.0, "extra_body": IGNORE_EOS}  # fmt: skip
     whole = api.completions.create(**kwargs)
@@ -116,8 +128,8 @@ def test_streamed_text_equals_the_non_streamed_text(gateway: Process) -> None:
     assert len([p for p in pieces if p]) > 1, "the answer came in one piece: not streamed"
 
 
-def test_chat_streaming_uses_the_chat_template(gateway: Process) -> None:
-    stream = client(gateway).chat.completions.create(
+def test_chat_streaming_uses_the_chat_template(gateway: Process, vllm_proxy: Process) -> None:
+    stream = client(vllm_proxy).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "What is the weather like?"}],
         max_tokens=8, stream=True, stream_options={"include_usage": True},
     )  # fmt: skip
@@ -130,9 +142,16 @@ def test_chat_streaming_uses_the_chat_template(gateway: Process) -> None:
     assert usage.prompt_tokens > len("What is the weather like?".split())
 
 
-def test_hang_up_in_decode_aborts_within_a_few_tokens(gateway: Process) -> None:
-    before = scrape(gateway)
-    stream = client(gateway).completions.create(
+def proxy_cancels_ok(proxy: Process) -> float:
+    samples = scrape(proxy, "admin")
+    return metric(samples, "hangup_proxy_cancel_calls_total", adapter="hangup", result="ok")
+
+
+def test_hang_up_in_decode_aborts_within_a_few_tokens(
+    gateway: Process, vllm_proxy: Process
+) -> None:
+    before, cancels_before = scrape(gateway), proxy_cancels_ok(vllm_proxy)
+    stream = client(vllm_proxy).completions.create(
         model=MODEL, prompt="Hello", max_tokens=4000, stream=True, extra_body=IGNORE_EOS
     )
     received = 0
@@ -151,20 +170,23 @@ def test_hang_up_in_decode_aborts_within_a_few_tokens(gateway: Process) -> None:
         "the hang-up to be counted as a cancellation in decode",
     )
     wait_for(lambda: engines_idle(gateway), "the engine to free the slot and KV cache")
+    wait_for(lambda: proxy_cancels_ok(vllm_proxy) > cancels_before, "the proxy's cancel call")
     tokens_after_hang_up = wasted(after) - wasted(before) - received
     # Decode makes one token per step; the engine steps every ~2 ms on a CPU with this model,
     # so the few milliseconds from the hang-up to the abort cost a few steps, never hundreds.
     assert 0 <= tokens_after_hang_up <= 16, tokens_after_hang_up
 
 
-async def _post_until_prefill(gateway: Process, body: dict[str, Any]) -> dict[str, float]:
-    """POST ``body``, hang up once the gateway reports the call in prefill; return the KV
-    usage per worker seen at that moment."""
+async def _post_until_prefill(
+    gateway: Process, front: Process, body: dict[str, Any]
+) -> dict[str, float]:
+    """POST ``body`` to ``front``, hang up once the gateway reports the call in prefill; return
+    the KV usage per worker seen at that moment."""
     call_id = uuid.uuid4().hex
     async with aiohttp.ClientSession() as session:
         # A streaming response has its headers at once; a non-streaming one has nothing yet.
         task = asyncio.create_task(session.post(
-            gateway.url() + "/v1/completions", json=body, headers={"X-Request-Id": call_id}
+            front.url() + "/v1/completions", json=body, headers={"X-Request-Id": call_id}
         ))  # fmt: skip
 
         def in_prefill() -> bool:
@@ -187,10 +209,12 @@ async def _post_until_prefill(gateway: Process, body: dict[str, Any]) -> dict[st
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
-async def test_hang_up_in_prefill_frees_the_kv_cache(gateway: Process, stream: bool) -> None:
+async def test_hang_up_in_prefill_frees_the_kv_cache(
+    gateway: Process, vllm_proxy: Process, stream: bool
+) -> None:
     before = await asyncio.to_thread(scrape, gateway)
     body = {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 50, "stream": stream, **IGNORE_EOS}
-    kv_during = await _post_until_prefill(gateway, body)
+    kv_during = await _post_until_prefill(gateway, vllm_proxy, body)
     assert max(kv_during.values()) > 0, "the long prompt should hold KV-cache blocks in prefill"
 
     def counted() -> dict[str, float] | None:
@@ -249,3 +273,52 @@ def test_requests_spread_over_both_workers_and_cancels_reach_the_owner(gateway: 
             s.close()
     wait_for(lambda: engines_idle(gateway), "both workers idle")
     assert owner in WORKERS
+
+
+async def test_hang_up_while_queued_behind_full_batches(gateway: Process) -> None:
+    """Both workers run ``--max-num-seqs`` (8) streams; one more request waits in vLLM's queue,
+    is reported ``queued``, and its hang-up is counted in that phase."""
+    before = await asyncio.to_thread(scrape, gateway)
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 4000, "stream": True, **IGNORE_EOS}
+    url = gateway.url() + "/v1/completions"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        streams = [await session.post(url, json=body) for _ in range(16)]
+        try:
+
+            def batches_full() -> bool:
+                s = scrape(gateway)
+                return all(
+                    metric(s, "hangup_gateway_engine_running_requests", worker=w) == 8
+                    for w in WORKERS
+                )
+
+            await asyncio.to_thread(wait_for, batches_full, "8 running requests on each worker")
+            call_id = uuid.uuid4().hex
+            waiter = asyncio.create_task(session.post(
+                url, json={**body, "stream": False}, headers={"X-Request-Id": call_id}
+            ))  # fmt: skip
+
+            def queued() -> bool:
+                return any(c["request_id"] == call_id and c["phase"] == "queued"
+                           for c in calls_in_flight(gateway))  # fmt: skip
+
+            await asyncio.to_thread(wait_for, queued, "the extra request reported queued")
+            samples = await asyncio.to_thread(scrape, gateway)
+            waiting = [metric(samples, "hangup_gateway_engine_waiting_requests", worker=w)
+                       for w in WORKERS]  # fmt: skip
+            assert sorted(waiting) == [0, 1], waiting
+            waiter.cancel()  # the client hangs up
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+
+            def counted() -> bool:
+                return cancellations(scrape(gateway), "queued") > cancellations(before, "queued")
+
+            await asyncio.to_thread(
+                wait_for, counted, "a cancellation counted as queued", 60.0,
+                lambda: gateway_state(gateway),
+            )  # fmt: skip
+        finally:
+            for response in streams:
+                response.close()
+    await asyncio.to_thread(wait_for, lambda: engines_idle(gateway), "the engines idle again")

@@ -2,7 +2,8 @@
 
 The tiny model is generated once per session with ``python -m gateway_server make-tiny-model``;
 one gateway with two vLLM workers is started once per session and shared (vLLM start-up costs
-tens of seconds on a CPU). A test that kills a worker starts its own gateway instead.
+tens of seconds on a CPU), with ``hangup-proxy`` in front of it. A test that kills a worker
+starts its own gateway instead.
 
 The engine options make the tiny model's steps observable: prompts are prefilled in chunks of
 64 tokens (a long prompt spends many steps in prefill), the KV cache is 16 MiB (one long prompt
@@ -71,9 +72,22 @@ def vllm_gateway2(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
         yield proc
 
 
-def scrape(proc: Process) -> dict[str, float]:
-    """The gateway's /metrics as ``{'name{labels}': value}``."""
-    with urllib.request.urlopen(proc.url() + "/metrics", timeout=10) as response:
+@pytest.fixture(scope="session")
+def vllm_proxy(
+    vllm_gateway2: Process, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Process]:
+    """``hangup-proxy`` in front of the shared vLLM gateway; it passes the client's request id
+    through, so a test can find its call in the gateway's ``/v2/requests``."""
+    args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+            "--upstream-http", vllm_gateway2.url(), "--trust-client-request-id"]  # fmt: skip
+    with spawn("proxy", args, tmp_path_factory.mktemp("vllm-proxy")) as proc:
+        yield proc
+        proc.terminate()
+
+
+def scrape(proc: Process, listener: str = "http") -> dict[str, float]:
+    """A process's /metrics as ``{'name{labels}': value}``."""
+    with urllib.request.urlopen(proc.url(listener) + "/metrics", timeout=10) as response:
         text = response.read().decode()
     samples: dict[str, float] = {}
     for line in text.splitlines():

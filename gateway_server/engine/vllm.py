@@ -72,6 +72,9 @@ from gateway_server.vocabulary import Phase
 
 log = logging.getLogger("hangup.gateway.vllm")
 
+ABORT_CONFIRM_TIMEOUT_S = 30.0
+"""How long an abort waits for the engine core's confirmation before giving up (logged)."""
+
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
 
@@ -283,13 +286,20 @@ class VllmEngine:
             del self._live[request_id]
 
     async def _abort(self, request_id: str, state: _Live) -> None:
+        llm = self._llm
         try:
-            await state.registered.wait()
-            llm = self._llm
-            # A dead engine core works on nothing: there is nothing left to stop.
-            with contextlib.suppress(Exception):
-                await llm.abort(request_id)
-                await llm.is_sleeping()  # ordered after the abort in the core's input queue
+            async with asyncio.timeout(ABORT_CONFIRM_TIMEOUT_S):
+                await state.registered.wait()
+                # A dead engine core works on nothing: there is nothing left to stop.
+                with contextlib.suppress(Exception):
+                    await llm.abort(request_id)
+                    await llm.is_sleeping()  # ordered after the abort in the core's input queue
+        except TimeoutError:
+            # Never seen; a hung engine core must not hang cancel callers with it.
+            log.error(json.dumps({
+                "event": "vllm_abort_unconfirmed", "worker": self.index,
+                "request_id": request_id, "timeout_s": ABORT_CONFIRM_TIMEOUT_S,
+            }))  # fmt: skip
         finally:
             self._forget(request_id, state)
 
