@@ -359,7 +359,10 @@ def _stat_logger_factory(snapshot: SchedulerSnapshot, newest_arrival: Any) -> An
             if scheduler_stats is None:
                 return
             snapshot.running = scheduler_stats.num_running_reqs
-            snapshot.waiting = scheduler_stats.num_waiting_reqs
+            # vLLM splits its waiting requests in two (deferred ones apart); both wait.
+            snapshot.waiting = scheduler_stats.num_waiting_reqs + getattr(
+                scheduler_stats, "num_skipped_waiting_reqs", 0
+            )
             snapshot.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
             snapshot.steps += 1
             snapshot.last_seq = newest_arrival()
