@@ -20,8 +20,9 @@ tokens the engine delivered to its front end):
 - **tokens after hang-up**: output tokens counted after the hang-up (generated-tokens counter at
   the end minus its value read just before the hang-up);
 - **hang-up → freed**: the hang-up → the first scrape showing no running request and an empty KV
-  cache (includes up to one polling interval and a scrape). A request the server does not abort
-  runs to ``max_tokens`` and counts as *not aborted*.
+  cache (includes up to one polling interval and a scrape; the median scrape time of each
+  server is printed). A request the server does not abort runs to ``max_tokens`` and counts as
+  *not aborted*.
 
 Run: ``.venv/bin/python -m bench.vllm_hangup`` (``--reps 3 --setups hangup,vllm`` to shorten).
 """
@@ -174,6 +175,13 @@ async def run_target(target: Target, reps: int) -> dict[str, Result]:
     results: dict[str, Result] = {}
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(timeout=timeout) as session:
+        durations = []
+        for _ in range(30):
+            started = time.perf_counter()
+            await scrape(session, target)
+            durations.append((time.perf_counter() - started) * 1000)
+        print(f"  {target.name:12} one /metrics scrape: {statistics.median(durations):.1f} ms "
+              f"median (part of every hang-up → freed figure)", flush=True)  # fmt: skip
         for phase in ("prefill", "decode"):
             for stream in (False, True):
                 key = f"{'streaming' if stream else 'non-streaming'} / {phase}"
@@ -186,7 +194,27 @@ async def run_target(target: Target, reps: int) -> dict[str, Result]:
                     else:
                         result.freed_ms.append(freed)
                 print(f"  {target.name:12} {key:26} {summary(result)}", flush=True)
+        if target.gauges is HANGUP_GAUGES:
+            print(f"  {target.name:12} {await cancel_to_abort(session, target)}", flush=True)
     return results
+
+
+async def cancel_to_abort(session: aiohttp.ClientSession, target: Target) -> str:
+    """The gateway's own cancel → abort-confirmed histogram, as a mean over the run."""
+    async with session.get(target.metrics_url + "/metrics") as response:
+        text = await response.text()
+    values = {}
+    for line in text.splitlines():
+        for part in ("_sum", "_count"):
+            if line.startswith(f"hangup_gateway_cancel_to_abort_seconds{part}{{"):
+                values[part] = float(line.rpartition(" ")[2])
+    if not values.get("_count"):
+        return "cancel → abort confirmed: no sample"
+    mean_ms = values["_sum"] / values["_count"] * 1000
+    return (
+        f"cancel → abort confirmed (gateway histogram): mean {mean_ms:.2f} ms over "
+        f"{values['_count']:.0f} cancels"
+    )
 
 
 def summary(r: Result) -> str:

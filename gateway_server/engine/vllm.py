@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import itertools
 import json
 import logging
@@ -117,16 +118,13 @@ class VllmEngine:
         self.devices = devices
         self._spawn_lock = spawn_lock or threading.Lock()
         self._llm: Any = None
+        self._tokenizer_copy: Any = None
         self._stopped = False
         self._live: dict[str, _Live] = {}
         self._arrivals = itertools.count(1)
         self._stats = SchedulerSnapshot()
 
     # -- life cycle ------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return f"vllm-{self.index}"
 
     @property
     def max_model_len(self) -> int:
@@ -147,7 +145,7 @@ class VllmEngine:
             return
         started = time.monotonic()
         try:
-            self._llm = await asyncio.to_thread(self._build)
+            self._llm, self._tokenizer_copy = await asyncio.to_thread(self._build)
         except Exception as exc:
             raise EngineError(
                 f"vLLM worker {self.index} could not load {self.model!r}: "
@@ -167,7 +165,7 @@ class VllmEngine:
         processes = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
         return [int(p.pid) for p in processes if getattr(p, "pid", None)]
 
-    def _build(self) -> Any:
+    def _build(self) -> tuple[Any, Any]:
         engine_args: Any = import_module("vllm.engine.arg_utils")
         async_llm: Any = import_module("vllm.v1.engine.async_llm")
         args = engine_args.AsyncEngineArgs(
@@ -177,7 +175,10 @@ class VllmEngine:
         # register its Prometheus metrics twice); ours still gets every step's statistics.
         factory = _stat_logger_factory(self._stats, self._newest_arrival)
         with self._spawn_lock, _device_env(self.devices):
-            return async_llm.AsyncLLM.from_engine_args(args, stat_loggers=[factory])
+            llm = async_llm.AsyncLLM.from_engine_args(args, stat_loggers=[factory])
+        # vLLM tokenizes in a thread of its own; a Hugging Face tokenizer must not be used from
+        # two threads at once, so the gateway's counting and chat templating use a copy.
+        return llm, copy.deepcopy(llm.get_tokenizer())
 
     def _newest_arrival(self) -> int:
         """The newest request already handed to vLLM (statistics can only know those)."""
@@ -204,15 +205,16 @@ class VllmEngine:
         return str(prompt)
 
     def _tokenizer(self) -> Any:
-        if self._llm is None:
+        if self._tokenizer_copy is None:
             raise EngineError(f"vLLM worker {self.index} is not started")
-        return self._llm.get_tokenizer()
+        return self._tokenizer_copy
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]:
         """Run one request; the last chunk carries the finish reason (ABORT when aborted).
 
         Raises EngineDead when the worker is (or goes) dead, EngineError when vLLM refuses or
-        fails the request. Closing the generator early aborts the request (awaited).
+        fails the request. Closing the generator early aborts the request (in the background;
+        :meth:`abort` awaits that same abort).
         """
         llm = self._llm
         if not self.alive:
