@@ -22,7 +22,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.support import Process
-from tests.vllm_fixtures import calls_in_flight, requires_vllm, scrape
+from tests.vllm_fixtures import OpenAIFor, calls_in_flight, requires_vllm, scrape
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 
@@ -30,10 +30,6 @@ MODEL = "tiny"
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 320  # ~7,400 tokens
 IGNORE_EOS = {"ignore_eos": True}
 WORKERS = ("0", "1")
-
-
-def client(gateway: Process, **kwargs: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway.url() + "/v1", api_key="unused", max_retries=0, **kwargs)
 
 
 def wait_for(
@@ -99,10 +95,10 @@ def gateway(vllm_gateway2: Process) -> Process:
 
 
 def test_completion_counts_tokens_with_the_model_tokenizer(
-    gateway: Process, vllm_proxy: Process, tiny_model: Path
+    gateway: Process, vllm_proxy: Process, tiny_model: Path, client_for: OpenAIFor
 ) -> None:
     prompt = "Hello world, how are you today?"
-    result = client(vllm_proxy).completions.create(model=MODEL, prompt=prompt, max_tokens=12)
+    result = client_for(vllm_proxy).completions.create(model=MODEL, prompt=prompt, max_tokens=12)
     expected_prompt_tokens = len(
         Tokenizer.from_file(str(tiny_model / "tokenizer.json")).encode(prompt).ids
     )
@@ -113,8 +109,10 @@ def test_completion_counts_tokens_with_the_model_tokenizer(
     assert result.usage.prompt_tokens == expected_prompt_tokens
 
 
-def test_streamed_text_equals_the_non_streamed_text(gateway: Process, vllm_proxy: Process) -> None:
-    api = client(vllm_proxy)
+def test_streamed_text_equals_the_non_streamed_text(
+    gateway: Process, vllm_proxy: Process, client_for: OpenAIFor
+) -> None:
+    api = client_for(vllm_proxy)
     kwargs: dict[str, Any] = {"model": MODEL, "prompt": "Monday Tuesday", "max_tokens": 24,
                               "temperature": 0.0, "extra_body": IGNORE_EOS}  # fmt: skip
     whole = api.completions.create(**kwargs)
@@ -128,8 +126,10 @@ def test_streamed_text_equals_the_non_streamed_text(gateway: Process, vllm_proxy
     assert len([p for p in pieces if p]) > 1, "the answer came in one piece: not streamed"
 
 
-def test_chat_streaming_uses_the_chat_template(gateway: Process, vllm_proxy: Process) -> None:
-    stream = client(vllm_proxy).chat.completions.create(
+def test_chat_streaming_uses_the_chat_template(
+    gateway: Process, vllm_proxy: Process, client_for: OpenAIFor
+) -> None:
+    stream = client_for(vllm_proxy).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "What is the weather like?"}],
         max_tokens=8, stream=True, stream_options={"include_usage": True},
     )  # fmt: skip
@@ -148,10 +148,10 @@ def proxy_cancels_ok(proxy: Process) -> float:
 
 
 def test_hang_up_in_decode_aborts_within_a_few_tokens(
-    gateway: Process, vllm_proxy: Process
+    gateway: Process, vllm_proxy: Process, client_for: OpenAIFor
 ) -> None:
     before, cancels_before = scrape(gateway), proxy_cancels_ok(vllm_proxy)
-    stream = client(vllm_proxy).completions.create(
+    stream = client_for(vllm_proxy).completions.create(
         model=MODEL, prompt="Hello", max_tokens=4000, stream=True, extra_body=IGNORE_EOS
     )
     received = 0
@@ -226,8 +226,10 @@ async def test_hang_up_in_prefill_frees_the_kv_cache(
     assert wasted(after) == wasted(before), "no token should have been generated"
 
 
-def test_requests_spread_over_both_workers_and_cancels_reach_the_owner(gateway: Process) -> None:
-    api = client(gateway)
+def test_requests_spread_over_both_workers_and_cancels_reach_the_owner(
+    gateway: Process, client_for: OpenAIFor
+) -> None:
+    api = client_for(gateway)
     ids = [uuid.uuid4().hex for _ in WORKERS]
     streams = [
         api.completions.create(

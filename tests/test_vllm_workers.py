@@ -22,8 +22,8 @@ import openai
 import pytest
 
 from tests.support import REPO, Process, child_env
-from tests.test_vllm_gateway import IGNORE_EOS, MODEL, client, metric, wait_for
-from tests.vllm_fixtures import ENGINE_ARGS, requires_vllm, scrape, vllm_gateway
+from tests.test_vllm_gateway import IGNORE_EOS, MODEL, metric, wait_for
+from tests.vllm_fixtures import ENGINE_ARGS, OpenAIFor, requires_vllm, scrape, vllm_gateway
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 
@@ -47,8 +47,10 @@ def running(samples: dict[str, float], worker: str) -> float:
     return metric(samples, "hangup_gateway_engine_running_requests", worker=worker)
 
 
-def test_a_worker_killed_mid_stream_fails_only_its_own_requests(own_gateway: Process) -> None:
-    api = client(own_gateway, timeout=60)
+def test_a_worker_killed_mid_stream_fails_only_its_own_requests(
+    own_gateway: Process, client_for: OpenAIFor
+) -> None:
+    api = client_for(own_gateway, timeout=60)
     pids = engine_core_pids(own_gateway)
     assert sorted(pids) == ["0", "1"] and all(pids.values()), pids
 
@@ -76,6 +78,7 @@ def test_a_worker_killed_mid_stream_fails_only_its_own_requests(own_gateway: Pro
     with pytest.raises(openai.APIError):
         for _ in doomed:
             pass
+    doomed.close()
     assert time.monotonic() - started < 30, "the dead worker's stream should fail promptly"
 
     # The other worker's stream goes on, and new requests are served by it.

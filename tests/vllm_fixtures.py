@@ -19,9 +19,11 @@ import json
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import openai
 import pytest
 
 from tests.support import Process, child_env, spawn
@@ -83,6 +85,25 @@ def vllm_proxy(
     with spawn("proxy", args, tmp_path_factory.mktemp("vllm-proxy")) as proc:
         yield proc
         proc.terminate()
+
+
+OpenAIFor = Callable[..., openai.OpenAI]
+
+
+@pytest.fixture
+def client_for() -> Iterator[OpenAIFor]:
+    """``client_for(process, **options)``: an openai client for a process, closed afterwards."""
+    made: list[openai.OpenAI] = []
+
+    def make(target: Process, **kwargs: Any) -> openai.OpenAI:
+        api = openai.OpenAI(base_url=target.url() + "/v1", api_key="unused", max_retries=0,
+                            **kwargs)  # fmt: skip
+        made.append(api)
+        return api
+
+    yield make
+    for api in made:
+        api.close()
 
 
 def scrape(proc: Process, listener: str = "http") -> dict[str, float]:

@@ -19,10 +19,13 @@ no partial-prefill outputs), so the engine tells phases apart like this:
 
 - ``decode``: at least one output token has arrived;
 - ``queued`` vs ``prefill``: from the scheduler's per-step statistics (a stat logger receives
-  them after every step). With first-come-first-served scheduling the ``W`` requests the
-  scheduler reports waiting are the ``W`` latest arrivals among those without a token yet; a
-  request added after the latest statistics is ``queued`` (no step has scheduled it yet); the
-  others without a token are ``prefill``. This is an inference, exact unless vLLM preempts.
+  them after every step). After adding a request the engine makes the same cheap utility call
+  as for an abort; its answer proves the core holds the request, so statistics of the steps
+  after it count the request. Until such statistics arrive the request is ``queued`` (no step
+  is known to have scheduled it). After that, with first-come-first-served scheduling, the
+  ``W`` requests the scheduler reports waiting are the ``W`` latest arrivals among those without
+  a token yet (``queued``); the others are in ``prefill``. An inference, exact unless vLLM
+  preempts; it may call a request ``queued`` for a step or two after its prefill began.
 
 Load. ``load()`` reports the latest scheduler statistics: running requests, waiting requests and
 KV-cache usage. Running is capped by the requests this engine has in flight and the rest of them
@@ -87,8 +90,7 @@ class SchedulerSnapshot:
     waiting: int = 0
     kv_cache_usage: float = 0.0
     steps: int = 0
-    last_seq: int = 0
-    """The newest request (by arrival number) added before these statistics arrived."""
+    """Statistics received so far (one per engine step)."""
 
 
 @dataclass(eq=False)
@@ -97,6 +99,9 @@ class _Live:
     prompt_tokens: int = 0
     output_tokens: int = 0
     registered: asyncio.Event = field(default_factory=asyncio.Event)
+    seen_after: int | None = None
+    """``steps`` when the engine core confirmed it holds the request; statistics received
+    after that count it."""
     abort_task: asyncio.Task[None] | None = None
 
 
@@ -173,16 +178,12 @@ class VllmEngine:
         )
         # disable_log_stats drops vLLM's own loggers (a second AsyncLLM in one process would
         # register its Prometheus metrics twice); ours still gets every step's statistics.
-        factory = _stat_logger_factory(self._stats, self._newest_arrival)
+        factory = _stat_logger_factory(self._stats)
         with self._spawn_lock, _device_env(self.devices):
             llm = async_llm.AsyncLLM.from_engine_args(args, stat_loggers=[factory])
         # vLLM tokenizes in a thread of its own; a Hugging Face tokenizer must not be used from
         # two threads at once, so the gateway's counting and chat templating use a copy.
         return llm, copy.deepcopy(llm.get_tokenizer())
-
-    def _newest_arrival(self) -> int:
-        """The newest request already handed to vLLM (statistics can only know those)."""
-        return max((s.seq for s in self._live.values() if s.registered.is_set()), default=0)
 
     async def shutdown(self) -> None:
         """Abort what is running (streams end with ABORT), then stop the engine core."""
@@ -230,6 +231,11 @@ class VllmEngine:
                 collector = await llm.add_request(rid, request.prompt, _sampling(request.params))
             finally:
                 state.registered.set()
+            # The core handles its input in order: once this answer is back it holds the request,
+            # and statistics that arrive later count it (see phase()). The answer comes between
+            # steps, before the first token could, so it does not delay the stream.
+            await llm.is_sleeping()
+            state.seen_after = self._stats.steps
             while not finished:
                 out = collector.get_nowait() or await collector.get()
                 chunk = self._chunk(state, out)
@@ -314,11 +320,13 @@ class VllmEngine:
         if state.output_tokens:
             return Phase.DECODE
         stats = self._stats
-        if state.seq > stats.last_seq:
+        # Statistics read just before the core's answer may still be on their way in: one step of
+        # margin, so a request is never called ``prefill`` on numbers that do not count it.
+        if state.seen_after is None or stats.steps <= state.seen_after + 1:
             return Phase.QUEUED
         # FCFS: the scheduler's waiting requests are the latest arrivals without a token yet.
         ahead = sorted(
-            s.seq for s in self._live.values() if not s.output_tokens and s.seq <= stats.last_seq
+            s.seq for s in self._live.values() if not s.output_tokens and s.registered.is_set()
         )
         waiting = ahead[len(ahead) - stats.waiting :] if stats.waiting else []
         return Phase.QUEUED if state.seq in waiting else Phase.PREFILL
@@ -343,7 +351,7 @@ def _sampling(params: SamplingParams) -> Any:
     )
 
 
-def _stat_logger_factory(snapshot: SchedulerSnapshot, newest_arrival: Any) -> Any:
+def _stat_logger_factory(snapshot: SchedulerSnapshot) -> Any:
     """A vLLM stat-logger factory that copies each step's scheduler statistics into ``snapshot``.
 
     ``record`` runs in the event loop (AsyncLLM's output handler), once per engine step.
@@ -367,7 +375,6 @@ def _stat_logger_factory(snapshot: SchedulerSnapshot, newest_arrival: Any) -> An
             )
             snapshot.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
             snapshot.steps += 1
-            snapshot.last_seq = newest_arrival()
 
         def log_engine_initialized(self) -> None:
             pass
