@@ -6,6 +6,10 @@ import pytest
 
 from tests.gateway_fixtures import Gateway, running_gateway
 
+# The real vLLM engine's session fixtures (tiny local model, a shared two-worker gateway, a
+# proxy in front of it).
+from tests.vllm_fixtures import client_for, tiny_model, vllm_gateway2, vllm_proxy  # noqa: F401
+
 
 @pytest.fixture
 async def gateway() -> AsyncIterator[Gateway]:

