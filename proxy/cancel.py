@@ -11,6 +11,11 @@ handler that detected the hang-up can be cancelled or return without taking the 
 retried with doubling, jittered backoff until ``deadline`` seconds after the hang-up, then counted
 ``gave_up``. A dead cancel endpoint therefore costs one task per hang-up and never blocks the
 relay of other streams. ``drain`` waits for the calls in flight at shutdown.
+
+Latency: when a slot is free and the adapter ``SendsNow`` (``hangup`` does, on a keep-alive
+connection of its own), ``submit`` writes the first attempt's request before it returns, so the
+cancel call leaves in the same callback that saw the hang-up instead of after one or two more
+turns of the event loop, each queued behind the relay work that became ready meanwhile.
 """
 
 from __future__ import annotations

@@ -10,9 +10,11 @@ README, "Half-closed connections").
 
 Per call: admit (limits) → choose ids → stream the body up → relay the response chunk by chunk
 as it arrives (``iter_any``: no batching of SSE events) → release. On a hang-up, a proxy timeout
-or shutdown, the handler submits an explicit cancel by request id to the ``Canceller`` (its own
-task, so it outlives this one) and ends; the upstream call runs in a task of its own and is
-closed once the cancel is answered (at most ``--stream-close-grace`` later). Errors the proxy
+or shutdown, an explicit cancel by request id goes to the ``Canceller`` (its own task, so it
+outlives the handler) and the handler ends; the upstream call runs in a task of its own and is
+closed once the cancel is answered (at most ``--stream-close-grace`` later). A hang-up while the
+upstream call is open is submitted from the server's ``connection_lost`` callback itself, a turn
+of the event loop before the handler's cancellation arrives (``_Server``). Errors the proxy
 makes itself are ``ProxyError`` responses (JSON, OpenAI-style ``{"error": {...}}``) while nothing
 has been sent yet; after that the only honest signal is to close the client connection without
 the final chunk, so a truncated response never looks complete.
