@@ -74,8 +74,8 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, str, bool]:
             raise BadResponse("connection closed inside the response head") from exc
         except asyncio.LimitOverrunError as exc:
             raise BadResponse("response head too long") from exc
-        except ConnectionResetError as exc:
-            raise StaleConnection("connection reset before the response") from exc
+        except ConnectionError as exc:  # reset, broken pipe: the server had closed it
+            raise StaleConnection(f"connection lost before the response: {exc}") from exc
         status, version, headers = _parse_head(head)
         if not 100 <= status < 200:
             break
