@@ -37,6 +37,7 @@ from proxy.vocabulary import CancelResult, Reason
 log = logging.getLogger("hangup.proxy.cancel")
 
 _MAX_IDLE = 16  # idle keep-alive connections an adapter keeps for its next cancel calls
+_TEND_EVERY = 1.0  # seconds between checks that an idle connection is ready (see _tend)
 
 
 class CancelAttemptFailed(Exception):
@@ -95,7 +96,9 @@ class HangupCancelAdapter:
     behind the relay's connections), because a general client costs event-loop turns before the
     request leaves: ``send_now`` writes the request on an idle connection before it returns, in
     the same callback that saw the hang-up. A reused connection the server had already closed
-    is replaced once within the attempt (cancelling is idempotent).
+    is replaced once within the attempt (cancelling is idempotent). Once it has made a call, it
+    keeps one connection ready: servers close idle ones (uvicorn after 5 s), and a hang-up that
+    finds none waits for a connect.
     """
 
     name = "hangup"
@@ -112,6 +115,9 @@ class HangupCancelAdapter:
         self._timeout = attempt_timeout
         self._idle: list[Connection] = []
         self._open: set[Connection] = set()
+        self._tending: asyncio.TimerHandle | None = None
+        self._spare: asyncio.Task[None] | None = None
+        self._closed = False
 
     def send_now(self, request_id: str, reason: Reason) -> asyncio.Task[CancelResult] | None:
         """Write the cancel request now on an idle connection; the task reads the answer.
@@ -183,7 +189,28 @@ class HangupCancelAdapter:
                     self._discard(self._idle.pop(0))
             else:
                 self._discard(conn)
+            if self._tending is None and not self._closed:
+                self._tend()
         return self._result(status, text)
+
+    def _tend(self) -> None:
+        """Every ``_TEND_EVERY`` seconds: drop idle connections the server closed, and open one
+        in the background when none is left."""
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        self._tending = loop.call_later(_TEND_EVERY, self._tend)
+        for conn in [c for c in self._idle if not c.usable()]:
+            self._idle.remove(conn)
+            self._discard(conn)
+        if not self._idle and (self._spare is None or self._spare.done()):
+            self._spare = loop.create_task(self._open_spare())
+
+    async def _open_spare(self) -> None:
+        try:
+            self._idle.append(await self._connect())
+        except CancelAttemptFailed as exc:
+            log.debug("no spare cancel connection: %s", exc)
 
     def _discard(self, conn: Connection) -> None:
         self._open.discard(conn)
@@ -210,6 +237,13 @@ class HangupCancelAdapter:
         return CancelResult.ERROR
 
     async def close(self) -> None:
+        self._closed = True
+        if self._tending is not None:
+            self._tending.cancel()
+        if self._spare is not None:
+            self._spare.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._spare
         for conn in list(self._open):
             self._discard(conn)
         self._idle.clear()

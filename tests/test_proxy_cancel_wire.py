@@ -137,6 +137,29 @@ async def test_connections_the_server_closes_are_replaced(
     ]
 
 
+async def test_a_connection_is_kept_ready_after_the_server_closes_idle_ones(
+    endpoint: RawEndpoint,
+) -> None:
+    """Servers close idle keep-alive connections; the next hang-up should not wait for a connect."""
+    endpoint.close_after = True
+    canceller = _canceller(endpoint)
+    adapter = canceller.adapter
+    assert isinstance(adapter, HangupCancelAdapter)
+    try:
+        assert await _cancel(canceller, "id-1") is CancelResult.OK
+        deadline = time.monotonic() + 5.0
+        while endpoint.connections < 2:  # the spare, opened once the first one is seen closed
+            assert time.monotonic() < deadline, "no connection was opened in advance"
+            await asyncio.sleep(0.02)
+        ready = adapter.send_now("id-2", Reason.CLIENT_DISCONNECT)
+        assert ready is not None  # written at once, on the connection opened in advance
+        assert await ready is CancelResult.OK
+    finally:
+        await canceller.close()
+    assert endpoint.connections == 2
+    assert [r[0].split()[1].split("/")[-2] for r in endpoint.requests] == ["id-1", "id-2"]
+
+
 @pytest.mark.parametrize(
     ("answer", "result"),
     [
