@@ -5,8 +5,9 @@ The gateway runs with a probe engine (``bench/probe_gateway.py``: the normal gat
 simulated engine, recording per aborted request when the abort was asked for, which step
 boundary applied it and how many tokens it had generated). For each path, ``--calls`` streaming
 completions run ``--concurrency`` at a time; each client reads a seeded random number of tokens,
-drops its connection (RST, at once) and notes the time on CLOCK_MONOTONIC (shared with the
-gateway process).
+drops its connection (an RST, sent by ``close()`` on the client's own socket with
+SO_LINGER 0, so no event-loop turn of the client is in the figure) and notes the time on
+CLOCK_MONOTONIC (shared with the gateway process).
 Per hang-up:
 
 - ``to abort asked``: hang-up → the engine was asked to abort (what the path between the client
@@ -28,7 +29,9 @@ import argparse
 import asyncio
 import json
 import random
+import socket
 import statistics
+import struct
 import time
 
 from bench.processes import REPO, spawn
@@ -46,7 +49,10 @@ async def hang_up_after(url: str, rid: str, tokens: int) -> tuple[str, float, in
     """Stream a completion, read ``tokens`` tokens, hang up: (id, when, tokens read)."""
     body = json.dumps({"model": MODEL, "prompt": "bench", "max_tokens": 3000, "stream": True})
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
+    sock = socket.socket()
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    reader, writer = await asyncio.open_connection(sock=sock)
     writer.write(
         f"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
         f"X-Request-Id: {rid}\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
@@ -58,10 +64,13 @@ async def hang_up_after(url: str, rid: str, tokens: int) -> tuple[str, float, in
             raise RuntimeError(f"{rid}: stream ended early")
         if line.startswith(b"data: {"):
             seen += 1
-    # abort() closes the socket now (RST); close() would wait for this client's next loop turn,
-    # and the figures would include the benchmark client's own lag.
+    # The transport's abort() closes the socket only on this loop's next turn, which would put
+    # the benchmark client's own lag into every path's figure: close the socket now instead,
+    # with SO_LINGER 0 (an RST, sent before close() returns), once abort() has unregistered it.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
     left = time.monotonic()
+    sock.close()
     return rid, left, seen
 
 

@@ -10,9 +10,11 @@ README, "Half-closed connections").
 
 Per call: admit (limits) → choose ids → stream the body up → relay the response chunk by chunk
 as it arrives (``iter_any``: no batching of SSE events) → release. On a hang-up, a proxy timeout
-or shutdown, the handler submits an explicit cancel by request id to the ``Canceller`` (its own
-task, so it outlives this one) and ends; the upstream call runs in a task of its own and is
-closed once the cancel is answered (at most ``--stream-close-grace`` later). Errors the proxy
+or shutdown, an explicit cancel by request id goes to the ``Canceller`` (its own task, so it
+outlives the handler) and the handler ends; the upstream call runs in a task of its own and is
+closed once the cancel is answered (at most ``--stream-close-grace`` later). A hang-up while the
+upstream call is open is submitted from the server's ``connection_lost`` callback itself, a turn
+of the event loop before the handler's cancellation arrives (``_Server``). Errors the proxy
 makes itself are ``ProxyError`` responses (JSON, OpenAI-style ``{"error": {...}}``) while nothing
 has been sent yet; after that the only honest signal is to close the client connection without
 the final chunk, so a truncated response never looks complete.
@@ -76,6 +78,8 @@ class _Exchange:
         self.body_too_large = False
         self.upstream_started = False
         self.upstream_task: asyncio.Task[aiohttp.ClientResponse] | None = None
+        self.cancel_submitted = False
+        self.cancel: CancelTask | None = None
 
 
 class HttpRelay:
@@ -86,6 +90,8 @@ class HttpRelay:
         self._config = state.config
         self._base = state.config.upstream_http.rstrip("/")
         self._session: aiohttp.ClientSession | None = None
+        # Calls whose upstream call is open, by the aiohttp protocol of their client connection.
+        self._relaying: dict[object, _Exchange] = {}
 
     async def open(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -120,6 +126,18 @@ class HttpRelay:
         finally:
             self._state.release(call)
 
+    def connection_lost(self, protocol: object) -> None:
+        """The client connection ``protocol`` is gone: cancel its call upstream at once.
+
+        Called by aiohttp's transport callback, before it cancels the handler task. Submitting
+        the cancel here rather than when that cancellation reaches the handler saves a turn of
+        the event loop, queued behind every relay callback that is ready (a whole engine step's
+        token fan-out at high concurrency). The handler then finds the cancel submitted.
+        """
+        ex = self._relaying.pop(protocol, None)
+        if ex is not None:
+            self._cancel(ex, ex.call.reason or Reason.CLIENT_DISCONNECT)
+
     @staticmethod
     def _stop(call: Call, task: asyncio.Task[Any] | None, reason: Reason) -> None:
         """Interrupt ``call`` (its handler task) with ``reason``: shutdown uses this."""
@@ -151,6 +169,7 @@ class HttpRelay:
             cancel = self._cancel(ex, call.reason or Reason.CLIENT_DISCONNECT)
             raise
         finally:
+            self._relaying.pop(ex.request.protocol, None)
             self._close_upstream(ex, cancel)
             self._finish(call, cancel)
 
@@ -177,7 +196,13 @@ class HttpRelay:
         asyncio.get_running_loop().call_later(self._config.stream_close_grace, close)
 
     def _cancel(self, ex: _Exchange, reason: Reason) -> CancelTask | None:
-        """Record why the call ends; cancel it upstream explicitly, by id, in the background."""
+        """Record why the call ends; cancel it upstream explicitly, by id, in the background.
+
+        Once per call: a later call (the handler's, after ``connection_lost``) gets the first's.
+        """
+        if ex.cancel_submitted:
+            return ex.cancel
+        ex.cancel_submitted = True
         detected = time.monotonic()
         call = ex.call
         call.reason, call.outcome, call.stopped_at = reason, Outcome.CANCELLED, detected
@@ -188,7 +213,8 @@ class HttpRelay:
         self._state.metrics.cancelled(Protocol.HTTP, reason)
         if not ex.upstream_started or call.request_id is None:
             return None
-        return self._state.canceller.submit(call.request_id, reason, detected)
+        ex.cancel = self._state.canceller.submit(call.request_id, reason, detected)
+        return ex.cancel
 
     def _finish(self, call: Call, cancel: CancelTask | None) -> None:
         """Count the call and write its log line (once its cancel call, if any, has an answer)."""
@@ -231,6 +257,7 @@ class HttpRelay:
         # leaves it open until the explicit cancel has been answered (see _close_upstream).
         ex.upstream_started = True
         ex.upstream_task = asyncio.ensure_future(self._send(ex, headers, body))
+        self._relaying[request.protocol] = ex
         upstream = await asyncio.shield(ex.upstream_task)
         try:
             call.upstream_ttfb = time.monotonic() - sent
@@ -346,6 +373,20 @@ class HttpRelay:
         return response
 
 
+class _Server(web.Server):
+    """aiohttp's low-level server, telling the relay the moment a client connection is lost."""
+
+    def __init__(self, relay: HttpRelay, **kwargs: Any) -> None:
+        super().__init__(relay, **kwargs)
+        self._relay = relay
+
+    def connection_lost(
+        self, handler: web.RequestHandler, exc: BaseException | None = None
+    ) -> None:
+        self._relay.connection_lost(handler)
+        super().connection_lost(handler, exc)
+
+
 class HttpListener:
     """The HTTP/1.1 listening socket and its aiohttp server."""
 
@@ -360,7 +401,7 @@ class HttpListener:
     async def start(self) -> str:
         config = self._state.config
         await self._relay.open()
-        server = web.Server(
+        server = _Server(
             self._relay,
             handler_cancellation=True,
             access_log=None,
