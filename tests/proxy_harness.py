@@ -14,6 +14,7 @@ from typing import Any
 
 from proxy.config import Config
 from proxy.server import Server
+from tests.support import wait_until
 
 
 @contextlib.asynccontextmanager
@@ -54,9 +55,7 @@ async def wait_metric(
 
 async def until(predicate: Callable[[], bool], within: float = 10.0) -> None:
     """Poll ``predicate`` each loop turn until it holds, failing after ``within`` seconds."""
-    async with asyncio.timeout(within):
-        while not predicate():  # noqa: ASYNC110 - the state polled has no change notification
-            await asyncio.sleep(0.002)
+    await wait_until(predicate, within)
 
 
 async def raw_request(

@@ -9,7 +9,10 @@ from collections.abc import Awaitable, Callable
 
 from bench.processes import REPO, Process, child_env, spawn, wait_ready
 
-__all__ = ["POLL_INTERVAL", "REPO", "Process", "child_env", "spawn", "wait_ready", "wait_until"]
+__all__ = [
+    "POLL_INTERVAL", "REPO", "Process", "child_env", "poll_until", "spawn", "wait_ready",
+    "wait_until",
+]  # fmt: skip
 
 
 POLL_INTERVAL = 0.005
@@ -30,3 +33,14 @@ async def wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what or predicate}")
         await asyncio.sleep(POLL_INTERVAL)
+
+
+def poll_until(
+    predicate: Callable[[], bool], within: float, what: str, interval: float = POLL_INTERVAL
+) -> None:
+    """Blocking twin of :func:`wait_until` for synchronous tests and clients."""
+    deadline = time.monotonic() + within
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {within}s waiting for {what}")
+        time.sleep(interval)

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import sys
 import textwrap
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +29,7 @@ from proxy.grpc_peer import can_tell_disconnects
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
 from proxy.vocabulary import Reason
-from tests.support import child_env
+from tests.support import child_env, wait_until
 
 needs_sock_diag = pytest.mark.skipif(
     not can_tell_disconnects(), reason="needs Linux sock_diag to tell a disconnect from a cancel"
@@ -308,10 +307,7 @@ async def test_max_request_duration_ends_the_call_as_a_proxy_timeout() -> None:
 
 async def _until(predicate: Any) -> None:
     """Poll ``predicate`` on every loop turn until true (bounded by WAIT)."""
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
+    await wait_until(predicate, WAIT)
 
 
 async def test_a_request_message_over_the_body_limit_is_refused() -> None:

@@ -13,7 +13,6 @@ import queue
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from proxy.grpc_peer import can_tell_disconnects
-from tests.support import Process, child_env, spawn
+from tests.support import Process, child_env, poll_until, spawn, wait_until
 
 needs_sock_diag = pytest.mark.skipif(
     not can_tell_disconnects(), reason="needs Linux sock_diag to tell a disconnect from a cancel"
@@ -84,10 +83,7 @@ def _metric(base_url: str, name: str, labels: dict[str, str]) -> float:
 
 def until(predicate: Callable[[], bool], what: str) -> None:
     """Poll ``predicate`` until true (failing after WAIT seconds, naming ``what``)."""
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+    poll_until(predicate, WAIT, what)
 
 
 @pytest.fixture(scope="module")
@@ -244,10 +240,7 @@ async def test_a_stream_past_its_deadline_aborts_its_requests_as_deadline_exceed
 
 
 async def wait_async(predicate: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        await asyncio.sleep(0.01)
+    await wait_until(predicate, WAIT)
 
 
 def test_unary_infer_past_its_deadline_is_aborted_as_deadline_exceeded(stack: Stack) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import queue
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 import tritonclient.grpc as triton
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import Process, spawn
+from tests.support import Process, poll_until, spawn
 
 # The vLLM session fixtures come with the vLLM engine's tests (tests/vllm_fixtures.py).
 vllm_fixtures = pytest.importorskip("tests.vllm_fixtures", reason="needs the vLLM test fixtures")
@@ -45,10 +44,7 @@ def metric(proc: Process, name: str, **labels: str) -> float:
 
 
 def until(predicate: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+    poll_until(predicate, WAIT, what)
 
 
 def engines_idle(gateway: Process) -> bool:

@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.chart_support import CHART
 from tests.observability_files import RULES, PanelQuery, metric_names, panel_queries, rules
 from tests.prometheus_support import Prometheus, Target, prometheus_binary, running_prometheus
-from tests.support import Process, child_env, spawn
+from tests.support import Process, child_env, poll_until, spawn
 
 pytestmark = pytest.mark.slow
 
@@ -37,6 +37,9 @@ LABELS = {"pod": "hangup-e2e-0", "namespace": "e2e"}
 # Per wave. Prometheus must scrape between waves: a labelled series created by the first wave
 # needs later samples that differ before rate() sees it move.
 HANGUPS, COMPLETIONS, EARLY_HANGUPS, WAVES = 6, 4, 2, 3
+
+PROMETHEUS_POLL = 0.2
+"""Seconds between looks at Prometheus (it evaluates on its own scrape interval)."""
 
 
 @dataclass
@@ -86,11 +89,7 @@ async def workload(url: str) -> None:
 
 
 def wait_until(condition: object, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout}s")
-        time.sleep(0.2)  # polling Prometheus with a deadline
+    poll_until(condition, timeout, what, interval=PROMETHEUS_POLL)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +147,7 @@ def check_all_return_data(prometheus: Prometheus, exprs: dict[str, str]) -> None
     while empty and time.monotonic() < deadline:
         empty = {name: e for name, e in empty.items() if not prometheus.finite(e)}
         if empty:
-            time.sleep(0.5)  # polling Prometheus with a deadline
+            time.sleep(PROMETHEUS_POLL)
     assert not empty, f"no data for: {sorted(empty)}"
 
 
