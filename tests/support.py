@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.processes import REPO, Process, child_env, spawn, wait_ready
 
 __all__ = [
-    "POLL_INTERVAL", "REPO", "Process", "child_env", "poll_until", "spawn", "wait_ready",
-    "wait_until",
+    "POLL_INTERVAL", "REPO", "Process", "child_env", "metric_sum", "poll_until", "spawn",
+    "wait_ready", "wait_until",
 ]  # fmt: skip
 
 
@@ -44,3 +47,16 @@ def poll_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {within}s waiting for {what}")
         time.sleep(interval)
+
+
+def metric_sum(base_url: str, name: str, labels: dict[str, str]) -> float:
+    """Scrape ``base_url/metrics``: the sum of ``name`` over samples that carry ``labels``."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    wanted = set(labels.items())
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and wanted <= set(sample.labels.items())
+    )

@@ -23,11 +23,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from proxy.grpc_peer import can_tell_disconnects
-from tests.support import Process, child_env, poll_until, spawn, wait_until
+from tests.support import Process, child_env, metric_sum, poll_until, spawn, wait_until
 
 needs_sock_diag = pytest.mark.skipif(
     not can_tell_disconnects(), reason="needs Linux sock_diag to tell a disconnect from a cancel"
@@ -48,10 +47,10 @@ class Stack:
         return self.proxy.listeners["grpc"]
 
     def gateway_metric(self, name: str, **labels: str) -> float:
-        return _metric(self.gateway.url("http"), name, labels)
+        return metric_sum(self.gateway.url("http"), name, labels)
 
     def proxy_metric(self, name: str, **labels: str) -> float:
-        return _metric(self.proxy.url("admin"), name, labels)
+        return metric_sum(self.proxy.url("admin"), name, labels)
 
     def cancellations(self, reason: str) -> float:
         return self.gateway_metric("hangup_gateway_cancellations_total", reason=reason)
@@ -67,18 +66,6 @@ class Stack:
 
     def in_flight(self) -> int:
         return len(self.gateway_request("GET", "/v2/requests")["requests"])
-
-
-def _metric(base_url: str, name: str, labels: dict[str, str]) -> float:
-    with urllib.request.urlopen(base_url + "/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    wanted = set(labels.items())
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and wanted <= set(sample.labels.items())
-    )
 
 
 def until(predicate: Callable[[], bool], what: str) -> None:

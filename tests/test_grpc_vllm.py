@@ -16,9 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support import Process, poll_until, spawn
+from tests.support import Process, metric_sum, poll_until, spawn
 
 # The vLLM session fixtures come with the vLLM engine's tests (tests/vllm_fixtures.py).
 vllm_fixtures = pytest.importorskip("tests.vllm_fixtures", reason="needs the vLLM test fixtures")
@@ -32,15 +31,7 @@ WAIT = 60.0
 
 def metric(proc: Process, name: str, **labels: str) -> float:
     """The sum of ``name`` over the samples whose labels include ``labels``."""
-    with urllib.request.urlopen(proc.url() + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    wanted = set(labels.items())
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name and wanted <= set(sample.labels.items())
-    )
+    return metric_sum(proc.url(), name, labels)
 
 
 def until(predicate: Callable[[], bool], what: str) -> None:

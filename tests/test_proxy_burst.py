@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from tests.proxy_stack import MODEL, Stack, in_flight, running_stack, scrape, total
-from tests.support import wait_until
+from tests.support import POLL_INTERVAL, wait_until
 
 CALLS = 200
 SEED = 20261122
@@ -77,7 +77,7 @@ class GatewayWatch:
             async with self.changed:
                 self.tokens = {rid: int(c["generated_tokens"]) for rid, c in calls.items()}
                 self.changed.notify_all()
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(POLL_INTERVAL)  # the call list has no change notification
 
     async def wait_tokens(self, rid: str, at_least: int) -> None:
         async with self.changed:

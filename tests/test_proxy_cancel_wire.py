@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from proxy.cancel import Canceller, HangupCancelAdapter
 from proxy.metrics import ProxyMetrics
 from proxy.vocabulary import CancelResult, Reason
+from tests.support import wait_until
 
 CANCELLED = b'{"request_id": "x", "state": "cancelled", "phase": "decode"}'
 
@@ -147,10 +148,8 @@ async def test_a_connection_is_kept_ready_after_the_server_closes_idle_ones(
     assert isinstance(adapter, HangupCancelAdapter)
     try:
         assert await _cancel(canceller, "id-1") is CancelResult.OK
-        deadline = time.monotonic() + 5.0
-        while endpoint.connections < 2:  # the spare, opened once the first one is seen closed
-            assert time.monotonic() < deadline, "no connection was opened in advance"
-            await asyncio.sleep(0.02)
+        # The spare, opened once the first one is seen closed.
+        await wait_until(lambda: endpoint.connections >= 2, 5.0, "a connection opened in advance")
         ready = adapter.send_now("id-2", Reason.CLIENT_DISCONNECT)
         assert ready is not None  # written at once, on the connection opened in advance
         assert await ready is CancelResult.OK

@@ -21,7 +21,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from tests.support import Process
+from tests.support import POLL_INTERVAL, Process
 from tests.vllm_fixtures import OpenAIFor, calls_in_flight, requires_vllm, scrape
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
@@ -43,7 +43,7 @@ def wait_for(
         result = predicate()
         if result:
             return result
-        time.sleep(0.005)
+        time.sleep(POLL_INTERVAL)
     detail = f"\n{explain()}" if explain else ""
     raise AssertionError(f"timed out after {timeout}s waiting for {what}{detail}")
 
