@@ -27,6 +27,11 @@ no partial-prefill outputs), so the engine tells phases apart like this:
   a token yet (``queued``); the others are in ``prefill``. An inference, exact unless vLLM
   preempts; it may call a request ``queued`` for a step or two after its prefill began.
 
+The token path waits for nothing but the engine's outputs. The core answers a utility call only
+between steps, so the confirmation above runs beside the stream, never before its first read:
+awaited first, it held back every token produced until its answer came (a step or more; with
+DELTA outputs they then left merged into one chunk).
+
 Load. ``load()`` reports the latest scheduler statistics: running requests, waiting requests and
 KV-cache usage. Running is capped by the requests this engine has in flight and the rest of them
 count as waiting, so a request still being tokenized counts too.
@@ -103,6 +108,8 @@ class _Live:
     """``steps`` when the engine core confirmed it holds the request; statistics received
     after that count it."""
     abort_task: asyncio.Task[None] | None = None
+    confirm_task: asyncio.Task[None] | None = None
+    """The utility call that confirms the core holds the request (phase bookkeeping only)."""
 
 
 class VllmEngine:
@@ -232,11 +239,7 @@ class VllmEngine:
                 collector = await llm.add_request(rid, request.prompt, _sampling(request.params))
             finally:
                 state.registered.set()
-            # The core handles its input in order: once this answer is back it holds the request,
-            # and statistics that arrive later count it (see phase()). The answer comes between
-            # steps, before the first token could, so it does not delay the stream.
-            await llm.is_sleeping()
-            state.seen_after = self._stats.steps
+            state.confirm_task = asyncio.ensure_future(self._confirm_held(state))
             while not finished:
                 out = collector.get_nowait() or await collector.get()
                 chunk = self._chunk(state, out)
@@ -245,6 +248,9 @@ class VllmEngine:
         except Exception as exc:
             raise self._translate(exc) from exc
         finally:
+            if state.confirm_task is not None and not state.confirm_task.done():
+                state.confirm_task.cancel()
+                await asyncio.wait([state.confirm_task])
             if collector is not None:
                 collector.close()
             if finished:
@@ -268,6 +274,16 @@ class VllmEngine:
                 raise EngineError(f"vLLM ended the request with {reason!r}")
             finish = _FINISH[reason]
         return TokenChunk(completion.text, new_tokens, state.prompt_tokens, finish)
+
+    async def _confirm_held(self, state: _Live) -> None:
+        """Note when the engine core holds the request: it handles its input in order, so once a
+        utility call sent after the request is answered, statistics received later count the
+        request (see :meth:`phase`). Runs beside the stream; a failure only leaves the phase at
+        ``queued`` until the first token (the stream reports engine failures itself)."""
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(ABORT_CONFIRM_TIMEOUT_S):
+                await self._llm.is_sleeping()
+                state.seen_after = self._stats.steps
 
     def _translate(self, exc: Exception) -> EngineError:
         if isinstance(exc, EngineError):
