@@ -70,7 +70,7 @@ async def run(argv: list[str], log_path: Path) -> None:
     configure_logging("WARNING")
     engines = [ProbeSimEngine(config.sim) for _ in range(config.workers)]
     server = GatewayServer(config, engines=list(engines))
-    await server.start()
+    await server.start(freeze_heap=True)
     try:
         await server.serve_until_stopped()
     finally:

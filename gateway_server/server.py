@@ -2,7 +2,10 @@
 
 Start: start the engine workers (a worker that fails makes start raise, naming it), build the
 registry, service and metrics, listen on HTTP (and gRPC when that layer is present), then write
-the ready file.
+the ready file. The process (:func:`serve`) freezes its start-up heap before it says it is ready,
+as vLLM's own server does: with vLLM, torch and transformers imported it holds over half a million
+objects, and a full collection over them stopped every stream for about 0.36 s on a 2-core
+machine.
 
 Shutdown (first SIGTERM/SIGINT), in this order:
   1. draining: ``/v2/health/ready`` answers 503, new generation requests get 503;
@@ -17,9 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import signal
+import time
 from importlib import import_module
 from pathlib import Path
 from typing import Any
@@ -68,8 +73,12 @@ class GatewayServer:
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
 
-    async def start(self) -> dict[str, str | None]:
-        """Start engines and listeners; returns ``{"http": "host:port", "grpc": ...}``."""
+    async def start(self, *, freeze_heap: bool = False) -> dict[str, str | None]:
+        """Start engines and listeners; returns ``{"http": "host:port", "grpc": ...}``.
+
+        ``freeze_heap``: this server owns its process; freeze the start-up heap (see
+        :func:`freeze_startup_heap`) before writing the ready file.
+        """
         cfg = self.config
         await self.pool.start()
         model = ModelInfo(cfg.model_name, self.pool.workers[0].engine.max_model_len)
@@ -88,6 +97,8 @@ class GatewayServer:
         await site.start()
         host, port = self._runner.addresses[0][:2]
         self.listeners = {"http": f"{host}:{port}", "grpc": await self._start_grpc(service)}
+        if freeze_heap:
+            freeze_startup_heap()
         if cfg.ready_file is not None:
             write_ready_file(cfg.ready_file, self.listeners)
         log.info(json.dumps({"event": "serving", **self.listeners, "model": model.name,
@@ -149,10 +160,26 @@ def write_ready_file(path: Path, listeners: dict[str, str | None]) -> None:
     tmp.replace(path)
 
 
+def freeze_startup_heap() -> None:
+    """Collect once, then move every object alive now into the permanent generation.
+
+    Full (oldest-generation) collections walk every tracked object while the event loop waits;
+    after this they walk only what serving allocates. The modules, engines and tokenizers loaded
+    at start-up live as long as the process, so nothing the collector could free is hidden.
+    """
+    started = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    log.info(json.dumps({
+        "event": "startup_heap_frozen", "objects": gc.get_freeze_count(),
+        "ms": round((time.perf_counter() - started) * 1e3, 1),
+    }))  # fmt: skip
+
+
 async def serve(config: GatewayConfig) -> None:
     server = GatewayServer(config)
     try:
-        await server.start()
+        await server.start(freeze_heap=True)
     except BaseException:
         with contextlib.suppress(Exception):
             await server.pool.shutdown()
