@@ -1,8 +1,8 @@
 """gRPC with the real vLLM engine (tiny local model): Triton's client, through the proxy.
 
-The shared two-worker vLLM gateway (``tests/vllm_fixtures.py``) with a proxy of this module's
-own in front. The engines must end every test idle: no request running or waiting, the KV cache
-empty, which is what an abort that reached vLLM looks like from outside.
+The shared two-worker vLLM gateway and the shared proxy in front of it
+(``tests/vllm_fixtures.py``). The engines must end every test idle: no request running or
+waiting, the KV cache empty, which is what an abort that reached vLLM looks like from outside.
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import queue
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
-from tests.support import Process, metric_sum, poll_until, spawn
+from tests.support import Process, metric_sum, poll_until
 
 # The vLLM session fixtures come with the vLLM engine's tests (tests/vllm_fixtures.py).
 vllm_fixtures = pytest.importorskip("tests.vllm_fixtures", reason="needs the vLLM test fixtures")
@@ -44,13 +44,10 @@ def engines_idle(gateway: Process) -> bool:
     return not busy and not metric(gateway, "hangup_gateway_engine_kv_cache_usage_ratio")
 
 
-@pytest.fixture(scope="module")
-def proxy(vllm_gateway2: Process, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
-            "--upstream-http", vllm_gateway2.url(),
-            "--upstream-grpc", vllm_gateway2.listeners["grpc"]]  # fmt: skip
-    with spawn("proxy", args, tmp_path_factory.mktemp("grpc-vllm-proxy")) as proc:
-        yield proc
+@pytest.fixture
+def proxy(vllm_proxy: Process) -> Process:
+    """The shared proxy in front of the shared vLLM gateway (HTTP and gRPC)."""
+    return vllm_proxy
 
 
 @pytest.fixture

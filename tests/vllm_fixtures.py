@@ -78,10 +78,13 @@ def vllm_gateway2(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def vllm_proxy(
     vllm_gateway2: Process, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Process]:
-    """``hangup-proxy`` in front of the shared vLLM gateway; it passes the client's request id
-    through, so a test can find its call in the gateway's ``/v2/requests``."""
+    """``hangup-proxy`` in front of the shared vLLM gateway (HTTP and gRPC); it passes the
+    client's request id through, so a test can find its call in the gateway's ``/v2/requests``
+    and its ``request_end`` log lines."""
     args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
-            "--upstream-http", vllm_gateway2.url(), "--trust-client-request-id"]  # fmt: skip
+            "--upstream-http", vllm_gateway2.url(),
+            "--upstream-grpc", vllm_gateway2.listeners["grpc"],
+            "--trust-client-request-id"]  # fmt: skip
     with spawn("proxy", args, tmp_path_factory.mktemp("vllm-proxy")) as proc:
         yield proc
         proc.terminate()
