@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -34,6 +35,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as exc:
         sys.exit(f"hangup-proxy: {exc}")
     logs.setup(config.log_level)
+    # What is loaded by now lives as long as the process (~44k objects, nearly all modules): out
+    # of the collector's sight, a full collection no longer stops every relayed stream to walk
+    # it (10-20 ms on two cores).
+    gc.collect()
+    gc.freeze()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
