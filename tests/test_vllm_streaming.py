@@ -12,7 +12,10 @@ prefilled in the first step after it arrives and that step emits its first token
 event must come within ``FIRST_EVENT_STEPS`` steps (the arrival between steps and the other
 worker sharing the cores), plus ``SLACK_S`` for tokenization, HTTP and two shared cores. No gap
 between events may exceed the same bound, and at least ``MIN_EVENT_SHARE`` of a stream's tokens
-must arrive as events of their own: a stream held back arrives as one event ~150 steps late.
+must arrive as events of their own: a stream held back arrives as one event ~150 steps late, so
+this last check catches a hold of any length, and the slack can allow for a noisy machine.
+Measured here: steps of 5 ms (one stream) and 15 ms (sixteen); first events at most 114 ms and
+gaps at most 38 ms against bounds of 0.6 and 0.8 s; at least 149 of 150 tokens as own events.
 
 The soak: a few hundred calls through the proxy, half of them hanging up at random points
 (queued behind full batches, in prefill of a long prompt, mid-stream, non-streaming). Each
@@ -56,7 +59,7 @@ CONCURRENT = 16
 SEQUENTIAL_STREAMS = 15
 CONCURRENT_WAVES = 3
 FIRST_EVENT_STEPS = 20
-SLACK_S = 0.25
+SLACK_S = 0.5
 MIN_EVENT_SHARE = 0.8
 TOKENS_AFTER_HANG_UP = 5
 
