@@ -9,6 +9,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/hangup
 COPY pyproject.toml README.md* ./
+COPY hangup_contract ./hangup_contract
 COPY gateway_server ./gateway_server
 COPY proxy ./proxy
 RUN /opt/hangup/bin/pip install --no-cache-dir . \

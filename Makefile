@@ -44,8 +44,8 @@ install: $(VENV)/.installed-base
 install-engine: $(VENV)/.installed-engine
 
 lint: $(VENV)/.installed-base
-	$(BIN)/ruff check gateway_server proxy tests bench
-	$(BIN)/ruff format --check gateway_server proxy tests bench
+	$(BIN)/ruff check hangup_contract gateway_server proxy tests bench
+	$(BIN)/ruff format --check hangup_contract gateway_server proxy tests bench
 	$(BIN)/mypy
 
 test: $(VENV)/.installed-engine lint

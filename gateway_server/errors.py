@@ -20,7 +20,7 @@ same classes to gRPC codes. Handlers raise these; one middleware per protocol re
 
 from __future__ import annotations
 
-from gateway_server.vocabulary import Reason
+from hangup_contract.vocabulary import Reason
 
 
 class GatewayError(Exception):

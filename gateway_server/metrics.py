@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway_server.vocabulary import Outcome, Phase, Protocol, Reason
+from gateway_server.vocabulary import Outcome, Protocol
+from hangup_contract.vocabulary import Phase, Reason
 
 # From 0.1 ms (what a cancel costs beyond a step boundary) to tens of seconds (a long prefill).
 LATENCY_BUCKETS = (

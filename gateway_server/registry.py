@@ -22,7 +22,9 @@ from gateway_server.engine.base import Engine
 from gateway_server.engine.pool import Worker
 from gateway_server.errors import CancelledBeforeArrival, DuplicateRequestId, RequestNotFound
 from gateway_server.metrics import GatewayMetrics
-from gateway_server.vocabulary import Phase, Protocol, Reason
+from gateway_server.vocabulary import Protocol
+from hangup_contract.cancel import CancelAnswer
+from hangup_contract.vocabulary import CancelState, Phase, Reason
 
 
 @dataclass(eq=False)
@@ -70,21 +72,6 @@ class Call:
         """The furthest phase among live engine requests (queued when none is live)."""
         phases = [r.phase() for r in self.requests.values()]
         return max(phases, key=lambda p: p.rank, default=Phase.QUEUED)
-
-
-@dataclass(frozen=True, slots=True)
-class CancelResult:
-    request_id: str
-    state: str  # "cancelled" | "finished"
-    phase: Phase | None
-    generated_tokens: int
-
-    def to_json(self) -> dict[str, object]:
-        body: dict[str, object] = {"request_id": self.request_id, "state": self.state}
-        if self.phase is not None:
-            body["phase"] = self.phase.value
-        body["generated_tokens"] = self.generated_tokens
-        return body
 
 
 class CallRegistry:
@@ -154,7 +141,7 @@ class CallRegistry:
 
     # -- cancel ----------------------------------------------------------------------------
 
-    async def cancel(self, request_id: str, reason: Reason) -> CancelResult:
+    async def cancel(self, request_id: str, reason: Reason) -> CancelAnswer:
         """Cancel a call (all its engine requests) or one aliased engine request. Idempotent.
 
         Returns once every engine confirmed its abort. Raises RequestNotFound for an id never
@@ -168,17 +155,17 @@ class CallRegistry:
             phase = call.phase()
             tokens = call.generated_tokens
             await self.abort_requests(call, list(call.requests.values()), reason)
-            return CancelResult(request_id, "cancelled", phase, tokens)
+            return CancelAnswer(request_id, CancelState.CANCELLED, phase, tokens)
         alias = self._aliases.get(request_id)
         if alias is not None:
             owner, request = alias
             phase = request.phase()
             await self.abort_requests(owner, [request], reason)
-            return CancelResult(request_id, "cancelled", phase, request.generated_tokens)
+            return CancelAnswer(request_id, CancelState.CANCELLED, phase, request.generated_tokens)
         self._expire()
         ended = self._ended.get(request_id)
         if ended is not None:
-            return CancelResult(request_id, "finished", None, ended[1])
+            return CancelAnswer(request_id, CancelState.FINISHED, None, ended[1])
         self._tombstones[request_id] = (self._clock() + self._tombstone_ttl, reason)
         self._trim(self._tombstones)
         raise RequestNotFound(f"no request with id {request_id!r} is in flight or ended recently")

@@ -40,7 +40,7 @@ from gateway_server.http.app import build_app
 from gateway_server.metrics import EngineLoadCollector, GatewayMetrics, InflightCollector
 from gateway_server.registry import CallRegistry
 from gateway_server.service import GenerationService, ModelInfo
-from gateway_server.vocabulary import Reason
+from hangup_contract.vocabulary import Reason
 
 log = logging.getLogger("hangup.gateway")
 

@@ -43,7 +43,8 @@ from gateway_server.errors import (
 )
 from gateway_server.metrics import GatewayMetrics, WorkerLoad
 from gateway_server.registry import Call, CallRegistry, EngineCall
-from gateway_server.vocabulary import Outcome, Phase, Protocol, Reason
+from gateway_server.vocabulary import Outcome, Protocol
+from hangup_contract.vocabulary import Phase, Reason
 
 log = logging.getLogger("hangup.gateway")
 

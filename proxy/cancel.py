@@ -2,8 +2,9 @@
 
 A ``CancelAdapter`` makes *one attempt* to cancel an upstream call by id and says what came of
 it, or raises ``CancelAttemptFailed`` when another attempt may do better (the endpoint is down,
-slow or overloaded). ``hangup`` speaks DESIGN.md's contract; ``none`` makes no call at all (the
-relay still closes the upstream stream). Other upstreams' cancel APIs plug in as new adapters.
+slow or overloaded). ``hangup`` speaks the cancel contract (``hangup_contract.cancel``); ``none``
+makes no call at all (the relay still closes the upstream stream). Other upstreams' cancel APIs
+plug in as new adapters.
 
 The ``Canceller`` owns every cancel in flight. ``submit`` starts one as its own task, so the
 handler that detected the hang-up can be cancelled or return without taking the cancel with it
@@ -22,17 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
 from collections import deque
 from typing import Protocol, runtime_checkable
-from urllib.parse import quote
 
+from hangup_contract import cancel as contract
+from hangup_contract.vocabulary import CancelState, Reason
 from proxy.cancel_wire import BadResponse, Connection, Endpoint, StaleConnection, read_response
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CancelResult, Reason
+from proxy.vocabulary import CancelResult
 
 log = logging.getLogger("hangup.proxy.cancel")
 
@@ -87,7 +88,7 @@ class NoCancelAdapter:
 
 
 class HangupCancelAdapter:
-    """DESIGN.md's cancel API: ``POST {base}/v2/requests/{id}/cancel`` with ``{"reason"}``.
+    """The cancel contract's HTTP call: ``POST {base}/v2/requests/{id}/cancel`` with ``{"reason"}``.
 
     200 ``cancelled`` → ok, 200 ``finished`` → finished, 404 → not_found, other 4xx → error
     (retrying cannot fix a bad token); 5xx, 429, refused or timed-out connections are retried.
@@ -141,8 +142,8 @@ class HangupCancelAdapter:
         return await self._answer(conn, request, reused=reused)
 
     def _request(self, request_id: str, reason: Reason) -> bytes:
-        body = json.dumps({"reason": reason.value}).encode()
-        path = f"{self._endpoint.prefix}/v2/requests/{quote(request_id, safe='')}/cancel"
+        body = contract.encode_request(reason)
+        path = self._endpoint.prefix + contract.cancel_path(request_id)
         head = f"POST {path} HTTP/1.1\r\n{self._head}Content-Length: {len(body)}\r\n\r\n"
         return head.encode("latin-1") + body
 
@@ -226,15 +227,11 @@ class HangupCancelAdapter:
             log.warning("cancel refused with %d: %s", status, text[:200])
             return CancelResult.ERROR
         try:
-            state = json.loads(text).get("state")
-        except (ValueError, AttributeError):
-            state = None
-        if state == "finished":
-            return CancelResult.FINISHED
-        if state == "cancelled":
-            return CancelResult.OK
-        log.warning("cancel answered 200 without a known state: %s", text[:200])
-        return CancelResult.ERROR
+            answer = contract.CancelAnswer.from_json(text)
+        except ValueError as exc:
+            log.warning("cancel answered 200 but %s: %s", exc, text[:200])
+            return CancelResult.ERROR
+        return CancelResult.FINISHED if answer.state is CancelState.FINISHED else CancelResult.OK
 
     async def close(self) -> None:
         self._closed = True

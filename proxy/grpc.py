@@ -42,19 +42,21 @@ from typing import Any
 
 import grpc
 
+from hangup_contract import request_id as request_ids
+from hangup_contract.vocabulary import Reason
 from proxy.cancel import Canceller
 from proxy.config import Config
 from proxy.errors import BadRequestId, Overloaded
 from proxy.grpc_peer import Liveness, connection_liveness
-from proxy.headers import CLIENT_REQUEST_ID, REQUEST_ID, RequestIds, choose_request_ids
+from proxy.headers import CLIENT_REQUEST_ID, RequestIds, choose_request_ids
 from proxy.logs import log_call
 from proxy.state import Call, ServerState
-from proxy.vocabulary import Outcome, Protocol, Reason, Stage
+from proxy.vocabulary import Outcome, Protocol, Stage
 
 log = logging.getLogger("hangup.proxy.grpc")
 
 Metadata = tuple[tuple[str, str | bytes], ...]
-_REQUEST_ID = REQUEST_ID.lower()
+_REQUEST_ID = request_ids.METADATA_KEY
 _CLIENT_REQUEST_ID = CLIENT_REQUEST_ID.lower()
 # Set by gRPC itself on each hop, or describing one HTTP/2 connection: never relayed.
 _CONNECTION_SCOPED = frozenset(

@@ -21,10 +21,11 @@ import logging
 
 import grpc
 
-from gateway_server.grpc.protos import cancellation_pb2
+from hangup_contract.protos import cancellation_pb2
+from hangup_contract.vocabulary import CancelState, Reason
 from proxy.cancel import CancelAdapter, CancelAttemptFailed, NoCancelAdapter
 from proxy.config import AdapterName, Config
-from proxy.vocabulary import CancelResult, Reason
+from proxy.vocabulary import CancelResult
 
 log = logging.getLogger("hangup.proxy.cancel")
 
@@ -72,9 +73,9 @@ class GrpcCancelAdapter:
         except grpc.aio.UsageError as exc:  # the adapter was closed: the proxy is exiting
             log.warning("cancel %s not sent: %s", request_id, exc)
             return CancelResult.ERROR
-        if response.state == "cancelled":
+        if response.state == CancelState.CANCELLED:
             return CancelResult.OK
-        if response.state == "finished":
+        if response.state == CancelState.FINISHED:
             return CancelResult.FINISHED
         log.warning("cancel answered without a known state: %r", response.state)
         return CancelResult.ERROR

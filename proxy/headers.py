@@ -9,11 +9,10 @@ by the proxy and dropped too. Field order and repeated fields are kept.
 
 from __future__ import annotations
 
-import re
-import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from hangup_contract import request_id as request_ids
 from proxy.errors import BadRequestId
 
 Headers = list[tuple[str, str]]
@@ -31,15 +30,9 @@ HOP_BY_HOP = frozenset(
         "proxy-authorization",
     }
 )
-REQUEST_ID = "X-Request-Id"
+REQUEST_ID = request_ids.HEADER
 CLIENT_REQUEST_ID = "X-Client-Request-Id"
-_ID_PATTERN = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _DROP_UPSTREAM = frozenset({"expect", REQUEST_ID.lower(), CLIENT_REQUEST_ID.lower()})
-
-
-def new_request_id() -> str:
-    """A fresh 128-bit random id, as 32 hex digits."""
-    return secrets.token_hex(16)
 
 
 def connection_scoped(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
@@ -74,14 +67,14 @@ class RequestIds:
 def choose_request_ids(headers: Iterable[tuple[str, str]], *, trust_client: bool) -> RequestIds:
     """The upstream call's id: fresh, or the client's own when trusted.
 
-    Raises ``BadRequestId`` when the client's id is trusted but not 1-128 characters of
-    ``[A-Za-z0-9._:-]`` (an id that names someone else's call must never be guessable from junk).
+    Raises ``BadRequestId`` when the client's id is trusted but breaks the contract's rule
+    (``hangup_contract.request_id``).
     """
     client = _first(headers, REQUEST_ID)
     if not trust_client or client is None:
-        return RequestIds(new_request_id(), client)
-    if not _ID_PATTERN.fullmatch(client):
-        raise BadRequestId("X-Request-Id must be 1-128 characters of A-Z a-z 0-9 . _ : -")
+        return RequestIds(request_ids.new_request_id(), client)
+    if not request_ids.is_valid(client):
+        raise BadRequestId(f"{REQUEST_ID} must be {request_ids.RULE}")
     return RequestIds(client, client)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from hangup_contract.vocabulary import Reason
 from proxy.errors import (
     BodyTooLarge,
     ExpectationFailed,
@@ -50,7 +51,7 @@ from proxy.headers import (
 )
 from proxy.logs import log_call, server_logger
 from proxy.state import Call, ServerState
-from proxy.vocabulary import CancelResult, Outcome, Protocol, Reason, Stage
+from proxy.vocabulary import CancelResult, Outcome, Protocol, Stage
 
 log = logging.getLogger("hangup.proxy.http")
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from proxy.vocabulary import CancelResult, Outcome, Protocol, Reason, Stage
+from hangup_contract.vocabulary import Reason
+from proxy.vocabulary import CancelResult, Outcome, Protocol, Stage
 
 # From 100 µs (a cancel on loopback) up to tens of seconds (a slow first byte from a long queue).
 LATENCY_BUCKETS = (

@@ -25,6 +25,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
+from hangup_contract.vocabulary import Reason
 from proxy.admin import AdminListener
 from proxy.cancel import Canceller, open_adapter
 from proxy.config import Config
@@ -32,7 +33,6 @@ from proxy.grpc_listener import GrpcListener
 from proxy.http import HttpListener
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
-from proxy.vocabulary import Reason
 
 log = logging.getLogger("hangup.proxy.server")
 

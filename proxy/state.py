@@ -13,11 +13,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from hangup_contract.vocabulary import Reason
 from proxy.cancel import Canceller
 from proxy.config import Config
 from proxy.errors import Overloaded
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CancelResult, Outcome, Protocol, Reason, Stage
+from proxy.vocabulary import CancelResult, Outcome, Protocol, Stage
 
 
 @dataclass(eq=False)

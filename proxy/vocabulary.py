@@ -1,23 +1,13 @@
 """Why a proxied call ended, what the client had seen, and what the cancel call achieved.
 
-The proxy's one vocabulary: every metric label, log field and status mapping about a call's end
-comes from these enums. ``Reason`` values are the cancel contract's wire values (DESIGN.md): the
-proxy sends them to the gateway, which counts them in ``hangup_gateway_cancellations_total``.
+The proxy's own words: every metric label, log field and status mapping about a call's end comes
+from these enums and from the contract's ``Reason`` (``hangup_contract.vocabulary``), which the
+proxy sends with each cancel call and the gateway counts.
 """
 
 from __future__ import annotations
 
 import enum
-
-
-class Reason(enum.StrEnum):
-    """Why the proxy cancelled an upstream call (sent as the cancel call's ``reason``)."""
-
-    CLIENT_DISCONNECT = "client_disconnect"
-    GRPC_CANCELLED = "grpc_cancelled"
-    DEADLINE_EXCEEDED = "deadline_exceeded"
-    PROXY_TIMEOUT = "proxy_timeout"
-    SHUTDOWN = "shutdown"
 
 
 class Stage(enum.StrEnum):

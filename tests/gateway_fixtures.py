@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from gateway_server.config import GatewayConfig
 from gateway_server.engine.sim import SimConfig
 from gateway_server.server import GatewayServer
+from hangup_contract.cancel import cancel_path
 
 MODEL = "hangup-sim"
 
@@ -47,7 +48,7 @@ class Gateway:
     ) -> tuple[int, dict[str, Any]]:
         body = {"reason": reason} if reason else None
         async with self.session.post(
-            f"{self.url}/v2/requests/{request_id}/cancel", json=body, headers=self.auth()
+            self.url + cancel_path(request_id), json=body, headers=self.auth()
         ) as resp:
             return resp.status, await resp.json()
 

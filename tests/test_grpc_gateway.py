@@ -21,9 +21,9 @@ from prometheus_client import CollectorRegistry
 from tritonclient.utils import InferenceServerException
 
 from gateway_server.config import GatewayConfig
-from gateway_server.grpc.protos import cancellation_pb2
 from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.server import GatewayServer
+from hangup_contract.protos import cancellation_pb2
 from tests.gateway_fixtures import MODEL, Gateway, running_gateway
 from tests.support import wait_until
 

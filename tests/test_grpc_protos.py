@@ -15,7 +15,7 @@ from google.protobuf import descriptor_pb2
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from grpc_tools import protoc
 
-from gateway_server.grpc.protos import regenerate
+from hangup_contract.protos import regenerate
 
 # Lines that name the protoc / protobuf versions: they differ between machines, not schemas.
 _VERSION_LINE = re.compile(r"^# Protobuf Python Version: .*$", re.MULTILINE)
@@ -30,13 +30,13 @@ def _normalized(text: str) -> str:
 
 def test_checked_in_modules_match_a_fresh_generation(tmp_path: Path) -> None:
     regenerate.generate(tmp_path)
-    fresh_dir = tmp_path / regenerate.PROTO_DIR.relative_to(regenerate.ROOT)
-    for name in regenerate.generated_names():
-        fresh = (fresh_dir / name).read_text()
-        checked_in = (regenerate.PROTO_DIR / name).read_text()
-        assert _normalized(checked_in) == _normalized(fresh), (
-            f"{name} is stale: run `python -m gateway_server.grpc.protos.regenerate`"
-        )
+    for proto in regenerate.PROTOS:
+        for name in proto.generated():
+            fresh = (tmp_path / name).read_text()
+            checked_in = (regenerate.ROOT / name).read_text()
+            assert _normalized(checked_in) == _normalized(fresh), (
+                f"{name} is stale: run `python -m hangup_contract.protos.regenerate`"
+            )
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def hangup_inference(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> descriptor_pb2.FileDescriptorProto:
     out = tmp_path_factory.mktemp("descriptors") / "inference.pb"
-    source = str((regenerate.PROTO_DIR / "inference.proto").relative_to(regenerate.ROOT))
+    source = "gateway_server/grpc/protos/inference.proto"
     code = protoc.main(["protoc", f"-I{regenerate.ROOT}", f"--descriptor_set_out={out}", source])
     assert code == 0
     files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())

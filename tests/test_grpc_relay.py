@@ -20,7 +20,8 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway_server.grpc.protos import cancellation_pb2
+from hangup_contract.protos import cancellation_pb2
+from hangup_contract.vocabulary import Reason
 from proxy.cancel import Canceller
 from proxy.config import Config
 from proxy.grpc import GrpcRelay, GrpcRelayConfig
@@ -28,7 +29,6 @@ from proxy.grpc_cancel import GrpcCancelAdapter
 from proxy.grpc_peer import can_tell_disconnects
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
-from proxy.vocabulary import Reason
 from tests.support import child_env, wait_until
 
 needs_sock_diag = pytest.mark.skipif(

@@ -14,9 +14,10 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
+from hangup_contract.vocabulary import Reason
 from proxy.cancel import Canceller, HangupCancelAdapter
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CancelResult, Reason
+from proxy.vocabulary import CancelResult
 from tests.proxy_harness import http_url, raw_request, running_proxy
 from tests.proxy_scripted_upstream import ScriptedUpstream
 

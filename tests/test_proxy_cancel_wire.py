@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client import CollectorRegistry
 
+from hangup_contract.vocabulary import Reason
 from proxy.cancel import Canceller, HangupCancelAdapter
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CancelResult, Reason
+from proxy.vocabulary import CancelResult
 from tests.support import wait_until
 
 CANCELLED = b'{"request_id": "x", "state": "cancelled", "phase": "decode"}'

@@ -9,7 +9,7 @@ import pytest
 
 from gateway_server.engine.base import EngineRequest, FinishReason, SamplingParams, TokenChunk
 from gateway_server.engine.sim import SimConfig, SimulatedEngine
-from gateway_server.vocabulary import Phase
+from hangup_contract.vocabulary import Phase
 from tests.support import wait_until
 
 FAST = SimConfig(slots=2, step_base_s=0.002, step_per_seq_s=0.0, prefill_per_token_s=0.0)

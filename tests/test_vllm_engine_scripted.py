@@ -26,7 +26,7 @@ import pytest
 from gateway_server.engine import vllm as vllm_engine
 from gateway_server.engine.base import EngineRequest, FinishReason, SamplingParams, TokenChunk
 from gateway_server.engine.vllm_options import VllmOptions
-from gateway_server.vocabulary import Phase
+from hangup_contract.vocabulary import Phase
 from tests.support import wait_until as until
 
 

@@ -22,7 +22,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway_server.vocabulary import Phase
+from hangup_contract.vocabulary import Phase
 
 
 class FinishReason(enum.StrEnum):

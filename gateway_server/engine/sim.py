@@ -29,7 +29,7 @@ from gateway_server.engine.base import (
     FinishReason,
     TokenChunk,
 )
-from gateway_server.vocabulary import Phase
+from hangup_contract.vocabulary import Phase
 
 _WORDS = tuple(
     "the quick brown fox jumps over a lazy dog while engines hum and tokens flow through "

@@ -77,7 +77,7 @@ from gateway_server.engine.base import (
 )
 from gateway_server.engine.vllm_options import VllmOptions
 from gateway_server.errors import InvalidRequest
-from gateway_server.vocabulary import Phase
+from hangup_contract.vocabulary import Phase
 
 log = logging.getLogger("hangup.gateway.vllm")
 

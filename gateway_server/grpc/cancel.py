@@ -16,9 +16,9 @@ import grpc
 
 from gateway_server.errors import GatewayError, InvalidRequest
 from gateway_server.grpc.common import check_token, status_of
-from gateway_server.grpc.protos import cancellation_pb2 as pb
 from gateway_server.registry import CallRegistry
-from gateway_server.vocabulary import Reason
+from hangup_contract.protos import cancellation_pb2 as pb
+from hangup_contract.vocabulary import Reason
 
 SERVICE_NAME = "hangup.v1.Cancellation"
 
@@ -44,7 +44,7 @@ class CancellationServicer:
             raise AssertionError("context.abort returns by raising") from exc
         return pb.CancelResponse(
             request_id=result.request_id,
-            state=result.state,
+            state=result.state.value,
             phase=result.phase.value if result.phase is not None else "",
             generated_tokens=result.generated_tokens,
         )

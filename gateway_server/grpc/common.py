@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import re
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -39,10 +38,10 @@ from gateway_server.errors import (
     Unavailable,
 )
 from gateway_server.registry import Call
-from gateway_server.vocabulary import Reason
+from hangup_contract import request_id as request_ids
+from hangup_contract.vocabulary import Reason
 
-REQUEST_ID_KEY = "x-request-id"
-_REQUEST_ID = re.compile(r"^[\x21-\x2e\x30-\x7e]{1,128}$")  # as over HTTP: visible ASCII but '/'
+REQUEST_ID_KEY = request_ids.METADATA_KEY
 _CODES: tuple[tuple[type[GatewayError] | tuple[type[GatewayError], ...], grpc.StatusCode], ...] = (
     ((InvalidRequest, RequestTooLarge), grpc.StatusCode.INVALID_ARGUMENT),
     (Unauthorized, grpc.StatusCode.UNAUTHENTICATED),
@@ -92,8 +91,8 @@ def call_id(context: Any, fresh: str) -> str:
     given = metadata_value(context, REQUEST_ID_KEY)
     if given is None:
         return fresh
-    if not _REQUEST_ID.match(given):
-        raise InvalidRequest("x-request-id must be 1-128 visible ASCII characters without '/'")
+    if not request_ids.is_valid(given):
+        raise InvalidRequest(f"{REQUEST_ID_KEY} must be {request_ids.RULE}")
     return given
 
 

@@ -12,7 +12,6 @@ refused generation requests count as ``outcome="rejected"``.
 from __future__ import annotations
 
 import functools
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any, TypeVar
@@ -37,6 +36,7 @@ from gateway_server.grpc.tensors import TextRequest, text_response
 from gateway_server.registry import Call
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
+from hangup_contract import request_id as request_ids
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 _INPUTS = (
@@ -131,7 +131,7 @@ class InferenceServicer:
 
     @_statuses(generation=True, request_type=pb.ModelInferRequest)
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> Any:
-        call_name = call_id(context, uuid.uuid4().hex)
+        call_name = call_id(context, request_ids.new_request_id())
         text, params = prepare(self.service, request)
         async with self.service.call(call_name, request.model_name, Protocol.KSERVE_GRPC) as call:
             whole = await generate_guarded(call, context, self._complete(call, text, params))
@@ -147,7 +147,7 @@ class InferenceServicer:
 
     @_statuses(generation=True)
     async def model_stream_infer(self, requests: AsyncIterator[bytes], context: Any) -> None:
-        call_name = call_id(context, uuid.uuid4().hex)
+        call_name = call_id(context, request_ids.new_request_id())
         model = self.service.model.name
         async with self.service.call(call_name, model, Protocol.KSERVE_GRPC) as call:
             await context.send_initial_metadata(((REQUEST_ID_KEY, call_name),))

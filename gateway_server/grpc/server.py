@@ -21,8 +21,9 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from gateway_server.config import GatewayConfig
 from gateway_server.grpc import cancel, inference
-from gateway_server.grpc.protos import cancellation_pb2, inference_pb2
+from gateway_server.grpc.protos import inference_pb2
 from gateway_server.service import GenerationService
+from hangup_contract.protos import cancellation_pb2
 
 _SERVICES = (inference.SERVICE_NAME, cancel.SERVICE_NAME)
 # Prompts and answers can be large; the gateway's own limit is the model's context length.

@@ -45,7 +45,8 @@ from gateway_server.grpc.tensors import TextRequest, decode_request, parameter, 
 from gateway_server.http.common import check_prompt_fits, sampling_params
 from gateway_server.registry import Call
 from gateway_server.service import GenerationService
-from gateway_server.vocabulary import Protocol, Reason
+from gateway_server.vocabulary import Protocol
+from hangup_contract.vocabulary import Reason
 
 MODEL_VERSION = "1"
 FINAL_FLAG = "triton_final_response"

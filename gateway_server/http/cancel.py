@@ -1,22 +1,22 @@
-"""The cancel API (DESIGN.md, "The cancel contract"): ``POST /v2/requests/{id}/cancel`` and
-``GET /v2/requests``, behind the bearer token when the gateway has one."""
+"""The cancel API over HTTP: ``POST /v2/requests/{id}/cancel`` (the contract's route and bodies,
+``hangup_contract.cancel``) and ``GET /v2/requests``, behind the bearer token when the gateway
+has one (README, "The cancel API")."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 
 from aiohttp import web
 
 from gateway_server.errors import InvalidRequest, Unauthorized
 from gateway_server.http.common import CANCEL_TOKEN, SERVICE
 from gateway_server.service import GenerationService
-from gateway_server.vocabulary import Reason
+from hangup_contract.cancel import ROUTE, parse_request
 
 
 def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v2/requests/{request_id}/cancel", cancel)
+    app.router.add_post(ROUTE, cancel)
     app.router.add_get("/v2/requests", list_requests)
 
 
@@ -37,22 +37,10 @@ async def cancel(request: web.Request) -> web.Response:
     """Cancel a call by id. 200 cancelled|finished, 404 never seen (a tombstone is left)."""
     check_token(request)
     service: GenerationService = request.app[SERVICE]
-    reason = Reason.EXPLICIT
-    raw = await request.read()
-    if raw.strip():
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidRequest(f"cancel body is not valid JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise InvalidRequest("cancel body must be a JSON object")
-        raw_reason = body.get("reason")
-        if raw_reason is not None and not isinstance(raw_reason, str):
-            raise InvalidRequest("'reason' must be a string", param="reason")
-        try:
-            reason = Reason.parse(raw_reason)
-        except ValueError as exc:
-            raise InvalidRequest(str(exc), param="reason") from exc
+    try:
+        reason = parse_request(await request.read())
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
     # Shielded: a cancel caller that hangs up must not leave an abort half done.
     result = await asyncio.shield(service.registry.cancel(request.match_info["request_id"], reason))
     return web.json_response(result.to_json())

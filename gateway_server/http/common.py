@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -13,8 +11,9 @@ from gateway_server.engine.base import SamplingParams
 from gateway_server.errors import InvalidRequest, RequestTooLarge
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
+from hangup_contract import request_id as request_ids
 
-REQUEST_ID_HEADER = "X-Request-Id"
+REQUEST_ID_HEADER = request_ids.HEADER
 
 SERVICE = web.AppKey("service", GenerationService)
 CANCEL_TOKEN = web.AppKey("cancel_token", str)
@@ -22,21 +21,19 @@ MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
 # What the error middleware needs to count a refused generation request.
 PROTOCOL = web.RequestKey("protocol", Protocol)
 MODEL = web.RequestKey("model", str)
-_REQUEST_ID = re.compile(r"^[\x21-\x2e\x30-\x7e]{1,128}$")  # visible ASCII except '/'
 MAX_CHOICES = 16
 
 T = TypeVar("T")
 
 
 def request_id(request: web.Request) -> str:
-    """The caller's ``X-Request-Id``, or a fresh 128-bit random id. Raises InvalidRequest."""
+    """The caller's ``X-Request-Id``, or a fresh 128-bit random id. Raises InvalidRequest for
+    one that breaks the contract's rule."""
     given = request.headers.get(REQUEST_ID_HEADER)
     if given is None:
-        return uuid.uuid4().hex
-    if not _REQUEST_ID.match(given):
-        raise InvalidRequest(
-            f"{REQUEST_ID_HEADER} must be 1-128 visible ASCII characters without '/'"
-        )
+        return request_ids.new_request_id()
+    if not request_ids.is_valid(given):
+        raise InvalidRequest(f"{REQUEST_ID_HEADER} must be {request_ids.RULE}")
     return given
 
 

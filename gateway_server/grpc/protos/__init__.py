@@ -1,8 +1,9 @@
-"""hangup's ``.proto`` files and their generated modules (see :mod:`.regenerate`).
+"""The gateway's ``.proto`` file and its generated module.
 
 - ``inference.proto``: package ``inference``, the KServe v2 / Triton subset hangup serves, with
   the public protocol's message names and field numbers (wire-compatible).
-- ``cancellation.proto``: package ``hangup.v1``, the cancel API over gRPC.
 
-The generated modules register in :data:`.pool.POOL`, not protobuf's default pool.
+The generated module registers in :data:`.pool.POOL`, not protobuf's default pool, and is
+regenerated with ``python -m hangup_contract.protos.regenerate``. The cancel API's proto lives
+with the contract (``hangup_contract/protos``).
 """

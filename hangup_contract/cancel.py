@@ -1,0 +1,93 @@
+"""The cancel call over HTTP: ``POST /v2/requests/{id}/cancel``, its body and its answer.
+
+Request body (optional): ``{"reason": "<Reason>"}``; no body, or no ``reason``, means
+``explicit``. Answer: 200 with ``{"request_id", "state", "phase"?, "generated_tokens"}`` (the
+``phase`` only for a call it cancelled), 404 for an id never seen. The id in the path is
+percent-encoded: a cancel may name one request of a gRPC stream by an alias that carries the
+client's own request id (``<call id>:<id>``), which can hold any character.
+
+Both sides encode and parse here; every parse error is a ``ValueError`` naming the problem.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from hangup_contract.vocabulary import CancelState, Phase, Reason
+
+ROUTE = "/v2/requests/{request_id}/cancel"
+"""The route, with the id as the path parameter ``request_id`` (decoded by the server)."""
+
+
+def cancel_path(request_id: str) -> str:
+    """The path that cancels ``request_id`` (percent-encoded)."""
+    return ROUTE.format(request_id=quote(request_id, safe=""))
+
+
+def encode_request(reason: Reason) -> bytes:
+    return json.dumps({"reason": reason.value}).encode()
+
+
+def parse_request(body: bytes) -> Reason:
+    """The reason a cancel call's body names (``explicit`` for an empty body or no reason).
+
+    Raises ``ValueError`` for a body that is not a JSON object, a ``reason`` that is not a
+    string, or one that is not a ``Reason``.
+    """
+    if not body.strip():
+        return Reason.EXPLICIT
+    try:
+        parsed = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cancel body is not valid JSON: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise ValueError("cancel body must be a JSON object")
+    reason = parsed.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise ValueError("'reason' must be a string")
+    return Reason.parse(reason)
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAnswer:
+    """What the gateway answers to a cancel of a call it knows."""
+
+    request_id: str
+    state: CancelState
+    phase: Phase | None
+    """Where the call was when cancelled; None when it had finished."""
+    generated_tokens: int
+
+    def to_json(self) -> dict[str, object]:
+        body: dict[str, object] = {"request_id": self.request_id, "state": self.state.value}
+        if self.phase is not None:
+            body["phase"] = self.phase.value
+        body["generated_tokens"] = self.generated_tokens
+        return body
+
+    @classmethod
+    def from_json(cls, body: bytes | str) -> CancelAnswer:
+        """Parse an answer. Raises ``ValueError`` naming what is missing or wrong."""
+        try:
+            parsed: Any = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cancel answer is not valid JSON: {exc}") from exc
+        if not isinstance(parsed, dict):
+            raise ValueError("cancel answer must be a JSON object")
+        raw_state = parsed.get("state")
+        if raw_state not in set(CancelState):
+            raise ValueError(f"cancel answer has no known state: {raw_state!r}")
+        state = CancelState(raw_state)
+        phase = parsed.get("phase")
+        tokens = parsed.get("generated_tokens", 0)
+        if not isinstance(tokens, int) or isinstance(tokens, bool):
+            raise ValueError("'generated_tokens' must be an integer")
+        return cls(
+            request_id=str(parsed.get("request_id", "")),
+            state=state,
+            phase=Phase(phase) if phase is not None else None,
+            generated_tokens=tokens,
+        )

@@ -1,0 +1,60 @@
+"""The words both sides use about a cancellation; their values cross the wire and label metrics.
+
+- ``Reason``: why a call was cancelled. The proxy sends it with every cancel call; the gateway
+  counts it in ``hangup_gateway_cancellations_total{reason}``.
+- ``Phase``: where an engine request was when the cancel hit it (the cancel answer's ``phase``,
+  the ``phase`` label).
+- ``CancelState``: what a cancel found: a running call it cancelled, or one that had finished.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Reason(enum.StrEnum):
+    """Why a call was cancelled."""
+
+    CLIENT_DISCONNECT = "client_disconnect"
+    GRPC_CANCELLED = "grpc_cancelled"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    PROXY_TIMEOUT = "proxy_timeout"
+    SHUTDOWN = "shutdown"
+    EXPLICIT = "explicit"
+
+    @classmethod
+    def parse(cls, value: str | None) -> Reason:
+        """The reason a cancel call names; ``explicit`` when it names none.
+
+        Raises ``ValueError`` naming the accepted values when ``value`` is not one of them.
+        """
+        if value is None:
+            return cls.EXPLICIT
+        try:
+            return cls(value)
+        except ValueError:
+            accepted = ", ".join(r.value for r in cls)
+            raise ValueError(f"unknown reason {value!r}; expected one of: {accepted}") from None
+
+
+class Phase(enum.StrEnum):
+    """Where an engine request is: waiting for a slot, reading its prompt, or generating."""
+
+    QUEUED = "queued"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+    @property
+    def rank(self) -> int:
+        """Order of progress: queued < prefill < decode."""
+        return _PHASE_ORDER.index(self)
+
+
+_PHASE_ORDER = (Phase.QUEUED, Phase.PREFILL, Phase.DECODE)
+
+
+class CancelState(enum.StrEnum):
+    """What a cancel found (the answer's ``state``)."""
+
+    CANCELLED = "cancelled"  # it was running, and is now cancelled
+    FINISHED = "finished"  # it had already ended (cancelling is idempotent)
