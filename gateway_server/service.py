@@ -26,9 +26,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from gateway_server.engine.base import (
+    Engine,
     EngineError,
     EngineRequest,
     FinishReason,
+    NoChatTemplate,
     SamplingParams,
     TokenChunk,
 )
@@ -37,6 +39,7 @@ from gateway_server.errors import (
     CancelledBeforeArrival,
     EngineFailure,
     GatewayError,
+    InvalidRequest,
     ModelNotFound,
     RequestCancelled,
     Unavailable,
@@ -44,6 +47,7 @@ from gateway_server.errors import (
 from gateway_server.metrics import GatewayMetrics, WorkerLoad
 from gateway_server.registry import Call, CallRegistry, EngineCall
 from gateway_server.vocabulary import Outcome, Protocol
+from hangup_contract.cancel import CancelAnswer
 from hangup_contract.vocabulary import Phase, Reason
 
 log = logging.getLogger("hangup.gateway")
@@ -66,6 +70,11 @@ class GenerationService:
         self.draining = False
 
     # -- calls -----------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """Taking new requests: a worker is alive and the gateway is not draining."""
+        return self.pool.ready and not self.draining
 
     def check_model(self, name: str) -> None:
         if name != self.model.name:
@@ -105,6 +114,35 @@ class GenerationService:
             yield call
         finally:
             self.registry.close(call)
+
+    def check_prompt(self, prompt: str, params: SamplingParams) -> None:
+        """Raise InvalidRequest when ``prompt`` plus ``max_tokens`` exceeds the context length."""
+        tokens = self._engine().count_prompt_tokens(prompt)
+        limit = self.model.max_model_len
+        if tokens + params.max_tokens > limit:
+            raise InvalidRequest(
+                f"prompt ({tokens} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
+                f"model's context length of {limit} tokens",
+                param="prompt",
+            )
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """The model's prompt for a chat. Raises InvalidRequest when it has no chat template."""
+        try:
+            return self._engine().apply_chat_template(messages)
+        except NoChatTemplate as exc:
+            raise InvalidRequest(str(exc)) from exc
+
+    def _engine(self) -> Engine:
+        """The engine whose tokenizer speaks for every worker's (they serve one model)."""
+        return self.pool.workers[0].engine
+
+    async def cancel(self, request_id: str, reason: Reason) -> CancelAnswer:
+        """Cancel a call, or one request by its alias (see ``CallRegistry.cancel``).
+
+        Shielded: a cancel caller that hangs up must not leave an abort half done.
+        """
+        return await asyncio.shield(self.registry.cancel(request_id, reason))
 
     def record_rejected(self, model: str | None, protocol: Protocol) -> None:
         """Count a request refused before it ran (bad input, unknown model, duplicate id)."""

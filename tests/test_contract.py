@@ -169,3 +169,15 @@ def test_no_module_reads_the_removed_copies() -> None:
         for path in Path(REPO / package).rglob("*.py"):
             text = path.read_text()
             assert "class Reason(" not in text and "class Phase(" not in text, path
+
+
+def test_gateway_transports_use_only_the_service() -> None:
+    """HTTP and gRPC handlers reach engines and calls through ``GenerationService`` alone, and
+    neither transport imports the other."""
+    for transport, other in (("http", "grpc"), ("grpc", "http")):
+        for path in (REPO / "gateway_server" / transport).glob("*.py"):
+            tree = ast.parse(path.read_text(), str(path))
+            reached = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+            assert not reached & {"pool", "registry", "workers"}, (path, reached & {"pool"})
+            modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+            assert not any(m and m.startswith(f"gateway_server.{other}") for m in modules), path

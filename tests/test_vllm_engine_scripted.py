@@ -22,10 +22,22 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from gateway_server.engine import vllm as vllm_engine
-from gateway_server.engine.base import EngineRequest, FinishReason, SamplingParams, TokenChunk
+from gateway_server.engine.base import (
+    EngineRequest,
+    FinishReason,
+    NoChatTemplate,
+    SamplingParams,
+    TokenChunk,
+)
+from gateway_server.engine.pool import EnginePool
 from gateway_server.engine.vllm_options import VllmOptions
+from gateway_server.errors import InvalidRequest
+from gateway_server.metrics import GatewayMetrics
+from gateway_server.registry import CallRegistry
+from gateway_server.service import GenerationService, ModelInfo
 from hangup_contract.vocabulary import Phase
 from tests.support import wait_until as until
 
@@ -178,3 +190,21 @@ async def test_an_abort_returns_once_the_core_confirmed_it(
     assert engine.phase("r-1") is None
     await stream.aclose()
     assert llm.aborted == ["r-1"], "closing the stream after the abort does not abort again"
+
+
+def test_a_model_without_a_chat_template_is_a_clear_client_error(
+    scripted: tuple[vllm_engine.VllmEngine, ScriptedAsyncLLM],
+) -> None:
+    """The engine says what it lacks (an engine error); the service turns it into the 400 a chat
+    client gets, pointing at the completions API."""
+    engine, _ = scripted
+    engine._tokenizer_copy = SimpleNamespace(chat_template=None)
+    messages = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(NoChatTemplate):
+        engine.apply_chat_template(messages)
+    metrics = GatewayMetrics(CollectorRegistry(), ["scripted"])
+    service = GenerationService(EnginePool([engine]), CallRegistry(metrics), metrics,
+                                ModelInfo("scripted", 64))  # fmt: skip
+    with pytest.raises(InvalidRequest, match="no chat template; use /v1/completions") as caught:
+        service.chat_prompt(messages)
+    assert caught.value.status == 400

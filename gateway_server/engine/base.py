@@ -75,6 +75,10 @@ class EngineDead(EngineError):
     """The engine can serve no more requests (its process died, its device was lost)."""
 
 
+class NoChatTemplate(EngineError):
+    """The model has no chat template: it cannot turn chat messages into a prompt."""
+
+
 class Engine(Protocol):
     @property
     def max_model_len(self) -> int:
@@ -97,7 +101,9 @@ class Engine(Protocol):
     def count_prompt_tokens(self, prompt: str) -> int: ...
 
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """The prompt for a chat (``role``/``content`` pairs), ending where the assistant speaks."""
+        """The prompt for a chat (``role``/``content`` pairs), ending where the assistant speaks.
+
+        Raises :class:`NoChatTemplate` when the model has none."""
         ...
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]: ...

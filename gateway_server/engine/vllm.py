@@ -72,11 +72,11 @@ from gateway_server.engine.base import (
     EngineLoad,
     EngineRequest,
     FinishReason,
+    NoChatTemplate,
     SamplingParams,
     TokenChunk,
 )
 from gateway_server.engine.vllm_options import VllmOptions
-from gateway_server.errors import InvalidRequest
 from hangup_contract.vocabulary import Phase
 
 log = logging.getLogger("hangup.gateway.vllm")
@@ -209,7 +209,7 @@ class VllmEngine:
     def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
         tokenizer = self._tokenizer()
         if not getattr(tokenizer, "chat_template", None):
-            raise InvalidRequest(f"model {self.model!r} has no chat template; use /v1/completions")
+            raise NoChatTemplate(f"model {self.model!r} has no chat template; use /v1/completions")
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         return str(prompt)
 

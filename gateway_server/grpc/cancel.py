@@ -9,14 +9,13 @@ With a cancel token, the metadata ``authorization: Bearer <token>`` is required
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import grpc
 
 from gateway_server.errors import GatewayError, InvalidRequest
 from gateway_server.grpc.common import check_token, status_of
-from gateway_server.registry import CallRegistry
+from gateway_server.service import GenerationService
 from hangup_contract.protos import cancellation_pb2 as pb
 from hangup_contract.vocabulary import Reason
 
@@ -24,8 +23,8 @@ SERVICE_NAME = "hangup.v1.Cancellation"
 
 
 class CancellationServicer:
-    def __init__(self, registry: CallRegistry, token: str | None) -> None:
-        self._registry = registry
+    def __init__(self, service: GenerationService, token: str | None) -> None:
+        self._service = service
         self._token = token
 
     async def cancel(self, request: pb.CancelRequest, context: Any) -> pb.CancelResponse:
@@ -37,8 +36,7 @@ class CancellationServicer:
                 reason = Reason.parse(request.reason or None)
             except ValueError as exc:
                 raise InvalidRequest(str(exc), param="reason") from exc
-            # Shielded: a caller that hangs up must not leave an abort half done.
-            result = await asyncio.shield(self._registry.cancel(request.request_id, reason))
+            result = await self._service.cancel(request.request_id, reason)
         except GatewayError as exc:
             await context.abort(status_of(exc), exc.message)
             raise AssertionError("context.abort returns by raising") from exc

@@ -34,6 +34,7 @@ from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.stream import MODEL_VERSION, StreamSession, prepare
 from gateway_server.grpc.tensors import TextRequest, text_response
 from gateway_server.registry import Call
+from gateway_server.requests import cancelled_message
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
 from hangup_contract import request_id as request_ids
@@ -68,7 +69,7 @@ def _statuses(generation: bool, request_type: Any = None) -> Callable[[Handler[R
                 await context.abort(status_of(exc), exc.message)
                 raise AssertionError("context.abort returns by raising") from exc
             except RequestCancelled as exc:
-                await context.abort(grpc.StatusCode.CANCELLED, f"request cancelled ({exc.reason})")
+                await context.abort(grpc.StatusCode.CANCELLED, cancelled_message(exc.reason))
                 raise AssertionError("context.abort returns by raising") from exc
 
         return run
@@ -80,21 +81,18 @@ class InferenceServicer:
     def __init__(self, service: GenerationService) -> None:
         self.service = service
 
-    def _ready(self) -> bool:
-        return self.service.pool.ready and not self.service.draining
-
     @_statuses(generation=False, request_type=pb.ServerLiveRequest)
     async def server_live(self, request: pb.ServerLiveRequest, context: Any) -> Any:
         return pb.ServerLiveResponse(live=True)
 
     @_statuses(generation=False, request_type=pb.ServerReadyRequest)
     async def server_ready(self, request: pb.ServerReadyRequest, context: Any) -> Any:
-        return pb.ServerReadyResponse(ready=self._ready())
+        return pb.ServerReadyResponse(ready=self.service.ready)
 
     @_statuses(generation=False, request_type=pb.ModelReadyRequest)
     async def model_ready(self, request: pb.ModelReadyRequest, context: Any) -> Any:
         self.service.check_model(request.name)
-        return pb.ModelReadyResponse(ready=self._ready())
+        return pb.ModelReadyResponse(ready=self.service.ready)
 
     @_statuses(generation=False, request_type=pb.ServerMetadataRequest)
     async def server_metadata(self, request: pb.ServerMetadataRequest, context: Any) -> Any:

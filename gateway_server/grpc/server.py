@@ -59,9 +59,7 @@ async def start_grpc_server(service: GenerationService, config: GatewayConfig) -
     server.add_generic_rpc_handlers(
         [
             inference.inference_handler(inference.InferenceServicer(service)),
-            cancel.cancellation_handler(
-                cancel.CancellationServicer(service.registry, config.cancel_token)
-            ),
+            cancel.cancellation_handler(cancel.CancellationServicer(service, config.cancel_token)),
         ]
     )
     checks = health.aio.HealthServicer()

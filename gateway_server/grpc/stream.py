@@ -42,15 +42,18 @@ from gateway_server.errors import (
 from gateway_server.grpc.common import parse, refused, status_of
 from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.tensors import TextRequest, decode_request, parameter, text_response
-from gateway_server.http.common import check_prompt_fits, sampling_params
 from gateway_server.registry import Call
+from gateway_server.requests import (
+    EMPTY_FINAL_OPT_IN,
+    FINAL_FLAG,
+    cancelled_message,
+    sampling_params,
+)
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
 from hangup_contract.vocabulary import Reason
 
 MODEL_VERSION = "1"
-FINAL_FLAG = "triton_final_response"
-EMPTY_FINAL_OPT_IN = "triton_enable_empty_final_response"
 CANCEL_ID = "hangup_request_id"
 
 Write = Callable[[pb.ModelStreamInferResponse], Awaitable[None]]
@@ -65,8 +68,7 @@ def prepare(service: GenerationService, request: pb.ModelInferRequest) -> tuple[
     text = decode_request(request)
     max_len = service.model.max_model_len
     params = sampling_params(text.sampling, max_model_len=max_len, default_max_tokens=16)
-    engine = service.pool.workers[0].engine
-    check_prompt_fits(engine.count_prompt_tokens(text.prompt), params, max_len)
+    service.check_prompt(text.prompt, params)
     return text, params
 
 
@@ -218,7 +220,7 @@ class StreamSession:
         message: str | None = None,
     ) -> None:
         if isinstance(exc, RequestCancelled):
-            code, text = grpc.StatusCode.CANCELLED, f"request cancelled ({exc.reason})"
+            code, text = grpc.StatusCode.CANCELLED, cancelled_message(exc.reason)
         else:
             code, text = status_of(exc), exc.message
         response = text_response(

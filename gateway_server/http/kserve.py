@@ -33,18 +33,20 @@ from gateway_server.http.common import (
     PROTOCOL,
     REQUEST_ID_HEADER,
     SERVICE,
-    check_prompt_fits,
-    field,
     read_json_object,
     request_id,
+)
+from gateway_server.requests import (
+    EMPTY_FINAL_OPT_IN,
+    FINAL_FLAG,
+    cancelled_message,
+    field,
     sampling_params,
 )
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
 
 MODEL_VERSION = "1"
-FINAL_FLAG = "triton_final_response"
-EMPTY_FINAL_OPT_IN = "triton_enable_empty_final_response"
 
 
 def add_routes(app: web.Application) -> None:
@@ -68,8 +70,7 @@ async def live(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    service = _service(request)
-    is_ready = service.pool.ready and not service.draining
+    is_ready = _service(request).ready
     return web.json_response({"ready": is_ready}, status=200 if is_ready else 503)
 
 
@@ -96,7 +97,7 @@ async def model_metadata(request: web.Request) -> web.Response:
 async def model_ready(request: web.Request) -> web.Response:
     service = _service(request)
     service.check_model(request.match_info["model"])
-    is_ready = service.pool.ready and not service.draining
+    is_ready = service.ready
     return web.json_response({"name": service.model.name, "ready": is_ready},
                              status=200 if is_ready else 503)  # fmt: skip
 
@@ -168,9 +169,7 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
                         await response.write(sse.encode(json.dumps(event)))
         except (RequestCancelled, GatewayError) as exc:
             message = (
-                f"request cancelled ({exc.reason})"
-                if isinstance(exc, RequestCancelled)
-                else str(exc)
+                cancelled_message(exc.reason) if isinstance(exc, RequestCancelled) else str(exc)
             )
             await response.write(sse.encode(json.dumps({"error": message})))
             await response.write_eof()
@@ -186,10 +185,10 @@ def _parse(service: GenerationService, body: dict[str, Any]) -> tuple[str, Any, 
     if prompt is None:
         raise InvalidRequest("'text_input' is required and must be a string", param="text_input")
     options = _sampling_body(body)
-    max_len = service.model.max_model_len
-    params = sampling_params(options, max_model_len=max_len, default_max_tokens=16)
-    engine = service.pool.workers[0].engine
-    check_prompt_fits(engine.count_prompt_tokens(prompt), params, max_len)
+    params = sampling_params(
+        options, max_model_len=service.model.max_model_len, default_max_tokens=16
+    )
+    service.check_prompt(prompt, params)
     field(options, "exclude_input_in_output", bool, False)
     field(options, EMPTY_FINAL_OPT_IN, bool, False)
     return prompt, params, options

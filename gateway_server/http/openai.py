@@ -26,18 +26,15 @@ from gateway_server.errors import (
     RequestCancelled,
 )
 from gateway_server.http.common import (
-    MAX_CHOICES,
     MODEL,
     PROTOCOL,
     REQUEST_ID_HEADER,
     SERVICE,
-    check_prompt_fits,
-    field,
     read_json_object,
     request_id,
-    sampling_params,
 )
 from gateway_server.registry import Call
+from gateway_server.requests import MAX_CHOICES, cancelled_message, field, sampling_params
 from gateway_server.service import GenerationService
 from gateway_server.streams import merge
 from gateway_server.vocabulary import Protocol
@@ -111,9 +108,8 @@ def _parse(service: GenerationService, body: dict[str, Any], *, chat: bool) -> _
     if model is None:
         raise InvalidRequest("'model' is required", param="model")
     service.check_model(model)
-    engine = service.pool.workers[0].engine
     if chat:
-        prompt = engine.apply_chat_template(_messages(body))
+        prompt = service.chat_prompt(_messages(body))
         prompts = [prompt]
     else:
         raw = body.get("prompt")
@@ -130,7 +126,7 @@ def _parse(service: GenerationService, body: dict[str, Any], *, chat: bool) -> _
         body, max_model_len=max_len, default_max_tokens=16 if not chat else 256
     )
     for prompt in prompts:
-        check_prompt_fits(engine.count_prompt_tokens(prompt), params, max_len)
+        service.check_prompt(prompt, params)
     n = field(body, "n", int, 1)
     if not 1 <= n <= MAX_CHOICES or n * len(prompts) > MAX_CHOICES:
         raise InvalidRequest(
@@ -285,6 +281,6 @@ def _usage(job: _Job, choices: list[_Choice]) -> dict[str, int]:
 
 def _error_body(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, RequestCancelled):
-        return {"message": f"request cancelled ({exc.reason})", "type": "cancelled", "code": 499}
+        return {"message": cancelled_message(exc.reason), "type": "cancelled", "code": 499}
     assert isinstance(exc, GatewayError)
     return {"message": exc.message, "type": exc.error_type, "code": exc.status}
