@@ -79,10 +79,7 @@ def log_record(process: Process, key: str, value: str) -> dict[str, object]:
     for line in process.log().splitlines():
         if line.startswith("{"):
             record = json.loads(line)
-            if record.get(key) == value and record.get("msg", record.get("event")) in (
-                "call",
-                "request_end",
-            ):
+            if record.get(key) == value and record.get("msg") in ("call", "request_end"):
                 return dict(record)
     return {}
 

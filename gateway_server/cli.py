@@ -7,46 +7,17 @@ Llama-style model with random weights and a locally trained tokenizer (tests, de
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import sys
 from importlib import import_module
 from typing import Any
 
 from prometheus_client import disable_created_metrics
 
-from gateway_server.config import ConfigError, from_args
+from gateway_server.config import from_args
 from gateway_server.engine.base import EngineError
 from gateway_server.server import serve
-
-
-class JsonLogFormatter(logging.Formatter):
-    """One JSON object per line; messages that are JSON objects are merged in as fields."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {"ts": round(record.created, 6), "level": record.levelname.lower(),
-                                "logger": record.name}  # fmt: skip
-        message = record.getMessage()
-        try:
-            fields = json.loads(message) if message.startswith("{") else None
-        except json.JSONDecodeError:
-            fields = None
-        if isinstance(fields, dict):
-            line.update(fields)
-        else:
-            line["message"] = message
-        if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line)
-
-
-def configure_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLogFormatter())
-    root = logging.getLogger("hangup")
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-    root.propagate = False
+from hangup_contract.runtime import logs
+from hangup_contract.runtime.options import ConfigError
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
         config = from_args(argv)
     except ConfigError as exc:
         sys.exit(f"hangup-gateway: {exc}")
-    configure_logging(config.log_level)
+    logs.setup(config.log_level)
     # Process-wide: the *_created series double every counter's series count for no reader.
     disable_created_metrics()  # type: ignore[no-untyped-call]
     try:

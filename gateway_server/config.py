@@ -1,24 +1,22 @@
 """The gateway's configuration: one frozen dataclass, built in one place from flags and the
-environment (``HANGUP_GATEWAY_<OPTION>``; flags win). See ``hangup-gateway --help``."""
+environment (``HANGUP_GATEWAY_<OPTION>``; flags win), with the option table both processes use
+(``hangup_contract.runtime.options``). See ``hangup-gateway --help``."""
 
 from __future__ import annotations
 
-import argparse
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from gateway_server.engine.sim import SimConfig
-from gateway_server.engine.vllm_options import VllmOptions, add_vllm_arguments
+from gateway_server.engine.vllm_options import VLLM_OPTIONS, VllmOptions
+from hangup_contract.runtime.files import read_secret
+from hangup_contract.runtime.options import ConfigError, Option, OptionTable, one_of
 
 ENV_PREFIX = "HANGUP_GATEWAY_"
 DEFAULT_SIM_MODEL = "hangup-sim"
-
-
-class ConfigError(Exception):
-    """The configuration is unusable; the message says which option and why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,74 +49,62 @@ class GatewayConfig:
         return self.model
 
 
-def parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
-    """The argument parser; every default comes from ``environ`` when set there."""
+_OPTIONS = (
+    Option("--host", str, "address the listeners bind to"),
+    Option("--http-port", int, "HTTP listener port (0: ephemeral)"),
+    Option("--grpc-port", int, "gRPC listener port (0: ephemeral)"),
+    Option("--engine", one_of("sim", "vllm"), "sim (simulated) or vllm"),
+    Option("--model", str, "model path or name (vllm)"),
+    Option("--served-model-name", str, "the name clients use in 'model' fields"),
+    Option("--workers", int, "engine workers"),
+    Option("--cancel-token-file", Path, "file holding the bearer token the cancel API requires"),
+    Option("--drain-timeout", float, "seconds calls may finish after SIGTERM"),
+    Option("--ready-file", Path, "write the listener map here once serving"),
+    Option("--max-body-bytes", int, "request body bytes"),
+    Option("--max-header-bytes", int, "bytes per request line or header field"),
+    Option("--tombstone-ttl", float, "seconds a cancel for an unknown id waits for its request"),
+    Option("--log-level", str, "DEBUG, INFO, WARNING or ERROR"),
+    Option("--sim-slots", int, "batch slots", group="sim", field="slots"),
+    Option("--sim-max-model-len", int, "context length", group="sim", field="max_model_len"),
+    Option("--sim-step-base", float, "seconds per step", group="sim", field="step_base_s"),
+    Option("--sim-step-per-seq", float, "seconds per step per running sequence", group="sim",
+           field="step_per_seq_s"),
+    Option("--sim-prefill-per-token", float, "seconds per prompt token", group="sim",
+           field="prefill_per_token_s"),
+    Option("--sim-prefill-chunk", int, "prompt tokens prefilled per step", group="sim",
+           field="prefill_chunk_tokens"),
+    Option("--seed", int, "seed of the simulated engine's text", group="sim"),
+    *VLLM_OPTIONS,
+)  # fmt: skip
 
-    def env(name: str, default: Any) -> Any:
-        return environ.get(ENV_PREFIX + name.upper(), default)
-
-    p = argparse.ArgumentParser(
-        prog="hangup-gateway",
-        description="hangup's model gateway: OpenAI and KServe v2 / Triton APIs over engine "
-        "workers, with a cancel API. `hangup-gateway make-tiny-model DIR` writes a tiny model.",
-    )
-    p.add_argument("--host", default=env("host", "127.0.0.1"))
-    p.add_argument("--http-port", type=int, default=env("http_port", 8000))
-    p.add_argument("--grpc-port", type=int, default=env("grpc_port", 8001))
-    p.add_argument("--engine", choices=["sim", "vllm"], default=env("engine", "sim"))
-    p.add_argument("--model", default=env("model", None), help="model path or name (vllm)")
-    p.add_argument("--served-model-name", default=env("served_model_name", None))
-    p.add_argument("--workers", type=int, default=env("workers", 1), help="engine workers")
-    p.add_argument("--cancel-token-file", type=Path, default=env("cancel_token_file", None),
-                   help="file holding the bearer token the cancel API requires")  # fmt: skip
-    p.add_argument("--drain-timeout", type=float, default=env("drain_timeout", 30.0),
-                   help="seconds calls may finish after SIGTERM")  # fmt: skip
-    p.add_argument("--ready-file", type=Path, default=env("ready_file", None))
-    p.add_argument("--max-body-bytes", type=int, default=env("max_body_bytes", 8 * 1024 * 1024))
-    p.add_argument("--max-header-bytes", type=int, default=env("max_header_bytes", 8190))
-    p.add_argument("--tombstone-ttl", type=float, default=env("tombstone_ttl", 60.0),
-                   help="seconds a cancel for an unknown id waits for its request")  # fmt: skip
-    p.add_argument("--log-level", default=env("log_level", "INFO"))
-    sim = p.add_argument_group("simulated engine (--engine sim)")
-    d = SimConfig()
-    sim.add_argument("--sim-slots", type=int, default=env("sim_slots", d.slots))
-    sim.add_argument(
-        "--sim-max-model-len", type=int, default=env("sim_max_model_len", d.max_model_len)
-    )
-    sim.add_argument("--sim-step-base", type=float, default=env("sim_step_base", d.step_base_s))
-    sim.add_argument(
-        "--sim-step-per-seq", type=float, default=env("sim_step_per_seq", d.step_per_seq_s)
-    )
-    sim.add_argument("--sim-prefill-per-token", type=float,
-                     default=env("sim_prefill_per_token", d.prefill_per_token_s))  # fmt: skip
-    sim.add_argument(
-        "--sim-prefill-chunk", type=int, default=env("sim_prefill_chunk", d.prefill_chunk_tokens)
-    )
-    sim.add_argument("--seed", type=int, default=env("seed", d.seed))
-    add_vllm_arguments(p, env)
-    return p
+_TABLE = OptionTable(
+    prog="hangup-gateway",
+    description="hangup's model gateway: OpenAI and KServe v2 / Triton APIs over engine "
+    "workers, with a cancel API. `hangup-gateway make-tiny-model DIR` writes a tiny model.",
+    env_prefix=ENV_PREFIX,
+    options=_OPTIONS,
+    groups={"sim": "simulated engine (--engine sim)", "vllm": "vLLM engine (--engine vllm)"},
+)
 
 
 def from_args(
     argv: list[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> GatewayConfig:
     """Parse flags and environment into a config. Raises ConfigError naming the bad option."""
-    environ = os.environ if environ is None else environ
-    ns = parser(environ).parse_args(argv)
-    token = _read_token(ns.cancel_token_file)
+    values = _TABLE.parse(
+        sys.argv[1:] if argv is None else argv, os.environ if environ is None else environ
+    )
+    top = values[None]
+    token_file = top.pop("cancel_token_file", None)
+    if isinstance(token_file, Path):
+        top["cancel_token"] = read_secret(token_file, "--cancel-token-file")
+    if isinstance(top.get("log_level"), str):
+        top["log_level"] = str(top["log_level"]).upper()
     config = GatewayConfig(
-        host=ns.host, http_port=ns.http_port, grpc_port=ns.grpc_port, engine=ns.engine,
-        model=ns.model, served_model_name=ns.served_model_name, workers=ns.workers,
-        cancel_token=token, drain_timeout=ns.drain_timeout, ready_file=ns.ready_file,
-        max_body_bytes=ns.max_body_bytes, max_header_bytes=ns.max_header_bytes,
-        tombstone_ttl=ns.tombstone_ttl, log_level=ns.log_level.upper(),
-        sim=SimConfig(
-            slots=ns.sim_slots, max_model_len=ns.sim_max_model_len, step_base_s=ns.sim_step_base,
-            step_per_seq_s=ns.sim_step_per_seq, prefill_per_token_s=ns.sim_prefill_per_token,
-            prefill_chunk_tokens=ns.sim_prefill_chunk, seed=ns.seed,
-        ),
-        vllm=VllmOptions.from_namespace(ns),
-    )  # fmt: skip
+        **top,  # type: ignore[arg-type]
+        sim=SimConfig(**values["sim"]),  # type: ignore[arg-type]
+        vllm=VllmOptions(**values["vllm"]),  # type: ignore[arg-type]
+    )
     validate(config)
     return config
 
@@ -138,15 +124,3 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--max-body-bytes must be at least 1024")
     if config.sim.slots < 1 or config.sim.prefill_chunk_tokens < 1:
         raise ConfigError("--sim-slots and --sim-prefill-chunk must be at least 1")
-
-
-def _read_token(path: Path | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"--cancel-token-file {path}: {exc.strerror}") from exc
-    if not token:
-        raise ConfigError(f"--cancel-token-file {path} is empty")
-    return token

@@ -21,12 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import json
 import logging
 import signal
 import time
 from importlib import import_module
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -40,6 +38,8 @@ from gateway_server.http.app import build_app
 from gateway_server.metrics import EngineLoadCollector, GatewayMetrics, InflightCollector
 from gateway_server.registry import CallRegistry
 from gateway_server.service import GenerationService, ModelInfo
+from hangup_contract.runtime.files import write_ready_file
+from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import Reason
 
 log = logging.getLogger("hangup.gateway")
@@ -101,8 +101,8 @@ class GatewayServer:
             freeze_startup_heap()
         if cfg.ready_file is not None:
             write_ready_file(cfg.ready_file, self.listeners)
-        log.info(json.dumps({"event": "serving", **self.listeners, "model": model.name,
-                             "engine": cfg.engine, "workers": cfg.workers}))  # fmt: skip
+        log_event(log, "serving", **self.listeners, model=model.name, engine=cfg.engine,
+                  workers=cfg.workers)  # fmt: skip
         return self.listeners
 
     async def _start_grpc(self, service: GenerationService) -> str | None:
@@ -135,8 +135,7 @@ class GatewayServer:
             await self._grpc.stop_accepting()
         remaining = len(self.registry)
         if remaining:
-            log.info(json.dumps({"event": "draining", "calls": remaining,
-                                 "timeout_s": self.config.drain_timeout}))  # fmt: skip
+            log_event(log, "draining", calls=remaining, timeout_s=self.config.drain_timeout)
             waiters = [asyncio.ensure_future(self.registry.wait_idle()),
                        asyncio.ensure_future(self._force.wait())]  # fmt: skip
             await asyncio.wait(waiters, timeout=self.config.drain_timeout,
@@ -145,19 +144,12 @@ class GatewayServer:
                 waiter.cancel()
         cancelled = await self.registry.cancel_all(Reason.SHUTDOWN)
         if cancelled:
-            log.info(json.dumps({"event": "drain_timeout", "cancelled_calls": cancelled}))
+            log_event(log, "drain_timeout", cancelled_calls=cancelled)
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
         await self._runner.cleanup()
         await self.pool.shutdown()
-        log.info(json.dumps({"event": "stopped"}))
-
-
-def write_ready_file(path: Path, listeners: dict[str, str | None]) -> None:
-    """Write the listener map atomically: a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(listeners))
-    tmp.replace(path)
+        log_event(log, "stopped")
 
 
 def freeze_startup_heap() -> None:
@@ -170,10 +162,8 @@ def freeze_startup_heap() -> None:
     started = time.perf_counter()
     gc.collect()
     gc.freeze()
-    log.info(json.dumps({
-        "event": "startup_heap_frozen", "objects": gc.get_freeze_count(),
-        "ms": round((time.perf_counter() - started) * 1e3, 1),
-    }))  # fmt: skip
+    log_event(log, "startup_heap_frozen", objects=gc.get_freeze_count(),
+              ms=round((time.perf_counter() - started) * 1e3, 1))  # fmt: skip
 
 
 async def serve(config: GatewayConfig) -> None:

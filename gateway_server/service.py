@@ -18,7 +18,6 @@ How a request is cancelled, whichever way:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
@@ -48,6 +47,7 @@ from gateway_server.metrics import GatewayMetrics, WorkerLoad
 from gateway_server.registry import Call, CallRegistry, EngineCall
 from gateway_server.vocabulary import Outcome, Protocol
 from hangup_contract.cancel import CancelAnswer
+from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import Phase, Reason
 
 log = logging.getLogger("hangup.gateway")
@@ -269,11 +269,10 @@ def _log_end(
     reason: Reason | None, phase: Phase | None, prompt_tokens: int, generated: int,
     duration: float,
 ) -> None:  # fmt: skip
-    record = {
-        "event": "request_end", "request_id": request_id, "call_id": call_id, "model": model,
-        "protocol": protocol.value, "outcome": outcome.value,
-        "reason": reason.value if reason else None, "phase": phase.value if phase else None,
-        "prompt_tokens": prompt_tokens, "generated_tokens": generated,
-        "duration_s": round(duration, 6),
-    }  # fmt: skip
-    log.info(json.dumps(record))
+    log_event(
+        log, "request_end", request_id=request_id, call_id=call_id, model=model,
+        protocol=protocol.value, outcome=outcome.value,
+        reason=reason.value if reason else None, phase=phase.value if phase else None,
+        prompt_tokens=prompt_tokens, generated_tokens=generated,
+        duration_s=round(duration, 6),
+    )  # fmt: skip

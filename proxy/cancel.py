@@ -31,7 +31,8 @@ from typing import Protocol, runtime_checkable
 
 from hangup_contract import cancel as contract
 from hangup_contract.vocabulary import CancelState, Reason
-from proxy.cancel_wire import BadResponse, Connection, Endpoint, StaleConnection, read_response
+from proxy.cancel_wire import Connection, Endpoint, read_response
+from proxy.errors import BadResponse, CancelAttemptFailed, StaleConnection
 from proxy.metrics import ProxyMetrics
 from proxy.vocabulary import CancelResult
 
@@ -39,10 +40,6 @@ log = logging.getLogger("hangup.proxy.cancel")
 
 _MAX_IDLE = 16  # idle keep-alive connections an adapter keeps for its next cancel calls
 _TEND_EVERY = 1.0  # seconds between checks that an idle connection is ready (see _tend)
-
-
-class CancelAttemptFailed(Exception):
-    """One cancel attempt failed in a way another attempt may fix (retried until the deadline)."""
 
 
 class CancelAdapter(Protocol):

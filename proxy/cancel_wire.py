@@ -19,16 +19,10 @@ import asyncio
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from proxy.errors import BadResponse, StaleConnection
+
 MAX_HEAD = 64 * 1024  # bytes of status line and headers accepted
 MAX_BODY = 1024 * 1024  # bytes of body accepted (a cancel answer is a small JSON object)
-
-
-class StaleConnection(Exception):
-    """The connection ended before any response arrived."""
-
-
-class BadResponse(Exception):
-    """The response could not be read as HTTP/1.1."""
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from proxy import logs
+from hangup_contract.runtime import logs
+from hangup_contract.runtime.options import ConfigError
 from proxy.config import build_config
-from proxy.errors import ConfigError
 from proxy.server import Server
 
 

@@ -1,4 +1,5 @@
-"""The proxy's exception tree, split by whose fault it is; each carries its HTTP status.
+"""The proxy's exception tree: everything the proxy raises, split by whose fault it is; each
+carries the HTTP status and outcome of a call it ends.
 
 ::
 
@@ -7,12 +8,18 @@
     │   ├── BodyTooLarge             413
     │   ├── ExpectationFailed        417  an Expect other than 100-continue
     │   └── BadRequestId             400
+    ├── ClientGone                   499    cancelled  the client left: nothing more can be sent
+    ├── ProxyTimeout                 504    cancelled  the call ran past --max-request-duration
     ├── Overloaded                   503    rejected   --max-concurrent-streams reached, or draining
     └── UpstreamError                5xx    upstream_error
         ├── UpstreamUnavailable      503    the upstream refused the connection (down)
         ├── UpstreamBroken           502    the upstream broke off or answered garbage
-        └── UpstreamTimeout          504    no connection within --upstream-connect-timeout
-    ConfigError (ValueError)                bad flags or environment, raised before serving
+        ├── UpstreamTimeout          504    no connection within --upstream-connect-timeout
+        └── CancelAttemptFailed             one cancel attempt failed; retried until its deadline
+            ├── StaleConnection             a reused keep-alive connection the server had closed
+            └── BadResponse                 the cancel endpoint's answer was not HTTP/1.1
+    hangup_contract.runtime.options.ConfigError (ValueError): bad flags or environment, raised
+    before serving (one class for both processes)
 
 Foreign exceptions (aiohttp's, OSError) are translated where they are caught, with
 ``raise … from exc``; only ``ProxyError`` reaches the code that writes error responses.
@@ -51,6 +58,18 @@ class BadRequestId(ClientError):
     status = 400
 
 
+class ClientGone(ProxyError):
+    """Sending to the client failed: its connection (or its gRPC call) is gone."""
+
+    status = 499  # nginx's "client closed request"
+    outcome = Outcome.CANCELLED
+
+
+class ProxyTimeout(ProxyError):
+    status = 504
+    outcome = Outcome.CANCELLED
+
+
 class Overloaded(ProxyError):
     status = 503
     outcome = Outcome.REJECTED
@@ -73,5 +92,14 @@ class UpstreamTimeout(UpstreamError):
     status = 504
 
 
-class ConfigError(ValueError):
-    """Bad flags or environment: the process exits with this message before serving."""
+class CancelAttemptFailed(UpstreamError):
+    """One cancel attempt failed in a way another attempt may fix (the cancel endpoint is down,
+    slow or overloaded): the canceller retries until the cancel's deadline."""
+
+
+class StaleConnection(CancelAttemptFailed):
+    """The connection ended before any response arrived (the server had closed it)."""
+
+
+class BadResponse(CancelAttemptFailed):
+    """The response could not be read as HTTP/1.1."""

@@ -46,7 +46,7 @@ from hangup_contract import request_id as request_ids
 from hangup_contract.vocabulary import Reason
 from proxy.cancel import Canceller
 from proxy.config import Config
-from proxy.errors import BadRequestId, Overloaded
+from proxy.errors import BadRequestId, ClientGone, Overloaded
 from proxy.grpc_peer import Liveness, connection_liveness
 from proxy.headers import CLIENT_REQUEST_ID, RequestIds, choose_request_ids
 from proxy.logs import log_call
@@ -125,11 +125,6 @@ def client_metadata(metadata: Sequence[tuple[str, Any]], request_id: str) -> Met
     """The upstream's initial metadata for the client, always naming the call id."""
     kept = tuple((k, v) for k, v in relayable(metadata) if k != _REQUEST_ID)
     return (*kept, (_REQUEST_ID, request_id))
-
-
-class ClientGone(Exception):
-    """Sending to the client failed: its call or its connection is gone (a hang-up that gRPC
-    reports to the writer before, or instead of, cancelling the handler)."""
 
 
 class _Exchange:

@@ -23,8 +23,9 @@ import grpc
 
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.vocabulary import CancelState, Reason
-from proxy.cancel import CancelAdapter, CancelAttemptFailed, NoCancelAdapter
+from proxy.cancel import CancelAdapter, NoCancelAdapter
 from proxy.config import AdapterName, Config
+from proxy.errors import CancelAttemptFailed
 from proxy.vocabulary import CancelResult
 
 log = logging.getLogger("hangup.proxy.cancel")

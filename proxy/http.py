@@ -36,9 +36,11 @@ from aiohttp import web
 from hangup_contract.vocabulary import Reason
 from proxy.errors import (
     BodyTooLarge,
+    ClientGone,
     ExpectationFailed,
     Overloaded,
     ProxyError,
+    ProxyTimeout,
     UpstreamBroken,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -58,15 +60,6 @@ log = logging.getLogger("hangup.proxy.http")
 _NO_BODY_STATUSES = frozenset({204, 304})
 CancelTask = asyncio.Task[CancelResult | None]
 _CLOSE_TIMEOUT = 5.0  # seconds for handlers still running at close (the drain came first)
-
-
-class ProxyTimeout(ProxyError):
-    status = 504
-    outcome = Outcome.CANCELLED
-
-
-class _ClientGone(Exception):
-    """Writing to the client failed: it left (the cancellation of the handler follows)."""
 
 
 class _Exchange:
@@ -156,6 +149,9 @@ class HttpRelay:
                 response = await self._relay(ex)
             call.outcome = Outcome.COMPLETED
             return response
+        except ClientGone:  # writing to the client failed: the cancellation of the handler follows
+            cancel = self._cancel(ex, Reason.CLIENT_DISCONNECT)
+            return self._prepared(ex)
         except ProxyError as exc:
             return self._error(ex, exc)
         except TimeoutError:
@@ -163,9 +159,6 @@ class HttpRelay:
                 raise
             cancel = self._cancel(ex, Reason.PROXY_TIMEOUT)
             return self._error(ex, ProxyTimeout("the call ran past --max-request-duration"))
-        except _ClientGone:
-            cancel = self._cancel(ex, Reason.CLIENT_DISCONNECT)
-            return self._prepared(ex)
         except asyncio.CancelledError:
             cancel = self._cancel(ex, call.reason or Reason.CLIENT_DISCONNECT)
             raise
@@ -264,7 +257,7 @@ class HttpRelay:
             call.upstream_ttfb = time.monotonic() - sent
             self._state.metrics.upstream_ttfb.observe(call.upstream_ttfb)
             response = await self._respond(ex, upstream)
-        except (asyncio.CancelledError, TimeoutError, _ClientGone):
+        except (asyncio.CancelledError, TimeoutError, ClientGone):
             raise  # a cancel follows: _close_upstream closes the stream once it is answered
         except BaseException:
             upstream.close()  # drop the connection: the upstream sees its stream end at once
@@ -335,14 +328,14 @@ class HttpRelay:
         try:
             await response.prepare(request)
         except ConnectionResetError as exc:
-            raise _ClientGone from exc
+            raise ClientGone(f"the client left before the response began: {exc}") from exc
         ex.response, call.stage, call.status = response, Stage.STREAMING, upstream.status
         try:
             async for chunk in upstream.content.iter_any():
                 try:
                     await response.write(chunk)
                 except ConnectionResetError as exc:
-                    raise _ClientGone from exc
+                    raise ClientGone(f"the client left mid-response: {exc}") from exc
                 call.bytes_out += len(chunk)
         except aiohttp.ClientError as exc:
             raise UpstreamBroken(f"upstream broke off mid-response: {type(exc).__name__}") from exc

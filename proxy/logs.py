@@ -1,16 +1,12 @@
-"""Structured logging: one JSON object per line on stderr.
+"""The proxy's log records, in the shape both processes write (``hangup_contract.runtime.logs``).
 
-Each relayed call ends in exactly one record (message ``call``) carrying ``Call.record()``;
-other records (startup, cancel retries, shutdown) use the same shape with a ``msg`` field.
+Each relayed call ends in exactly one record (``msg`` ``call``) carrying ``Call.record()``;
+other records (startup, cancel retries, shutdown) are sentences or events of the same shape.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
-import time
-from typing import Any
 
 from aiohttp.http_exceptions import HttpProcessingError
 
@@ -31,33 +27,6 @@ class BadRequestFilter(logging.Filter):
             client = record.args[0] if isinstance(record.args, tuple) and record.args else None
             record.msg, record.args = "bad request from %s: %s", (client, exc.message)
         return True
-
-
-class JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):
-            entry.update(fields)
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
-def setup(level: str) -> None:
-    """Send every ``hangup.*`` record to stderr as JSON lines."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
-    root = logging.getLogger("hangup")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
 
 
 def server_logger() -> logging.Logger:

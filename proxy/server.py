@@ -16,15 +16,13 @@ Shutdown, in order (SIGTERM or SIGINT):
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
+from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.vocabulary import Reason
 from proxy.admin import AdminListener
 from proxy.cancel import Canceller, open_adapter
@@ -102,7 +100,7 @@ class Server:
             self._listeners.append(listener)
             self.addresses[listener.name] = await listener.start()
         if config.ready_file is not None:
-            _write_atomically(config.ready_file, json.dumps(self.addresses))
+            write_ready_file(config.ready_file, self.addresses)
         log.info(
             "serving",
             extra={"fields": {"listeners": self.addresses, "upstream": config.upstream_http}},
@@ -151,9 +149,3 @@ class Server:
             await stop.wait()
         finally:
             await self.shutdown()
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

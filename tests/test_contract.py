@@ -9,6 +9,10 @@ characters a URL path cannot carry as they are, and both sides refuse an id that
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
+import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,9 +29,10 @@ from hangup_contract.cancel import (
 )
 from hangup_contract.vocabulary import CancelState, Phase, Reason
 from proxy.cancel import HangupCancelAdapter
+from proxy.errors import ProxyError
 from proxy.vocabulary import CancelResult
 from tests.gateway_fixtures import Gateway
-from tests.support import REPO
+from tests.support import REPO, spawn
 from tests.test_grpc_gateway import LONG, Stream, cancel_id_of, inputs
 
 PACKAGES = ("hangup_contract", "gateway_server", "proxy")
@@ -181,3 +186,34 @@ def test_gateway_transports_use_only_the_service() -> None:
             assert not reached & {"pool", "registry", "workers"}, (path, reached & {"pool"})
             modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
             assert not any(m and m.startswith(f"gateway_server.{other}") for m in modules), path
+
+
+def test_every_exception_the_proxy_defines_is_in_its_one_tree() -> None:
+    for path in sorted((REPO / "proxy").glob("*.py")):
+        module = importlib.import_module(f"proxy.{path.stem}")
+        for name, obj in vars(module).items():
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, BaseException)
+                and obj.__module__ == module.__name__
+            ):
+                assert issubclass(obj, ProxyError), f"proxy.{path.stem}.{name}"
+
+
+def test_both_processes_write_one_log_line_shape(tmp_path: Path) -> None:
+    """Operators' log pipelines read the gateway and the proxy of a pod the same way."""
+    with spawn("gateway_server", ["--http-port", "0", "--grpc-port", "0"], tmp_path / "g") as gw:
+        args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+                "--upstream-http", gw.url()]  # fmt: skip
+        with spawn("proxy", args, tmp_path / "p") as px:
+            assert px.terminate() == 0
+        assert gw.terminate() == 0
+        logs = {"gateway": gw.log(), "proxy": px.log()}
+    for process, text in logs.items():
+        records = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+        assert records, process
+        for record in records:
+            assert list(record)[:4] == ["ts", "level", "logger", "msg"], (process, record)
+            assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record["ts"]), record
+            assert record["logger"].startswith(f"hangup.{process}"), record
+        assert any(r["msg"] in {"serving", "listening"} for r in records), (process, records)

@@ -18,7 +18,7 @@ MODEL = "hangup-sim"
 
 def log_events(log: str, event: str) -> list[dict[str, object]]:
     lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
-    return [line for line in lines if line.get("event") == event]
+    return [line for line in lines if line.get("msg") == event]
 
 
 def test_environment_configures_and_flags_win(tmp_path: Path) -> None:

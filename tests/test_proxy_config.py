@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from hangup_contract.runtime.options import ConfigError
 from proxy.config import AdapterName, Config, build_config
-from proxy.errors import ConfigError
 from tests.support import REPO, child_env
 
 

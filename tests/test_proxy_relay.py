@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from proxy.logs import JsonFormatter
+from hangup_contract.runtime.logs import JsonFormatter
 from tests.proxy_harness import http_url, metric, raw_request, running_proxy
 from tests.proxy_scripted_upstream import ScriptedUpstream
 

@@ -56,7 +56,6 @@ import asyncio
 import contextlib
 import copy
 import itertools
-import json
 import logging
 import os
 import threading
@@ -77,6 +76,7 @@ from gateway_server.engine.base import (
     TokenChunk,
 )
 from gateway_server.engine.vllm_options import VllmOptions
+from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import Phase
 
 log = logging.getLogger("hangup.gateway.vllm")
@@ -163,13 +163,13 @@ class VllmEngine:
                 f"vLLM worker {self.index} could not load {self.model!r}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
-        log.info(json.dumps({
-            "event": "vllm_worker_ready", "worker": self.index, "model": self.model,
-            "max_model_len": self.max_model_len,
-            "devices": list(self.devices.ids) if self.devices else [],
-            "engine_core_pids": self.engine_core_pids,
-            "start_s": round(time.monotonic() - started, 1),
-        }))  # fmt: skip
+        log_event(
+            log, "vllm_worker_ready", worker=self.index, model=self.model,
+            max_model_len=self.max_model_len,
+            devices=list(self.devices.ids) if self.devices else [],
+            engine_core_pids=self.engine_core_pids,
+            start_s=round(time.monotonic() - started, 1),
+        )  # fmt: skip
 
     @property
     def engine_core_pids(self) -> list[int]:
@@ -321,10 +321,10 @@ class VllmEngine:
                     await llm.is_sleeping()  # ordered after the abort in the core's input queue
         except TimeoutError:
             # Never seen; a hung engine core must not hang cancel callers with it.
-            log.error(json.dumps({
-                "event": "vllm_abort_unconfirmed", "worker": self.index,
-                "request_id": request_id, "timeout_s": ABORT_CONFIRM_TIMEOUT_S,
-            }))  # fmt: skip
+            log_event(
+                log, "vllm_abort_unconfirmed", logging.ERROR, worker=self.index,
+                request_id=request_id, timeout_s=ABORT_CONFIRM_TIMEOUT_S,
+            )  # fmt: skip
         finally:
             self._forget(request_id, state)
 

@@ -7,13 +7,10 @@ so a user who knows ``vllm serve`` knows these. ``None`` leaves vLLM's own defau
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-EnvLookup = Callable[[str, Any], Any]
-"""``env(name, default)``: the value of ``HANGUP_GATEWAY_<NAME>``, else ``default``."""
+from hangup_contract.runtime.options import Option, parse_bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,20 +26,6 @@ class VllmOptions:
     kv_cache_memory_bytes: int | None = None
     """KV-cache size per worker; overrides ``gpu_memory_utilization`` (on CPU: share of RAM)."""
     enable_prefix_caching: bool | None = None
-
-    @classmethod
-    def from_namespace(cls, ns: argparse.Namespace) -> VllmOptions:
-        return cls(
-            dtype=ns.dtype,
-            max_model_len=ns.max_model_len,
-            max_num_seqs=ns.max_num_seqs,
-            gpu_memory_utilization=ns.gpu_memory_utilization,
-            tensor_parallel_size=ns.tensor_parallel_size,
-            enforce_eager=ns.enforce_eager,
-            max_num_batched_tokens=ns.max_num_batched_tokens,
-            kv_cache_memory_bytes=ns.kv_cache_memory_bytes,
-            enable_prefix_caching=ns.enable_prefix_caching,
-        )
 
     def engine_args(self) -> dict[str, Any]:
         """Keyword arguments for ``vllm.AsyncEngineArgs`` (model excluded); unset ones left out."""
@@ -63,35 +46,16 @@ class VllmOptions:
         return args
 
 
-def _flag(value: Any) -> bool:
-    return str(value).lower() in ("1", "true", "yes", "on")
-
-
-def _optional_flag(value: Any) -> bool | None:
-    return None if value is None else _flag(value)
-
-
-def add_vllm_arguments(parser: argparse.ArgumentParser, env: EnvLookup) -> None:
-    """Add the vLLM engine options; ``env(name, default)`` reads ``HANGUP_GATEWAY_<NAME>``."""
-    group = parser.add_argument_group("vLLM engine (--engine vllm)")
-    group.add_argument("--dtype", default=env("dtype", "auto"))
-    group.add_argument("--max-model-len", type=int, default=env("max_model_len", None))
-    group.add_argument("--max-num-seqs", type=int, default=env("max_num_seqs", None))
-    group.add_argument(
-        "--gpu-memory-utilization", type=float, default=env("gpu_memory_utilization", 0.9)
-    )
-    group.add_argument("--tensor-parallel-size", type=int, default=env("tensor_parallel_size", 1))
-    group.add_argument(
-        "--enforce-eager", action="store_true", default=_flag(env("enforce_eager", False))
-    )
-    group.add_argument(
-        "--max-num-batched-tokens", type=int, default=env("max_num_batched_tokens", None)
-    )
-    group.add_argument(
-        "--kv-cache-memory-bytes", type=int, default=env("kv_cache_memory_bytes", None)
-    )
-    group.add_argument(
-        "--enable-prefix-caching",
-        action=argparse.BooleanOptionalAction,
-        default=_optional_flag(env("enable_prefix_caching", None)),
-    )
+VLLM_OPTIONS = (
+    Option("--dtype", str, "weights and activations dtype (auto)", group="vllm"),
+    Option("--max-model-len", int, "context length (prompt + output tokens)", group="vllm"),
+    Option("--max-num-seqs", int, "requests in one batch; more wait in vLLM's queue", group="vllm"),
+    Option("--gpu-memory-utilization", float, "share of GPU memory vLLM may use", group="vllm"),
+    Option("--tensor-parallel-size", int, "GPUs per worker", group="vllm"),
+    Option("--enforce-eager", parse_bool, "skip graph capture and compilation", group="vllm"),
+    Option("--max-num-batched-tokens", int, "token budget of one engine step", group="vllm"),
+    Option("--kv-cache-memory-bytes", int, "KV-cache size per worker", group="vllm"),
+    Option("--enable-prefix-caching", parse_bool, "reuse KV blocks of shared prefixes",
+           group="vllm", negatable=True),
+)  # fmt: skip
+"""The vLLM engine's options, each named as in ``vllm serve`` and ``AsyncEngineArgs``."""

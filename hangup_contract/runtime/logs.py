@@ -1,0 +1,53 @@
+"""Log lines: one JSON object per line on stderr, the same shape in the gateway and the proxy.
+
+::
+
+    {"ts": "2026-11-23T01:02:03.456Z", "level": "info", "logger": "hangup.gateway",
+     "msg": "request_end", "request_id": "...", ..., "exc": "Traceback ..."}
+
+``msg`` names what happened (``call``, ``request_end``, ``serving``, ...) or is a sentence; the
+structured fields of an event come from :func:`log_event` (or ``extra={"fields": {...}}``);
+``exc`` is there only when an exception was logged. Every ``hangup.*`` logger writes this way.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def setup(level: str) -> None:
+    """Send every ``hangup.*`` record at ``level`` or above to stderr as JSON lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger("hangup")
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    root.propagate = False
+
+
+def log_event(
+    logger: logging.Logger, name: str, level: int = logging.INFO, /, **fields: Any
+) -> None:
+    """One line saying ``name`` happened, with ``fields``."""
+    logger.log(level, name, extra={"fields": fields})
