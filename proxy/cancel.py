@@ -27,22 +27,26 @@ import logging
 import random
 import time
 from collections import deque
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import Protocol as Interface
+from typing import runtime_checkable
 
 from hangup_contract import cancel as contract
 from hangup_contract.vocabulary import CancelState, Reason
 from proxy.cancel_wire import Connection, Endpoint, read_response
 from proxy.errors import BadResponse, CancelAttemptFailed, StaleConnection
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CancelResult
+from proxy.vocabulary import CancelResult, Protocol
 
 log = logging.getLogger("hangup.proxy.cancel")
+
+CancelTask = asyncio.Task[CancelResult | None]
 
 _MAX_IDLE = 16  # idle keep-alive connections an adapter keeps for its next cancel calls
 _TEND_EVERY = 1.0  # seconds between checks that an idle connection is ready (see _tend)
 
 
-class CancelAdapter(Protocol):
+class CancelAdapter(Interface):
     """How the proxy asks one kind of upstream to cancel a call by id."""
 
     @property
@@ -63,7 +67,7 @@ class CancelAdapter(Protocol):
 
 
 @runtime_checkable
-class SendsNow(Protocol):
+class SendsNow(Interface):
     """An adapter that can put an attempt on the wire before returning (no event-loop turn)."""
 
     def send_now(self, request_id: str, reason: Reason) -> asyncio.Task[CancelResult] | None:
@@ -244,11 +248,16 @@ class HangupCancelAdapter:
 
 
 class Canceller:
-    """Runs cancel calls: shielded, bounded in concurrency, retried with backoff to a deadline."""
+    """Runs cancel calls: shielded, bounded in concurrency, retried with backoff to a deadline.
+
+    One per proxy, with the adapter each protocol's calls are cancelled through (the gRPC
+    listener's speak ``hangup.v1.Cancellation``, the HTTP listener's the HTTP cancel call); the
+    ``concurrency`` bound is shared by all of them.
+    """
 
     def __init__(
         self,
-        adapter: CancelAdapter,
+        adapters: Mapping[Protocol, CancelAdapter],
         metrics: ProxyMetrics,
         *,
         deadline: float,
@@ -256,7 +265,7 @@ class Canceller:
         backoff_max: float,
         concurrency: int,
     ) -> None:
-        self.adapter = adapter
+        self.adapters = dict(adapters)
         self.metrics = metrics
         self._deadline = deadline
         self._backoff = backoff
@@ -265,7 +274,11 @@ class Canceller:
         self._tasks: set[asyncio.Task[CancelResult | None]] = set()
 
     def submit(
-        self, request_id: str, reason: Reason, detected_at: float
+        self,
+        request_id: str,
+        reason: Reason,
+        detected_at: float,
+        protocol: Protocol = Protocol.HTTP,
     ) -> asyncio.Task[CancelResult | None]:
         """Start cancelling ``request_id``; the task's result is the outcome (None: no call).
 
@@ -273,16 +286,24 @@ class Canceller:
         is written before this returns: a hang-up's cancel call does not wait for the event loop
         to reach the canceller's task behind the relay work that became ready meanwhile.
         """
-        first = self._send_now(request_id, reason)
+        adapter = self.adapters[protocol]
+        first = self._send_now(adapter, request_id, reason)
         task = asyncio.get_running_loop().create_task(
-            self._run(request_id, reason, detected_at, first)
+            self._run(adapter, request_id, reason, detected_at, first)
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _send_now(self, request_id: str, reason: Reason) -> asyncio.Task[CancelResult] | None:
-        adapter = self.adapter
+    def submitter(self, protocol: Protocol) -> Callable[[str, Reason, float], CancelTask]:
+        """``submit`` for ``protocol``'s calls."""
+        return lambda request_id, reason, detected_at: self.submit(
+            request_id, reason, detected_at, protocol
+        )
+
+    def _send_now(
+        self, adapter: CancelAdapter, request_id: str, reason: Reason
+    ) -> asyncio.Task[CancelResult] | None:
         if not adapter.calls_upstream or not isinstance(adapter, SendsNow):
             return None
         if not self._slots.take_now():
@@ -301,19 +322,22 @@ class Canceller:
 
     async def _run(
         self,
+        adapter: CancelAdapter,
         request_id: str,
         reason: Reason,
         detected_at: float,
         first: asyncio.Task[CancelResult] | None,
     ) -> CancelResult | None:
-        if not self.adapter.calls_upstream:
+        if not adapter.calls_upstream:
             return None
         self.metrics.cancels_pending.inc()
         try:
-            result = await self._attempts(request_id, reason, detected_at + self._deadline, first)
+            result = await self._attempts(
+                adapter, request_id, reason, detected_at + self._deadline, first
+            )
         except asyncio.CancelledError:
             # Only drain() cancels these: the proxy is exiting with the call still unanswered.
-            self.metrics.cancel_call(self.adapter.name, CancelResult.GAVE_UP, None)
+            self.metrics.cancel_call(adapter.name, CancelResult.GAVE_UP, None)
             raise
         finally:
             self.metrics.cancels_pending.dec()
@@ -321,11 +345,12 @@ class Canceller:
                 first.cancel()  # no-op once answered; stops it if this task ended early
         acknowledged = result in {CancelResult.OK, CancelResult.FINISHED, CancelResult.NOT_FOUND}
         elapsed = time.monotonic() - detected_at if acknowledged else None
-        self.metrics.cancel_call(self.adapter.name, result, elapsed)
+        self.metrics.cancel_call(adapter.name, result, elapsed)
         return result
 
     async def _attempts(
         self,
+        adapter: CancelAdapter,
         request_id: str,
         reason: Reason,
         give_up_at: float,
@@ -341,7 +366,7 @@ class Canceller:
                         started, first = first, None
                         return await started  # its slot was taken by submit()
                     async with self._slots:
-                        return await self.adapter.cancel(request_id, reason)
+                        return await adapter.cancel(request_id, reason)
             except TimeoutError:
                 log.warning("cancel %s gave up after %d attempts", request_id, attempt)
                 return CancelResult.GAVE_UP
@@ -375,7 +400,8 @@ class Canceller:
                 await task
 
     async def close(self) -> None:
-        await self.adapter.close()
+        for adapter in self.adapters.values():
+            await adapter.close()
 
 
 class _Slots:

@@ -14,9 +14,9 @@ How one call goes::
                client's TCP connection gone → client_disconnect (see grpc_peer);
                otherwise the client cancelled → grpc_cancelled
                  ▼
-               explicit cancel call (by id, with the reason) submitted to the Canceller;
-               the upstream stream stays open until the cancel is acknowledged or
-               ``cancel_close_wait`` passes, then it is cancelled too.
+               proxy.lifecycle, as for HTTP: explicit cancel call (by id, with the reason)
+               submitted to the Canceller; the upstream stream stays open until the cancel
+               is acknowledged or ``--stream-close-grace`` passes, then it is cancelled too.
 
 Every gRPC method has the same shape on the wire (length-prefixed messages on one HTTP/2
 stream), so relaying each call as stream-stream serves unary and streaming methods alike. The
@@ -37,18 +37,16 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from hangup_contract import request_id as request_ids
 from hangup_contract.vocabulary import Reason
-from proxy.cancel import Canceller
-from proxy.config import Config
 from proxy.errors import BadRequestId, ClientGone, Overloaded
-from proxy.grpc_peer import Liveness, connection_liveness
+from proxy.grpc_peer import Liveness, can_tell_disconnects, connection_liveness
 from proxy.headers import CLIENT_REQUEST_ID, RequestIds, choose_request_ids
+from proxy.lifecycle import CallEnding
 from proxy.logs import log_call
 from proxy.state import Call, ServerState
 from proxy.vocabulary import Outcome, Protocol, Stage
@@ -74,31 +72,6 @@ _PROXY_STOPPED = {
     Reason.SHUTDOWN: (grpc.StatusCode.UNAVAILABLE, "the proxy is shutting down"),
     Reason.PROXY_TIMEOUT: (grpc.StatusCode.DEADLINE_EXCEEDED, "proxy timeout"),
 }
-
-
-@dataclass(frozen=True)
-class GrpcRelayConfig:
-    host: str = "127.0.0.1"
-    port: int = 8081
-    upstream: str = "127.0.0.1:8001"
-    trust_client_request_id: bool = False
-    max_request_duration: float | None = None
-    max_message_size: int | None = None
-    """Largest request message a client may send (``--max-body-size``); None: no limit."""
-    cancel_close_wait: float = 0.5
-    """How long a hung-up call's upstream stream waits for the cancel's acknowledgement."""
-
-    @classmethod
-    def from_config(cls, config: Config) -> GrpcRelayConfig:
-        return cls(
-            host=config.host,
-            port=config.grpc_port,
-            upstream=config.upstream_grpc,
-            trust_client_request_id=config.trust_client_request_id,
-            max_request_duration=config.max_request_duration,
-            max_message_size=config.max_body_size,
-            cancel_close_wait=config.stream_close_grace,
-        )
 
 
 def relayable(metadata: Sequence[tuple[str, Any]]) -> Metadata:
@@ -212,13 +185,16 @@ class _Exchange:
 
 
 class GrpcRelay:
-    """The gRPC listener. ``start`` binds and serves; ``stop`` ends it (see ``proxy.state`` for
-    the drain sequence, which stops this listener's calls through ``Call.stop``)."""
+    """The gRPC listener (``name``, ``start``, ``stop_accepting``, ``close``, as every listener of
+    ``proxy.server``), built from the shared ``ServerState``. Calls are stopped through
+    ``Call.stop`` when the server drains (see ``proxy.state``)."""
 
-    def __init__(self, config: GrpcRelayConfig, state: ServerState, canceller: Canceller) -> None:
-        self._config = config
+    name = "grpc"
+
+    def __init__(self, state: ServerState) -> None:
         self._state = state
-        self._canceller = canceller
+        self._config = state.config
+        self._submit = state.canceller.submitter(Protocol.GRPC)
         self._server: grpc.aio.Server | None = None
         self._channel: grpc.aio.Channel | None = None
         self._port = 0
@@ -228,30 +204,35 @@ class GrpcRelay:
         """The bound port (after ``start``)."""
         return self._port
 
-    async def start(self) -> None:
-        """Bind ``host:port`` and serve. Raises ``OSError`` when the address cannot be bound."""
-        self._channel = grpc.aio.insecure_channel(
-            self._config.upstream, options=_UNLIMITED_MESSAGES
-        )
-        limit = self._config.max_message_size
+    async def start(self) -> str:
+        """Bind and serve; returns ``host:port``. Raises ``OSError`` when it cannot bind."""
+        config = self._config
+        self._channel = grpc.aio.insecure_channel(config.upstream_grpc, options=_UNLIMITED_MESSAGES)
+        limit = config.max_body_size
         # gRPC itself refuses a larger request message with RESOURCE_EXHAUSTED.
         server = grpc.aio.server(
             options=[("grpc.max_receive_message_length", -1 if limit is None else limit),
                      ("grpc.max_send_message_length", -1)]
         )  # fmt: skip
         server.add_generic_rpc_handlers([_RelayHandler(self._handle)])
-        self._port = server.add_insecure_port(f"{self._config.host}:{self._config.port}")
+        self._port = server.add_insecure_port(f"{config.host}:{config.grpc_port}")
         if self._port == 0:
-            raise OSError(
-                f"cannot bind the gRPC listener to {self._config.host}:{self._config.port}"
-            )
+            raise OSError(f"cannot bind the gRPC listener to {config.host}:{config.grpc_port}")
         await server.start()
         self._server = server
+        if not can_tell_disconnects():
+            log.warning(
+                "sock_diag is unavailable: gRPC clients that vanish count as grpc_cancelled"
+            )
+        return f"{config.host}:{self._port}"
 
-    async def stop(self, grace: float | None = None) -> None:
-        """Stop serving: calls still running after ``grace`` seconds are cancelled by gRPC."""
+    async def stop_accepting(self) -> None:
+        """New calls are refused through the shared draining flag; nothing else to do here."""
+
+    async def close(self) -> None:
+        """Stop serving: calls still running are cancelled by gRPC (the drain came first)."""
         if self._server is not None:
-            await self._server.stop(grace)
+            await self._server.stop(0)
             self._server = None
         if self._channel is not None:
             await self._channel.close()
@@ -259,6 +240,10 @@ class GrpcRelay:
 
     async def _handle(self, method: str, requests: AsyncIterator[bytes], context: Any) -> None:
         call = Call(Protocol.GRPC, "POST", method, context.peer())
+        ending = CallEnding(
+            call, self._state.metrics, self._submit, close_grace=self._config.stream_close_grace,
+            gone_status=grpc.StatusCode.CANCELLED.value[0], log=log_call,
+        )  # fmt: skip
         metadata = tuple(context.invocation_metadata() or ())
         try:
             ids = choose_request_ids(
@@ -267,31 +252,27 @@ class GrpcRelay:
             )
             self._state.admit(call)
         except (BadRequestId, Overloaded) as exc:
-            await self._refuse(call, context, exc)
+            self._refuse(call, context, exc)
+            ending.finish()
             return
         call.request_id, call.client_request_id = ids.upstream, ids.client
         task = asyncio.current_task()
         assert task is not None
         call.stop = lambda reason: self._stop(call, task, reason)
         try:
-            await self._relay(call, method, metadata, ids, requests, context)
+            await self._relay(ending, method, metadata, ids, requests, context)
         finally:
-            call.ended = time.monotonic()
             self._state.release(call)
-            self._state.metrics.finished(Protocol.GRPC, call.outcome or Outcome.COMPLETED)
-            log_call(call.record())
+            ending.finish()
 
-    async def _refuse(self, call: Call, context: Any, exc: BadRequestId | Overloaded) -> None:
+    def _refuse(self, call: Call, context: Any, exc: BadRequestId | Overloaded) -> None:
         if isinstance(exc, BadRequestId):
             code = grpc.StatusCode.INVALID_ARGUMENT
         elif self._state.draining:
             code = grpc.StatusCode.UNAVAILABLE
         else:
             code = grpc.StatusCode.RESOURCE_EXHAUSTED
-        call.outcome, call.error, call.ended = Outcome.REJECTED, exc.message, time.monotonic()
-        call.status = code.value[0]
-        self._state.metrics.finished(Protocol.GRPC, Outcome.REJECTED)
-        log_call(call.record())
+        call.outcome, call.error, call.status = Outcome.REJECTED, exc.message, code.value[0]
         context.set_code(code)
         context.set_details(exc.message)
 
@@ -303,7 +284,7 @@ class GrpcRelay:
 
     async def _relay(
         self,
-        call: Call,
+        ending: CallEnding,
         method: str,
         metadata: Metadata,
         ids: RequestIds,
@@ -314,13 +295,14 @@ class GrpcRelay:
         upstream = self._channel.stream_stream(method)(
             metadata=upstream_metadata(metadata, ids), timeout=context.time_remaining()
         )
-        exchange = _Exchange(upstream, context, call, self._state)
+        ending.upstream_open = True
+        exchange = _Exchange(upstream, context, ending.call, self._state)
         # The exchange runs in a task of its own: gRPC cancels a client call whose awaiting task
         # is cancelled, and the upstream call must outlive the handler's cancellation until the
         # explicit cancel has gone out.
         relaying = asyncio.create_task(exchange.run(requests))
         try:
-            await self._await_exchange(call, exchange, relaying, context)
+            await self._await_exchange(ending, exchange, relaying, context)
         finally:
             # Whatever happened, no upstream call outlives its client call.
             if not exchange.upstream.done():
@@ -330,22 +312,27 @@ class GrpcRelay:
             await exchange.close()
 
     async def _await_exchange(
-        self, call: Call, exchange: _Exchange, relaying: asyncio.Task[grpc.StatusCode], context: Any
+        self,
+        ending: CallEnding,
+        exchange: _Exchange,
+        relaying: asyncio.Task[grpc.StatusCode],
+        context: Any,
     ) -> None:
+        call = ending.call
         try:
             async with asyncio.timeout(self._config.max_request_duration):
                 code = await asyncio.shield(relaying)
         except TimeoutError:
-            await self._hung_up(call, exchange, relaying, Reason.PROXY_TIMEOUT)
+            await self._hung_up(ending, exchange, relaying, Reason.PROXY_TIMEOUT)
             self._tell_client(context, call, Reason.PROXY_TIMEOUT)
             return
         except ClientGone as exc:
             call.error = str(exc)
-            await self._hung_up(call, exchange, relaying, self._why(context, gone=True))
+            await self._hung_up(ending, exchange, relaying, self._why(context, gone=True))
             return
         except asyncio.CancelledError:
             stopped_by = call.reason  # set when the proxy itself ended the call
-            await self._hung_up(call, exchange, relaying, stopped_by or self._why(context))
+            await self._hung_up(ending, exchange, relaying, stopped_by or self._why(context))
             if stopped_by is None:
                 raise
             # The client gets a status, not a reset.
@@ -356,7 +343,7 @@ class GrpcRelay:
             return
         if code == grpc.StatusCode.DEADLINE_EXCEEDED and self._deadline_passed(context):
             # The upstream call's copy of the client's deadline fired first: the same hang-up.
-            await self._hung_up(call, exchange, relaying, Reason.DEADLINE_EXCEEDED)
+            await self._hung_up(ending, exchange, relaying, Reason.DEADLINE_EXCEEDED)
         elif exchange.unreachable:
             call.outcome, call.error = Outcome.UPSTREAM_ERROR, "upstream unavailable"
         else:
@@ -387,33 +374,25 @@ class GrpcRelay:
         context.set_code(code)
         context.set_details(details)
 
+    @staticmethod
     async def _hung_up(
-        self,
-        call: Call,
+        ending: CallEnding,
         exchange: _Exchange,
         relaying: asyncio.Task[grpc.StatusCode],
         reason: Reason,
     ) -> None:
-        """Record the hang-up, cancel upstream explicitly, then close the upstream stream.
+        """The call ends for ``reason``: the lifecycle's sequence, then wait for the exchange.
 
-        Returns once the exchange has ended; the cancel call may still be retrying (the
-        ``Canceller`` owns it).
+        Returns once the upstream stream is closed (its cancel answered, or the grace passed)
+        and the exchange has ended; the cancel call may still be retrying (the ``Canceller``
+        owns it).
         """
-        detected = time.monotonic()
-        call.reason, call.outcome = reason, Outcome.CANCELLED
-        if reason not in _PROXY_STOPPED:
-            self._state.metrics.disconnected(Protocol.GRPC, call.stage)
-        self._state.metrics.cancelled(Protocol.GRPC, reason)
-        try:
-            if not exchange.ended and call.request_id is not None:
-                pending = self._canceller.submit(call.request_id, reason, detected)
-                done, _ = await asyncio.wait({pending}, timeout=self._config.cancel_close_wait)
-                if done and not pending.cancelled() and pending.exception() is None:
-                    call.cancel_result = pending.result()
-        finally:
-            exchange.upstream.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                await relaying
+        ending.upstream_done = exchange.ended
+        ending.stop(reason)
+        ending.close_upstream(exchange.upstream.cancel)
+        await ending.upstream_closed()
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+            await relaying
 
 
 class _RelayHandler(grpc.GenericRpcHandler):  # type: ignore[misc]

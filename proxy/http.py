@@ -9,12 +9,13 @@ only shuts down its write side looks the same to the transport and is treated as
 README, "Half-closed connections").
 
 Per call: admit (limits) → choose ids → stream the body up → relay the response chunk by chunk
-as it arrives (``iter_any``: no batching of SSE events) → release. On a hang-up, a proxy timeout
-or shutdown, an explicit cancel by request id goes to the ``Canceller`` (its own task, so it
-outlives the handler) and the handler ends; the upstream call runs in a task of its own and is
-closed once the cancel is answered (at most ``--stream-close-grace`` later). A hang-up while the
-upstream call is open is submitted from the server's ``connection_lost`` callback itself, a turn
-of the event loop before the handler's cancellation arrives (``_Server``). Errors the proxy
+as it arrives (``iter_any``: no batching of SSE events) → release. How the call ends (the reason,
+the explicit cancel by request id, closing the upstream once the cancel is answered or
+``--stream-close-grace`` passed, the one log line) is ``proxy.lifecycle``'s, shared with gRPC;
+this module says when: the upstream call runs in a task of its own so that it outlives the
+handler's cancellation, and a hang-up while it is open is seen in the server's
+``connection_lost`` callback itself, a turn of the event loop before the handler's cancellation
+arrives (``_Server``). Errors the proxy
 makes itself are ``ProxyError`` responses (JSON, OpenAI-style ``{"error": {...}}``) while nothing
 has been sent yet; after that the only honest signal is to close the client connection without
 the final chunk, so a truncated response never looks complete.
@@ -51,29 +52,27 @@ from proxy.headers import (
     client_response_headers,
     upstream_request_headers,
 )
+from proxy.lifecycle import CallEnding
 from proxy.logs import log_call, server_logger
 from proxy.state import Call, ServerState
-from proxy.vocabulary import CancelResult, Outcome, Protocol, Stage
+from proxy.vocabulary import Outcome, Protocol, Stage
 
 log = logging.getLogger("hangup.proxy.http")
 
 _NO_BODY_STATUSES = frozenset({204, 304})
-CancelTask = asyncio.Task[CancelResult | None]
 _CLOSE_TIMEOUT = 5.0  # seconds for handlers still running at close (the drain came first)
 
 
 class _Exchange:
     """One request/response pair on the client side, with what has been sent so far."""
 
-    def __init__(self, request: web.BaseRequest, call: Call) -> None:
+    def __init__(self, request: web.BaseRequest, call: Call, ending: CallEnding) -> None:
         self.request = request
         self.call = call
+        self.ending = ending
         self.response: web.StreamResponse | None = None
         self.body_too_large = False
-        self.upstream_started = False
         self.upstream_task: asyncio.Task[aiohttp.ClientResponse] | None = None
-        self.cancel_submitted = False
-        self.cancel: CancelTask | None = None
 
 
 class HttpRelay:
@@ -106,14 +105,18 @@ class HttpRelay:
 
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         call = Call(Protocol.HTTP, request.method, request.path_qs, request.remote)
-        exchange = _Exchange(request, call)
+        ending = CallEnding(
+            call, self._state.metrics, self._state.canceller.submitter(Protocol.HTTP),
+            close_grace=self._config.stream_close_grace, gone_status=499, log=log_call,
+        )  # fmt: skip
+        exchange = _Exchange(request, call, ending)
         task = asyncio.current_task()
         call.stop = lambda reason: self._stop(call, task, reason)
         try:
             self._state.admit(call)
         except Overloaded as exc:
             response = self._error(exchange, exc)
-            self._finish(call, None)
+            ending.finish()
             return response
         try:
             return await self._guarded(exchange)
@@ -130,7 +133,7 @@ class HttpRelay:
         """
         ex = self._relaying.pop(protocol, None)
         if ex is not None:
-            self._cancel(ex, ex.call.reason or Reason.CLIENT_DISCONNECT)
+            ex.ending.stop(ex.call.reason or Reason.CLIENT_DISCONNECT)
 
     @staticmethod
     def _stop(call: Call, task: asyncio.Task[Any] | None, reason: Reason) -> None:
@@ -141,92 +144,43 @@ class HttpRelay:
             task.cancel()
 
     async def _guarded(self, ex: _Exchange) -> web.StreamResponse:
-        """Relay, mapping every way a call can end to its outcome, cancel and log line."""
-        call, cancel = ex.call, None
+        """Relay, mapping every way a call can end to its reason (``proxy.lifecycle`` does the
+        rest: the cancel, the upstream's close, the count and the log line)."""
+        call, ending = ex.call, ex.ending
         deadline = asyncio.timeout(self._config.max_request_duration)
         try:
             async with deadline:
                 response = await self._relay(ex)
             call.outcome = Outcome.COMPLETED
             return response
-        except ClientGone:  # writing to the client failed: the cancellation of the handler follows
-            cancel = self._cancel(ex, Reason.CLIENT_DISCONNECT)
+        except ClientGone:  # writing failed: the cancellation of the handler follows
+            ending.stop(Reason.CLIENT_DISCONNECT)
             return self._prepared(ex)
         except ProxyError as exc:
             return self._error(ex, exc)
         except TimeoutError:
             if not deadline.expired():
                 raise
-            cancel = self._cancel(ex, Reason.PROXY_TIMEOUT)
+            ending.stop(Reason.PROXY_TIMEOUT)
             return self._error(ex, ProxyTimeout("the call ran past --max-request-duration"))
         except asyncio.CancelledError:
-            cancel = self._cancel(ex, call.reason or Reason.CLIENT_DISCONNECT)
+            ending.stop(call.reason or Reason.CLIENT_DISCONNECT)
             raise
         finally:
             self._relaying.pop(ex.request.protocol, None)
-            self._close_upstream(ex, cancel)
-            self._finish(call, cancel)
+            ending.close_upstream(lambda: self._close_upstream(ex))
+            ending.finish()
 
-    def _close_upstream(self, ex: _Exchange, cancel: CancelTask | None) -> None:
-        """Close the upstream call: now, or once its cancel call is answered (bounded).
-
-        Closing first would let the upstream see a bare disconnect before the cancel call, and
-        record that instead of the real reason (``shutdown``, ``proxy_timeout``).
-        """
+    @staticmethod
+    def _close_upstream(ex: _Exchange) -> None:
+        """Drop the upstream call: its task if still connecting, its response if it has one."""
         task = ex.upstream_task
         if task is None:
             return
-
-        def close(*_: object) -> None:
-            if not task.done():
-                task.cancel()
-            elif not task.cancelled() and task.exception() is None:
-                task.result().close()
-
-        if cancel is None or cancel.done():
-            close()
-            return
-        cancel.add_done_callback(close)
-        asyncio.get_running_loop().call_later(self._config.stream_close_grace, close)
-
-    def _cancel(self, ex: _Exchange, reason: Reason) -> CancelTask | None:
-        """Record why the call ends; cancel it upstream explicitly, by id, in the background.
-
-        Once per call: a later call (the handler's, after ``connection_lost``) gets the first's.
-        """
-        if ex.cancel_submitted:
-            return ex.cancel
-        ex.cancel_submitted = True
-        detected = time.monotonic()
-        call = ex.call
-        call.reason, call.outcome, call.stopped_at = reason, Outcome.CANCELLED, detected
-        if reason is Reason.CLIENT_DISCONNECT:
-            self._state.metrics.disconnected(Protocol.HTTP, call.stage)
-            if call.status is None:
-                call.status = 499  # nginx's "client closed request": nothing was sent
-        self._state.metrics.cancelled(Protocol.HTTP, reason)
-        if not ex.upstream_started or call.request_id is None:
-            return None
-        ex.cancel = self._state.canceller.submit(call.request_id, reason, detected)
-        return ex.cancel
-
-    def _finish(self, call: Call, cancel: CancelTask | None) -> None:
-        """Count the call and write its log line (once its cancel call, if any, has an answer)."""
-        call.ended = time.monotonic()
-        outcome = call.outcome or Outcome.UPSTREAM_ERROR
-        call.outcome = outcome
-        self._state.metrics.finished(Protocol.HTTP, outcome)
-        if cancel is None:
-            log_call(call.record())
-            return
-
-        def done(task: CancelTask) -> None:
-            call.cancel_answered_at = time.monotonic()
-            if not task.cancelled():
-                call.cancel_result = task.result()
-            log_call(call.record())
-
-        cancel.add_done_callback(done)
+        if not task.done():
+            task.cancel()
+        elif not task.cancelled() and task.exception() is None:
+            task.result().close()
 
     async def _relay(self, ex: _Exchange) -> web.StreamResponse:
         request, call = ex.request, ex.call
@@ -248,8 +202,8 @@ class HttpRelay:
         body = self._body(ex) if request.body_exists else None
         sent = time.monotonic()
         # The upstream call runs in a task of its own, so a hang-up that cancels this handler
-        # leaves it open until the explicit cancel has been answered (see _close_upstream).
-        ex.upstream_started = True
+        # leaves it open until the explicit cancel has been answered (CallEnding.close_upstream).
+        ex.ending.upstream_open = True
         ex.upstream_task = asyncio.ensure_future(self._send(ex, headers, body))
         self._relaying[request.protocol] = ex
         upstream = await asyncio.shield(ex.upstream_task)
@@ -258,7 +212,7 @@ class HttpRelay:
             self._state.metrics.upstream_ttfb.observe(call.upstream_ttfb)
             response = await self._respond(ex, upstream)
         except (asyncio.CancelledError, TimeoutError, ClientGone):
-            raise  # a cancel follows: _close_upstream closes the stream once it is answered
+            raise  # a cancel follows: the upstream is closed once it is answered
         except BaseException:
             upstream.close()  # drop the connection: the upstream sees its stream end at once
             raise
@@ -297,7 +251,7 @@ class HttpRelay:
         except aiohttp.ServerTimeoutError as exc:
             raise UpstreamTimeout(f"upstream {self._base} did not answer in time") from exc
         except aiohttp.ClientConnectorError as exc:
-            ex.upstream_started = False
+            ex.ending.upstream_open = False  # never reached: nothing to cancel
             raise UpstreamUnavailable(
                 f"upstream {self._base} is unavailable: {exc.os_error}"
             ) from exc

@@ -1,8 +1,9 @@
 """``Config → Server``: starts the listeners, writes the ready file, and drains on shutdown.
 
 The server runs a list of listeners sharing one ``ServerState`` (calls in flight, the draining
-flag, metrics, the canceller). HTTP, gRPC (``proxy.grpc_listener``) and admin are built in; other
-listeners plug in by passing another factory (its key in the ready file is its ``name``).
+flag, metrics, and the one canceller, with a cancel adapter per protocol). HTTP, gRPC and admin
+are built in; other listeners plug in by passing another factory (its key in the ready file is
+its ``name``).
 
 Shutdown, in order (SIGTERM or SIGINT):
  1. ``draining`` is set: ``/readyz`` answers 503, new calls on open connections get 503.
@@ -10,7 +11,7 @@ Shutdown, in order (SIGTERM or SIGINT):
  3. Calls in flight may finish until ``--drain-timeout`` (a second signal ends the wait).
  4. The rest are stopped with reason ``shutdown``: each is cancelled upstream explicitly.
  5. Cancel calls in flight get until ``--cancel-deadline`` to be answered.
- 6. Listeners close (admin last), then the cancel adapter.
+ 6. Listeners close (admin last), then the cancel adapters.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Protocol as Interface
 
 from prometheus_client import CollectorRegistry
 
@@ -27,17 +28,19 @@ from hangup_contract.vocabulary import Reason
 from proxy.admin import AdminListener
 from proxy.cancel import Canceller, open_adapter
 from proxy.config import Config
-from proxy.grpc_listener import GrpcListener
+from proxy.grpc import GrpcRelay
+from proxy.grpc_cancel import open_grpc_adapter
 from proxy.http import HttpListener
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
+from proxy.vocabulary import Protocol
 
 log = logging.getLogger("hangup.proxy.server")
 
 _STOP_GRACE = 5.0  # seconds for stopped calls to unwind after their handlers are cancelled
 
 
-class Listener(Protocol):
+class Listener(Interface):
     """One listening socket and what serves it."""
 
     @property
@@ -55,7 +58,7 @@ class Listener(Protocol):
 
 
 ListenerFactory = Callable[[ServerState], Listener]
-DEFAULT_LISTENERS: tuple[ListenerFactory, ...] = (HttpListener, GrpcListener, AdminListener)
+DEFAULT_LISTENERS: tuple[ListenerFactory, ...] = (HttpListener, GrpcRelay, AdminListener)
 READY_KEYS = ("http", "grpc", "admin")
 
 
@@ -79,14 +82,14 @@ class Server:
     async def start(self) -> dict[str, str | None]:
         """Start every listener (inside the running loop); returns the ready-file map."""
         config = self.config
-        adapter = open_adapter(
+        http_adapter = open_adapter(
             config.cancel_adapter.value,
             config.cancel_base_url,
             config.cancel_token,
             config.cancel_attempt_timeout,
         )
         canceller = Canceller(
-            adapter,
+            {Protocol.HTTP: http_adapter, Protocol.GRPC: open_grpc_adapter(config)},
             self.metrics,
             deadline=config.cancel_deadline,
             backoff=config.cancel_backoff,

@@ -24,11 +24,12 @@ from hangup_contract.protos import cancellation_pb2
 from hangup_contract.vocabulary import Reason
 from proxy.cancel import Canceller
 from proxy.config import Config
-from proxy.grpc import GrpcRelay, GrpcRelayConfig
+from proxy.grpc import GrpcRelay
 from proxy.grpc_cancel import GrpcCancelAdapter
 from proxy.grpc_peer import can_tell_disconnects
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
+from proxy.vocabulary import Protocol
 from tests.support import child_env, wait_until
 
 needs_sock_diag = pytest.mark.skipif(
@@ -138,10 +139,11 @@ async def _stack(upstream: ScriptedUpstream, **options: Any) -> tuple[GrpcRelay,
     metrics = ProxyMetrics(registry)
     adapter = GrpcCancelAdapter(config.upstream_grpc, None, config.cancel_attempt_timeout)
     canceller = Canceller(
-        adapter, metrics, deadline=5.0, backoff=0.05, backoff_max=0.5, concurrency=8
-    )
+        {Protocol.GRPC: adapter}, metrics, deadline=5.0, backoff=0.05, backoff_max=0.5,
+        concurrency=8,
+    )  # fmt: skip
     state = ServerState(config, metrics, canceller)
-    relay = GrpcRelay(GrpcRelayConfig.from_config(config), state, canceller)
+    relay = GrpcRelay(state)
     await relay.start()
     return relay, state
 
@@ -156,7 +158,7 @@ async def running(**options: Any) -> AsyncIterator[Stack]:
         yield Stack(upstream, relay, state, state.metrics.registry, channel)
     finally:
         await channel.close()
-        await relay.stop(0)
+        await relay.close()
         await state.canceller.drain(1.0)
         await state.canceller.close()
         await upstream.stop()

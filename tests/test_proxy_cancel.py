@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from hangup_contract.vocabulary import Reason
 from proxy.cancel import Canceller, HangupCancelAdapter
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CancelResult
+from proxy.vocabulary import CancelResult, Protocol
 from tests.proxy_harness import http_url, raw_request, running_proxy
 from tests.proxy_scripted_upstream import ScriptedUpstream
 
@@ -36,8 +36,9 @@ def _canceller(
     metrics = ProxyMetrics(CollectorRegistry())
     adapter = HangupCancelAdapter(url, "tok", attempt)
     return Canceller(
-        adapter, metrics, deadline=deadline, backoff=0.01, backoff_max=0.05, concurrency=concurrency
-    )
+        {Protocol.HTTP: adapter}, metrics, deadline=deadline, backoff=0.01, backoff_max=0.05,
+        concurrency=concurrency,
+    )  # fmt: skip
 
 
 def _count(canceller: Canceller, result: CancelResult) -> float:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from hangup_contract.vocabulary import Reason
 from proxy.cancel import Canceller, HangupCancelAdapter
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CancelResult
+from proxy.vocabulary import CancelResult, Protocol
 from tests.support import wait_until
 
 CANCELLED = b'{"request_id": "x", "state": "cancelled", "phase": "decode"}'
@@ -80,7 +80,7 @@ async def endpoint() -> AsyncIterator[RawEndpoint]:
 def _canceller(raw: RawEndpoint, deadline: float = 5.0) -> Canceller:
     adapter = HangupCancelAdapter(f"http://127.0.0.1:{raw.port}/base", "tok", 1.0)
     return Canceller(
-        adapter,
+        {Protocol.HTTP: adapter},
         ProxyMetrics(CollectorRegistry()),
         deadline=deadline,
         backoff=0.01,
@@ -145,7 +145,7 @@ async def test_a_connection_is_kept_ready_after_the_server_closes_idle_ones(
     """Servers close idle keep-alive connections; the next hang-up should not wait for a connect."""
     endpoint.close_after = True
     canceller = _canceller(endpoint)
-    adapter = canceller.adapter
+    adapter = canceller.adapters[Protocol.HTTP]
     assert isinstance(adapter, HangupCancelAdapter)
     try:
         assert await _cancel(canceller, "id-1") is CancelResult.OK
