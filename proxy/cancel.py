@@ -31,19 +31,14 @@ from collections.abc import Callable, Mapping
 from typing import Protocol as Interface
 from typing import runtime_checkable
 
-from hangup_contract import cancel as contract
-from hangup_contract.vocabulary import CancelState, Reason
-from proxy.cancel_wire import Connection, Endpoint, read_response
-from proxy.errors import BadResponse, CancelAttemptFailed, StaleConnection
+from hangup_contract.vocabulary import Reason
+from proxy.errors import CancelAttemptFailed
 from proxy.metrics import ProxyMetrics
 from proxy.vocabulary import CancelResult, Protocol
 
 log = logging.getLogger("hangup.proxy.cancel")
 
 CancelTask = asyncio.Task[CancelResult | None]
-
-_MAX_IDLE = 16  # idle keep-alive connections an adapter keeps for its next cancel calls
-_TEND_EVERY = 1.0  # seconds between checks that an idle connection is ready (see _tend)
 
 
 class CancelAdapter(Interface):
@@ -86,165 +81,6 @@ class NoCancelAdapter:
 
     async def close(self) -> None:
         return None
-
-
-class HangupCancelAdapter:
-    """The cancel contract's HTTP call: ``POST {base}/v2/requests/{id}/cancel`` with ``{"reason"}``.
-
-    200 ``cancelled`` → ok, 200 ``finished`` → finished, 404 → not_found, other 4xx → error
-    (retrying cannot fix a bad token); 5xx, 429, refused or timed-out connections are retried.
-
-    It speaks HTTP/1.1 itself over keep-alive connections of its own (cancel calls never queue
-    behind the relay's connections), because a general client costs event-loop turns before the
-    request leaves: ``send_now`` writes the request on an idle connection before it returns, in
-    the same callback that saw the hang-up. A reused connection the server had already closed
-    is replaced once within the attempt (cancelling is idempotent). Once it has made a call, it
-    keeps one connection ready: servers close idle ones (uvicorn after 5 s), and a hang-up that
-    finds none waits for a connect.
-    """
-
-    name = "hangup"
-    calls_upstream = True
-
-    def __init__(self, base_url: str, token: str | None, attempt_timeout: float) -> None:
-        self._endpoint = Endpoint.parse(base_url)
-        head = f"Host: {self._endpoint.netloc}\r\nContent-Type: application/json\r\n"
-        if token:
-            if any(c in token for c in "\r\n"):
-                raise ValueError("the cancel token must be one line")
-            head += f"Authorization: Bearer {token}\r\n"
-        self._head = head
-        self._timeout = attempt_timeout
-        self._idle: list[Connection] = []
-        self._open: set[Connection] = set()
-        self._tending: asyncio.TimerHandle | None = None
-        self._spare: asyncio.Task[None] | None = None
-        self._closed = False
-
-    def send_now(self, request_id: str, reason: Reason) -> asyncio.Task[CancelResult] | None:
-        """Write the cancel request now on an idle connection; the task reads the answer.
-
-        None when no connection is idle (``cancel`` then opens one).
-        """
-        conn = self._take_idle()
-        if conn is None:
-            return None
-        request = self._request(request_id, reason)
-        conn.writer.write(request)
-        return asyncio.get_running_loop().create_task(self._answer(conn, request, reused=True))
-
-    async def cancel(self, request_id: str, reason: Reason) -> CancelResult:
-        request = self._request(request_id, reason)
-        conn = self._take_idle()
-        reused = conn is not None
-        if conn is None:
-            conn = await self._connect()
-        conn.writer.write(request)
-        return await self._answer(conn, request, reused=reused)
-
-    def _request(self, request_id: str, reason: Reason) -> bytes:
-        body = contract.encode_request(reason)
-        path = self._endpoint.prefix + contract.cancel_path(request_id)
-        head = f"POST {path} HTTP/1.1\r\n{self._head}Content-Length: {len(body)}\r\n\r\n"
-        return head.encode("latin-1") + body
-
-    def _take_idle(self) -> Connection | None:
-        while self._idle:
-            conn = self._idle.pop()
-            if conn.usable():
-                return conn
-            self._discard(conn)
-        return None
-
-    async def _connect(self) -> Connection:
-        try:
-            async with asyncio.timeout(self._timeout):
-                reader, writer = await asyncio.open_connection(
-                    self._endpoint.host, self._endpoint.port, ssl=self._endpoint.tls
-                )
-        except (TimeoutError, OSError) as exc:
-            raise CancelAttemptFailed(f"{type(exc).__name__}: {exc}") from exc
-        conn = Connection(reader, writer)
-        self._open.add(conn)
-        return conn
-
-    async def _answer(self, conn: Connection, request: bytes, *, reused: bool) -> CancelResult:
-        """Read the answer to ``request`` (written on ``conn``) within the attempt's time."""
-        keep = False
-        try:
-            async with asyncio.timeout(self._timeout):
-                try:
-                    status, text, keep = await read_response(conn.reader)
-                except StaleConnection:
-                    if not reused:
-                        raise
-                    self._discard(conn)
-                    conn = await self._connect()
-                    conn.writer.write(request)
-                    status, text, keep = await read_response(conn.reader)
-        except (TimeoutError, OSError, StaleConnection, BadResponse) as exc:
-            raise CancelAttemptFailed(f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            if keep:
-                self._idle.append(conn)
-                if len(self._idle) > _MAX_IDLE:
-                    self._discard(self._idle.pop(0))
-            else:
-                self._discard(conn)
-            if self._tending is None and not self._closed:
-                self._tend()
-        return self._result(status, text)
-
-    def _tend(self) -> None:
-        """Every ``_TEND_EVERY`` seconds: drop idle connections the server closed, and open one
-        in the background when none is left."""
-        if self._closed:
-            return
-        loop = asyncio.get_running_loop()
-        self._tending = loop.call_later(_TEND_EVERY, self._tend)
-        for conn in [c for c in self._idle if not c.usable()]:
-            self._idle.remove(conn)
-            self._discard(conn)
-        if not self._idle and (self._spare is None or self._spare.done()):
-            self._spare = loop.create_task(self._open_spare())
-
-    async def _open_spare(self) -> None:
-        try:
-            self._idle.append(await self._connect())
-        except CancelAttemptFailed as exc:
-            log.debug("no spare cancel connection: %s", exc)
-
-    def _discard(self, conn: Connection) -> None:
-        self._open.discard(conn)
-        conn.writer.close()
-
-    @staticmethod
-    def _result(status: int, text: str) -> CancelResult:
-        if status == 404:
-            return CancelResult.NOT_FOUND
-        if status == 429 or status >= 500:
-            raise CancelAttemptFailed(f"cancel endpoint answered {status}")
-        if status != 200:
-            log.warning("cancel refused with %d: %s", status, text[:200])
-            return CancelResult.ERROR
-        try:
-            answer = contract.CancelAnswer.from_json(text)
-        except ValueError as exc:
-            log.warning("cancel answered 200 but %s: %s", exc, text[:200])
-            return CancelResult.ERROR
-        return CancelResult.FINISHED if answer.state is CancelState.FINISHED else CancelResult.OK
-
-    async def close(self) -> None:
-        self._closed = True
-        if self._tending is not None:
-            self._tending.cancel()
-        if self._spare is not None:
-            self._spare.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._spare
-        for conn in list(self._open):
-            self._discard(conn)
-        self._idle.clear()
 
 
 class Canceller:
@@ -443,12 +279,3 @@ class _Slots:
 
     async def __aexit__(self, *_: object) -> None:
         self.give()
-
-
-def open_adapter(
-    name: str, base_url: str, token: str | None, attempt_timeout: float
-) -> CancelAdapter:
-    """The adapter named by ``--cancel-adapter`` (call inside the running event loop)."""
-    if name == "none":
-        return NoCancelAdapter()
-    return HangupCancelAdapter(base_url, token, attempt_timeout)

@@ -26,7 +26,8 @@ from prometheus_client import CollectorRegistry
 from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.vocabulary import Reason
 from proxy.admin import AdminListener
-from proxy.cancel import Canceller, open_adapter
+from proxy.cancel import Canceller
+from proxy.cancel_http import open_http_adapter
 from proxy.config import Config
 from proxy.grpc import GrpcRelay
 from proxy.grpc_cancel import open_grpc_adapter
@@ -82,14 +83,8 @@ class Server:
     async def start(self) -> dict[str, str | None]:
         """Start every listener (inside the running loop); returns the ready-file map."""
         config = self.config
-        http_adapter = open_adapter(
-            config.cancel_adapter.value,
-            config.cancel_base_url,
-            config.cancel_token,
-            config.cancel_attempt_timeout,
-        )
         canceller = Canceller(
-            {Protocol.HTTP: http_adapter, Protocol.GRPC: open_grpc_adapter(config)},
+            {Protocol.HTTP: open_http_adapter(config), Protocol.GRPC: open_grpc_adapter(config)},
             self.metrics,
             deadline=config.cancel_deadline,
             backoff=config.cancel_backoff,

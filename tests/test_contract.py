@@ -28,7 +28,7 @@ from hangup_contract.cancel import (
     parse_request,
 )
 from hangup_contract.vocabulary import CancelState, Phase, Reason
-from proxy.cancel import HangupCancelAdapter
+from proxy.cancel_http import HangupCancelAdapter
 from proxy.errors import ProxyError
 from proxy.vocabulary import CancelResult
 from tests.gateway_fixtures import Gateway

@@ -15,7 +15,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from hangup_contract.vocabulary import Reason
-from proxy.cancel import Canceller, HangupCancelAdapter
+from proxy.cancel import Canceller
+from proxy.cancel_http import HangupCancelAdapter
 from proxy.metrics import ProxyMetrics
 from proxy.vocabulary import CancelResult, Protocol
 from tests.proxy_harness import http_url, raw_request, running_proxy
