@@ -65,9 +65,9 @@ async def stream_then_cancel(gateway: str) -> None:
         async with session.get(f"{gateway}/metrics") as metrics:
             text = await metrics.text()
     say("\nwhat the gateway recorded (non-zero series):")
-    for line in text.splitlines():
-        if line.startswith(WATCHED) and not line.endswith(" 0.0"):
-            say(f"  {line}")
+    for sample in text.splitlines():
+        if sample.startswith(WATCHED) and not sample.endswith(" 0.0"):
+            say(f"  {sample}")
 
 
 def print_log(gateway: Process) -> None:

@@ -132,7 +132,9 @@ def report(
 ) -> None:
     say("\nthe proxy recorded:")
     call = log_record(proxy, "request_id", REQUEST_ID)
-    keep = ("request_id", "status", "outcome", "stage", "reason", "cancel_result", "cancel_ms")
+    keep: tuple[str, ...] = (
+        "request_id", "status", "outcome", "stage", "reason", "cancel_result", "cancel_ms"
+    )  # fmt: skip
     say("  log: " + json.dumps({k: call.get(k) for k in keep}))
     for name, value in pm.items():
         if name.startswith(("hangup_proxy_client_disconnects", "hangup_proxy_cancel_calls_total",

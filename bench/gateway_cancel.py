@@ -29,14 +29,10 @@ from pathlib import Path
 import aiohttp
 
 from bench.processes import REPO, spawn
+from bench.stats import quantile
 
 MODEL = "hangup-sim"
 WIDTHS = (7, 8, 13, 10, 11, 13, 13, 16, 15)
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def cpu_seconds(pid: int) -> float:

@@ -29,12 +29,12 @@ from bench.grpc_paths import (
     aborts,
     gateway_cancellations,
     path,
-    quantile,
     stubs,
     text_request,
     wait_for,
 )
 from bench.processes import REPO
+from bench.stats import quantile
 
 LONG = 4000  # tokens: 40 s at 10 ms a step
 

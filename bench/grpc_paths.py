@@ -221,8 +221,3 @@ def wait_for(predicate: Callable[[], bool], within: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {within}s waiting for {what}")
         time.sleep(0.01)
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]

@@ -24,8 +24,9 @@ from typing import Any
 
 import grpc
 
-from bench.grpc_paths import PATHS, path, quantile, stubs, text_request
+from bench.grpc_paths import PATHS, path, stubs, text_request
 from bench.processes import REPO
+from bench.stats import quantile
 
 
 def cpu_seconds(pid: int | None) -> float:

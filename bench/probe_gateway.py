@@ -19,10 +19,10 @@ from pathlib import Path
 
 import uvloop
 
-from gateway_server.cli import configure_logging
 from gateway_server.config import from_args
 from gateway_server.engine.sim import SimConfig, SimulatedEngine
 from gateway_server.server import GatewayServer
+from hangup_contract.runtime import logs
 
 
 class _Stamped(dict[str, list[asyncio.Future[None]]]):
@@ -35,7 +35,7 @@ class _Stamped(dict[str, list[asyncio.Future[None]]]):
 
     def setdefault(
         self, key: str, default: list[asyncio.Future[None]] | None = None
-    ) -> list[asyncio.Future[None]]:  # type: ignore[override]
+    ) -> list[asyncio.Future[None]]:
         self._stamps.setdefault(key, time.monotonic())
         return super().setdefault(key, [] if default is None else default)
 
@@ -67,7 +67,7 @@ class ProbeSimEngine(SimulatedEngine):
 
 async def run(argv: list[str], log_path: Path) -> None:
     config = from_args(argv)
-    configure_logging("WARNING")
+    logs.setup("WARNING")
     engines = [ProbeSimEngine(config.sim) for _ in range(config.workers)]
     server = GatewayServer(config, engines=list(engines))
     await server.start(freeze_heap=True)

@@ -36,13 +36,9 @@ import time
 
 from bench.processes import REPO, spawn
 from bench.proxy_envoy import running_envoy
+from bench.stats import quantile
 
 MODEL = "hangup-sim"
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def hang_up_after(url: str, rid: str, tokens: int) -> tuple[str, float, int]:
@@ -105,7 +101,7 @@ def summarise(
         f"{name:>8} {len(asked):>6} {missing:>8} "
         f"{statistics.median(asked):8.2f} {quantile(asked, 0.99):8.2f} "
         f"{statistics.median(boundary):8.2f} {quantile(boundary, 0.99):8.2f} "
-        f"{statistics.mean(after):7.2f} {quantile(after, 0.99):5d} {max(after):5d}"
+        f"{statistics.mean(after):7.2f} {int(quantile(after, 0.99)):5d} {max(after):5d}"
     )
 
 

@@ -32,13 +32,9 @@ from typing import Any
 from bench.gateway_cancel import cpu_seconds, rss_mib
 from bench.processes import REPO, spawn
 from bench.proxy_envoy import running_envoy
+from bench.stats import quantile
 
 STAMP = re.compile(rb'"t": ([0-9.]+)')
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Connection:
