@@ -150,11 +150,15 @@ class HangupCancelAdapter:
 
     def __init__(self, base_url: str, token: str | None, attempt_timeout: float) -> None:
         self._endpoint = Endpoint.parse(base_url)
-        headers = [("Host", self._endpoint.netloc), ("Content-Type", "application/json")]
+        # As bytes: h11 validates bytes faster than str (this runs before a hang-up's bytes leave).
+        headers = [
+            (b"Host", self._endpoint.netloc.encode()),
+            (b"Content-Type", b"application/json"),
+        ]
         if token:
             if any(c in token for c in "\r\n"):
                 raise ValueError("the cancel token must be one line")
-            headers.append(("Authorization", f"Bearer {token}"))
+            headers.append((b"Authorization", f"Bearer {token}".encode()))
         self._headers = headers
         self._timeout = attempt_timeout
         self._idle: list[Connection] = []
@@ -187,8 +191,8 @@ class HangupCancelAdapter:
     def _request(self, request_id: str, reason: Reason) -> _Request:
         body = contract.encode_request(reason)
         path = self._endpoint.prefix + contract.cancel_path(request_id)
-        headers = [*self._headers, ("Content-Length", str(len(body)))]
-        return _Request(h11.Request(method="POST", target=path, headers=headers), body)
+        headers = [*self._headers, (b"Content-Length", str(len(body)).encode())]
+        return _Request(h11.Request(method=b"POST", target=path.encode(), headers=headers), body)
 
     def _take_idle(self) -> Connection | None:
         while self._idle:
