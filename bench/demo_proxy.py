@@ -21,7 +21,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.processes import REPO, Process, spawn
+from tests.support.processes import REPO, Process, spawn
 
 MODEL = "hangup-sim"
 TOKENS_BEFORE_HANGUP = 12

@@ -21,30 +21,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import statistics
 import time
-from pathlib import Path
 
 import aiohttp
 
-from bench.processes import REPO, spawn
-from bench.stats import quantile
+from bench.stats import cpu_seconds, median_p99, rss_mib
+from tests.support.processes import REPO, spawn
 
 MODEL = "hangup-sim"
 WIDTHS = (7, 8, 13, 10, 11, 13, 13, 16, 15)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 class Stream:
@@ -128,13 +113,9 @@ async def main() -> None:
         beyond = [1000 * (d - boundaries[k]) for k, (_, d) in sent.items()]
 
         cols = [str(n), f"{result['tokens_per_s']:.0f}", f"{result['cpu_ms_per_1k_tokens']:.1f}",
-                f"{result['rss_mib']:.1f} |", "", pair(total), pair(to_b), pair(gateway),
-                pair(beyond)]  # fmt: skip
+                f"{result['rss_mib']:.1f} |", "",
+                *(median_p99(v) for v in (total, to_b, gateway, beyond))]  # fmt: skip
         print(" ".join(f"{c:>{w}}" for c, w in zip(cols, WIDTHS, strict=True)), flush=True)
-
-
-def pair(values: list[float]) -> str:
-    return f"{statistics.median(values):6.2f}/{quantile(values, 0.99):6.2f}"
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import time
 from pathlib import Path
 
@@ -33,8 +32,8 @@ from bench.grpc_paths import (
     text_request,
     wait_for,
 )
-from bench.processes import REPO
-from bench.stats import quantile
+from bench.stats import median_p99
+from tests.support.processes import REPO
 
 LONG = 4000  # tokens: 40 s at 10 ms a step
 
@@ -76,10 +75,6 @@ async def run_path(target: str, cancels: int, n_background: int) -> dict[str, fl
     return sent
 
 
-def pair(values: list[float]) -> str:
-    return f"{statistics.median(values):6.2f}/{quantile(values, 0.99):6.2f}"
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cancels", type=int, default=200)
@@ -106,8 +101,8 @@ async def main() -> None:
         to_boundary = [1000 * (a.boundary - t) for a, t in measured]
         to_confirmed = [1000 * (a.confirmed - t) for a, t in measured if a.confirmed is not None]
         reasons = ", ".join(f"{r}={n:.0f}" for r, n in sorted(recorded.items()))
-        print(f"{name:>8} {len(measured):>8} {pair(asked):>27} {pair(to_boundary):>15}"
-              f" {pair(to_confirmed):>15}  {reasons}", flush=True)  # fmt: skip
+        print(f"{name:>8} {len(measured):>8} {median_p99(asked):>27} {median_p99(to_boundary):>15}"
+              f" {median_p99(to_confirmed):>15}  {reasons}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -28,8 +28,8 @@ from typing import Any
 import grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.processes import spawn
 from gateway_server.grpc.protos import inference_pb2 as pb
+from tests.support.processes import spawn
 
 PATHS = ("direct", "hangup", "envoy")
 MODEL = "hangup-sim"

@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -25,15 +23,8 @@ from typing import Any
 import grpc
 
 from bench.grpc_paths import PATHS, path, stubs, text_request
-from bench.processes import REPO
-from bench.stats import quantile
-
-
-def cpu_seconds(pid: int | None) -> float:
-    if pid is None:
-        return 0.0
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+from bench.stats import cpu_seconds, median_p99
+from tests.support.processes import REPO
 
 
 async def unary_latencies(infer: Any, calls: int) -> list[float]:
@@ -85,10 +76,6 @@ async def throughput(
     return received / (t1 - t0), 1e6 * (cpu_after - cpu_before) / max(1, received)
 
 
-def pair(values: list[float]) -> str:
-    return f"{statistics.median(values):6.2f}/{quantile(values, 0.99):6.2f}"
-
-
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=500)
@@ -110,8 +97,8 @@ async def main() -> None:
                 first = await first_responses(stream, args.calls)
                 rate, cpu = await throughput(stream, args.streams, args.window, p.relay_pid)
         relay_cpu = f"{cpu:.1f}" if p.relay_pid else "-"
-        print(f"{name:>8} {pair(unary):>17} {pair(first):>15} {rate:>12.0f} {relay_cpu:>16}",
-              flush=True)  # fmt: skip
+        print(f"{name:>8} {median_p99(unary):>17} {median_p99(first):>15} {rate:>12.0f}"
+              f" {relay_cpu:>16}", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -34,9 +34,9 @@ import statistics
 import struct
 import time
 
-from bench.processes import REPO, spawn
 from bench.proxy_envoy import running_envoy
 from bench.stats import quantile
+from tests.support.processes import REPO, spawn
 
 MODEL = "hangup-sim"
 

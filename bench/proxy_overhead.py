@@ -29,10 +29,9 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from bench.gateway_cancel import cpu_seconds, rss_mib
-from bench.processes import REPO, spawn
 from bench.proxy_envoy import running_envoy
-from bench.stats import quantile
+from bench.stats import cpu_seconds, median_p99, rss_mib
+from tests.support.processes import REPO, spawn
 
 STAMP = re.compile(rb'"t": ([0-9.]+)')
 
@@ -170,10 +169,6 @@ async def idle_memory(address: str, streams: int, pid: int) -> float:
     return 1024 * (after - before) / streams
 
 
-def pair(values: list[float]) -> str:
-    return f"{statistics.median(values):.3f} / {quantile(values, 0.99):.3f}"
-
-
 async def measure(name: str, address: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
     row: dict[str, Any] = {"path": name}
     await ttfb(address, 4, 50)  # warm up pools and code paths
@@ -194,7 +189,7 @@ def report(rows: list[dict[str, Any]]) -> None:
         cells = []
         for row in rows:
             added = statistics.median(row[key]) - statistics.median(direct[key])
-            cells.append(f"{row['path']}: {pair(row[key])} [{added:+.3f}]")
+            cells.append(f"{row['path']}: {median_p99(row[key], 3)} [{added:+.3f}]")
         print(f"  {key:>9}  " + "   ".join(cells))
     print("events/s (CPU ms per 1k events of the relaying process; direct: the source)")
     for n in (1, 64, 512):

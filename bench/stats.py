@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+import os
+import statistics
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def quantile(values: Sequence[float], q: float) -> float:
     """The ``q`` quantile of ``values`` (nearest rank; ``values`` must not be empty)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def median_p99(values: Sequence[float], digits: int = 2) -> str:
+    """``median/p99`` of ``values``, each with ``digits`` decimals."""
+    return f"{statistics.median(values):.{digits}f}/{quantile(values, 0.99):.{digits}f}"
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User plus system CPU time a process has used so far (0 for no process)."""
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int) -> float:
+    """A process's resident memory now, in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0

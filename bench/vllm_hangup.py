@@ -44,8 +44,8 @@ from typing import Any
 
 import aiohttp
 
-from bench.processes import REPO, child_env, spawn
 from bench.proxy_envoy import running_envoy
+from tests.support.processes import REPO, child_env, spawn
 
 ENGINE_ARGS = [
     "--enforce-eager", "--max-model-len", "8192", "--max-num-batched-tokens", "64",

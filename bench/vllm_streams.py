@@ -40,8 +40,8 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.processes import Process, child_env, spawn
 from bench.vllm_hangup import SERVED, vllm_serve
+from tests.support.processes import Process, child_env, spawn
 
 ENGINE_ARGS = ["--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20)]
 SEQUENTIAL_TOKENS = 400

@@ -1,4 +1,4 @@
-"""The proxy's Prometheus metrics (names and meanings fixed by DESIGN.md), on a registry passed in.
+"""The proxy's Prometheus metrics (names are interface, see the README), on a registry passed in.
 
 Label values come only from the enums in ``proxy.vocabulary`` and the configured adapter name,
 never from request ids. Durations are measured with ``time.monotonic()`` by the callers.

@@ -1,14 +1,19 @@
+"""Fixtures every tier shares. The tiers are folders: ``pure/`` (framing and rules, no I/O),
+``in_process/`` (real servers on 127.0.0.1 in the test's event loop), ``multi_process/`` (the real
+``python -m gateway_server`` and ``python -m proxy`` processes), ``deploy/`` (chart, image,
+observability) and ``vllm/`` (the real engine; its own conftest adds the vLLM session fixtures
+and makes ``gateway`` the shared vLLM gateway). Helpers live in ``tests/support/``."""
+
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import aiohttp
 import pytest
+import tritonclient.grpc.aio as triton
 
-from tests.gateway_fixtures import Gateway, running_gateway
-
-# The real vLLM engine's session fixtures (tiny local model, a shared two-worker gateway, a
-# proxy in front of it).
-from tests.vllm_fixtures import client_for, tiny_model, vllm_gateway2, vllm_proxy  # noqa: F401
+from tests.support.gateway import Gateway, running_gateway
+from tests.support.scripted_upstream import ScriptedUpstream
 
 
 @pytest.fixture
@@ -16,3 +21,29 @@ async def gateway() -> AsyncIterator[Gateway]:
     """A gateway with the simulated engine's defaults (8 slots, 10 ms steps)."""
     async with running_gateway() as gw:
         yield gw
+
+
+@pytest.fixture
+async def client(gateway: Gateway) -> AsyncIterator[triton.InferenceServerClient]:
+    """Triton's aio gRPC client on the in-process gateway."""
+    c = triton.InferenceServerClient(gateway.server.listeners["grpc"])
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+@pytest.fixture
+async def upstream() -> AsyncIterator[ScriptedUpstream]:
+    """The scripted upstream the proxy's adapter tests relay to (see its module)."""
+    scripted = ScriptedUpstream()
+    await scripted.start()
+    yield scripted
+    await scripted.stop()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain HTTP client that leaves bodies as sent (no decompression)."""
+    async with aiohttp.ClientSession(auto_decompress=False) as client:
+        yield client

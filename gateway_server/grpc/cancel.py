@@ -1,4 +1,4 @@
-"""``hangup.v1.Cancellation/Cancel``: the cancel contract over gRPC (DESIGN.md).
+"""``hangup.v1.Cancellation/Cancel``: the cancel contract over gRPC (``hangup_contract``).
 
 Same behaviour as ``POST /v2/requests/{id}/cancel``: cancels a running call (or one aliased
 request of a stream), answers ``finished`` for one that already ended, ``NOT_FOUND`` for an id

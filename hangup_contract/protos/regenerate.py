@@ -1,8 +1,8 @@
 """Regenerates hangup's checked-in protobuf modules from their ``.proto`` files.
 
 The generated ``*_pb2.py`` / ``*_pb2.pyi`` files are checked in so that installing hangup needs
-no compiler; ``tests/test_grpc_protos.py`` regenerates them into a temporary directory and fails
-when the checked-in ones are stale. After editing a ``.proto``::
+no compiler; ``tests/pure/test_grpc_protos.py`` regenerates them into a temporary directory and
+fails when the checked-in ones are stale. After editing a ``.proto``::
 
     python -m hangup_contract.protos.regenerate
 

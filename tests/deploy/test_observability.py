@@ -1,0 +1,181 @@
+"""The dashboard and the Prometheus rules, checked by Prometheus' own promtool.
+
+promtool comes from Debian's `prometheus` package (`make k8s-tools` installs it); without it these
+tests skip and say so. The end-to-end check against live servers is test_observability_e2e.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.support.observability_files import (
+    RULES,
+    RULES_TEST,
+    RUNBOOKS,
+    dashboard,
+    metric_names,
+    panel_queries,
+    panels,
+    rules,
+)
+from tests.support.processes import REPO
+
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not found: `make k8s-tools` installs Debian's prometheus"
+)
+
+# The metric families dashboards and alerts may rely on: part of hangup's interface, each one
+# documented in a Metrics table of the README.
+STABLE_METRICS = {
+    "hangup_gateway_requests_total",
+    "hangup_gateway_cancellations_total",
+    "hangup_gateway_cancel_to_abort_seconds",
+    "hangup_gateway_generated_tokens_total",
+    "hangup_gateway_wasted_tokens_total",
+    "hangup_gateway_inflight_requests",
+    "hangup_gateway_time_to_first_token_seconds",
+    "hangup_gateway_inter_token_latency_seconds",
+    "hangup_gateway_engine_running_requests",
+    "hangup_gateway_engine_waiting_requests",
+    "hangup_gateway_engine_kv_cache_usage_ratio",
+    "hangup_gateway_worker_up",
+    "hangup_proxy_requests_total",
+    "hangup_proxy_client_disconnects_total",
+    "hangup_proxy_cancel_calls_total",
+    "hangup_proxy_disconnect_to_cancel_seconds",
+    "hangup_proxy_inflight_requests",
+    "hangup_proxy_upstream_time_to_first_byte_seconds",
+}
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=120)
+
+
+@needs_promtool
+def test_rules_pass_promtool_check() -> None:
+    result = promtool("check", "rules", str(RULES))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_promtool
+def test_alerts_pass_their_promtool_unit_tests() -> None:
+    result = promtool("test", "rules", str(RULES_TEST))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_a_unit_test_that_fires_and_one_that_stays_quiet() -> None:
+    alerts = {r["alert"] for r in rules() if "alert" in r}
+    fired: set[str] = set()
+    quiet: set[str] = set()
+    for case in yaml.safe_load(RULES_TEST.read_text())["tests"]:
+        for check in case.get("alert_rule_test", []):
+            (fired if check["exp_alerts"] else quiet).add(check["alertname"])
+    assert alerts, "no alerts found"
+    assert alerts <= fired, f"alerts never shown firing: {sorted(alerts - fired)}"
+    assert alerts <= quiet, f"alerts never shown quiet: {sorted(alerts - quiet)}"
+
+
+def test_every_alert_links_a_runbook_section_that_exists() -> None:
+    headings = {
+        re.sub(r"[^a-z0-9-]", "", line[3:].strip().lower().replace(" ", "-"))
+        for line in RUNBOOKS.read_text().splitlines()
+        if line.startswith("## ")
+    }
+    for rule in rules():
+        if "alert" not in rule:
+            continue
+        link = rule["annotations"]["runbook"]
+        path, _, anchor = link.partition("#")
+        assert (REPO / path) == RUNBOOKS, link
+        assert anchor in headings, f"{rule['alert']}: no section #{anchor} in {RUNBOOKS.name}"
+
+
+def test_dashboard_has_datasource_model_and_pod_variables() -> None:
+    variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    for name in ("model", "pod"):
+        assert variables[name]["type"] == "query"
+        assert variables[name]["includeAll"] and variables[name]["allValue"] == ".*"
+    for panel in panels(dashboard()):
+        if panel["type"] != "row":
+            assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+            for target in panel["targets"]:
+                assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+
+
+def test_dashboard_covers_what_an_operator_asks() -> None:
+    """The issue's list: hang-ups and cancels by reason, phase and stage; both latencies; wasted
+    tokens per second and as a share; calls in flight by phase; cancel-call outcomes; engine
+    capacity (running, waiting, KV cache)."""
+    grouped = " ".join(q.expr for q in panel_queries())
+    for needle in (
+        "by (protocol, stage) (rate(hangup_proxy_client_disconnects_total",
+        "by (reason) (rate(hangup_gateway_cancellations_total",
+        "by (phase) (rate(hangup_gateway_cancellations_total",
+        "rate(hangup_proxy_disconnect_to_cancel_seconds_bucket",
+        "rate(hangup_gateway_cancel_to_abort_seconds_bucket",
+        "rate(hangup_gateway_wasted_tokens_total",
+        "by (phase) (hangup_gateway_inflight_requests",
+        "by (adapter, result) (rate(hangup_proxy_cancel_calls_total",
+        "hangup_gateway_engine_running_requests",
+        "hangup_gateway_engine_waiting_requests",
+        "hangup_gateway_engine_kv_cache_usage_ratio",
+    ):
+        assert needle in grouped, needle
+    share = [q for q in panel_queries() if "wasted_tokens_total" in q.expr and "/" in q.expr]
+    assert share, "no wasted-token share panel"
+
+
+def test_dashboard_panels_do_not_overlap() -> None:
+    taken: set[tuple[int, int]] = set()
+    for panel in panels(dashboard()):
+        pos = panel["gridPos"]
+        assert pos["x"] + pos["w"] <= 24, panel["title"]
+        cells = {
+            (x, y)
+            for x in range(pos["x"], pos["x"] + pos["w"])
+            for y in range(pos["y"], pos["y"] + pos["h"])
+        }
+        assert not cells & taken, f"{panel['title']} overlaps another panel"
+        taken |= cells
+
+
+@needs_promtool
+def test_every_dashboard_query_is_valid_promql(tmp_path: Path) -> None:
+    """promtool parses each panel query (variables expanded) as a recording rule expression."""
+    queries = panel_queries()
+    doc = {
+        "groups": [
+            {
+                "name": "dashboard",
+                "rules": [
+                    {"record": f"dashboard:query_{i}", "expr": q.promql()}
+                    for i, q in enumerate(queries)
+                ],
+            }
+        ]
+    }
+    path = tmp_path / "dashboard-queries.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    result = promtool("check", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{len(queries)} rules found" in result.stdout
+
+
+def test_dashboard_and_rules_use_only_stable_documented_metric_names() -> None:
+    used = set().union(*(metric_names(q.expr) for q in panel_queries()))
+    used |= set().union(*(metric_names(r["expr"]) for r in rules()))
+    assert used, "no metric names found"
+    assert used <= STABLE_METRICS, f"not stable: {sorted(used - STABLE_METRICS)}"
+    documented = set(re.findall(r"^\| `(hangup_\w+)` \|", (REPO / "README.md").read_text(), re.M))
+    assert documented >= STABLE_METRICS, f"not in the README: {sorted(STABLE_METRICS - documented)}"

@@ -1,0 +1,143 @@
+"""The contract between the proxy and the gateway (``hangup_contract``): one definition, used by
+both, encoded and parsed the same way on both sides.
+
+Pure checks of the codecs, the id rule and the package structure. The two sides talking over
+real sockets are in ``in_process/test_contract_on_the_wire.py``; the one log line shape of both
+processes in ``multi_process/test_pod_logs.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+
+from hangup_contract import request_id
+from hangup_contract.cancel import (
+    CancelAnswer,
+    cancel_path,
+    encode_request,
+    parse_request,
+)
+from hangup_contract.vocabulary import CancelState, Phase, Reason
+from proxy.errors import ProxyError
+from tests.support.processes import REPO
+
+PACKAGES = ("hangup_contract", "gateway_server", "proxy")
+
+
+def imported_packages(package: str) -> set[str]:
+    """Top-level packages imported anywhere in ``package`` (static: every import statement)."""
+    found: set[str] = set()
+    for path in (REPO / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.add(node.module.split(".")[0])
+            elif isinstance(node, ast.Import):
+                found.update(alias.name.split(".")[0] for alias in node.names)
+    return found & set(PACKAGES)
+
+
+def test_both_sides_import_the_contract_and_not_each_other() -> None:
+    assert imported_packages("hangup_contract") == {"hangup_contract"}
+    assert imported_packages("proxy") == {"proxy", "hangup_contract"}
+    assert imported_packages("gateway_server") == {"gateway_server", "hangup_contract"}
+
+
+@pytest.mark.parametrize("reason", list(Reason))
+def test_every_reason_survives_the_cancel_body(reason: Reason) -> None:
+    assert parse_request(encode_request(reason)) is reason
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [(b"", Reason.EXPLICIT), (b"  ", Reason.EXPLICIT), (b"{}", Reason.EXPLICIT),
+     (b'{"reason": null}', Reason.EXPLICIT), (b'{"reason": "shutdown"}', Reason.SHUTDOWN)],
+)  # fmt: skip
+def test_a_cancel_body_without_a_reason_means_explicit(body: bytes, expected: Reason) -> None:
+    assert parse_request(body) is expected
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [(b"{", "not valid JSON"), (b"[]", "must be a JSON object"),
+     (b'{"reason": 3}', "'reason' must be a string"),
+     (b'{"reason": "bored"}', "unknown reason 'bored'; expected one of: client_disconnect")],
+)  # fmt: skip
+def test_a_bad_cancel_body_names_its_problem(body: bytes, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_request(body)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [CancelAnswer("a", CancelState.CANCELLED, Phase.PREFILL, 0),
+     CancelAnswer("b:7", CancelState.FINISHED, None, 12)],
+)  # fmt: skip
+def test_cancel_answers_survive_json(answer: CancelAnswer) -> None:
+    assert CancelAnswer.from_json(str(answer.to_json()).replace("'", '"')) == answer
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("nope", "not valid JSON"), ('{"state": "gone"}', "no known state: 'gone'"),
+     ('{"state": "finished", "generated_tokens": "3"}', "must be an integer")],
+)  # fmt: skip
+def test_a_bad_cancel_answer_names_its_problem(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        CancelAnswer.from_json(text)
+
+
+def test_the_cancel_path_carries_any_id_as_one_path_segment() -> None:
+    assert cancel_path("abc-1") == "/v2/requests/abc-1/cancel"
+    assert cancel_path("call:a/b ?#%") == "/v2/requests/call%3Aa%2Fb%20%3F%23%25/cancel"
+
+
+@pytest.mark.parametrize("good", ["a", "0" * 128, "cmpl-3f.x_y:z", "A-Z"])
+def test_ids_the_rule_accepts(good: str) -> None:
+    assert request_id.is_valid(good)
+
+
+@pytest.mark.parametrize("bad", ["", "0" * 129, "a b", "a/b", "a?b", "é", "a\nb", "a,b"])
+def test_ids_the_rule_refuses(bad: str) -> None:
+    assert not request_id.is_valid(bad)
+
+
+def test_fresh_ids_follow_the_rule_and_differ() -> None:
+    ids = {request_id.new_request_id() for _ in range(1000)}
+    assert len(ids) == 1000 and all(request_id.is_valid(i) and len(i) == 32 for i in ids)
+
+
+def test_no_module_reads_the_removed_copies() -> None:
+    """The contract's names are defined once: neither side keeps a copy of its own."""
+    for package in ("gateway_server", "proxy"):
+        for path in Path(REPO / package).rglob("*.py"):
+            text = path.read_text()
+            assert "class Reason(" not in text and "class Phase(" not in text, path
+
+
+def test_gateway_transports_use_only_the_service() -> None:
+    """HTTP and gRPC handlers reach engines and calls through ``GenerationService`` alone, and
+    neither transport imports the other."""
+    for transport, other in (("http", "grpc"), ("grpc", "http")):
+        for path in (REPO / "gateway_server" / transport).glob("*.py"):
+            tree = ast.parse(path.read_text(), str(path))
+            reached = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+            assert not reached & {"pool", "registry", "workers"}, (path, reached & {"pool"})
+            modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+            assert not any(m and m.startswith(f"gateway_server.{other}") for m in modules), path
+
+
+def test_every_exception_the_proxy_defines_is_in_its_one_tree() -> None:
+    for path in sorted((REPO / "proxy").glob("*.py")):
+        module = importlib.import_module(f"proxy.{path.stem}")
+        for name, obj in vars(module).items():
+            if (
+                inspect.isclass(obj)
+                and issubclass(obj, BaseException)
+                and obj.__module__ == module.__name__
+            ):
+                assert issubclass(obj, ProxyError), f"proxy.{path.stem}.{name}"

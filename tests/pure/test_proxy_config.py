@@ -1,0 +1,75 @@
+"""The proxy's configuration: the documented defaults, flags over HANGUP_PROXY_* over defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hangup_contract.runtime.options import ConfigError
+from proxy.config import AdapterName, Config, build_config
+
+
+def test_defaults_are_the_documented_ones() -> None:
+    config = build_config([], {})
+    assert (config.host, config.http_port, config.grpc_port, config.admin_port) == (
+        "127.0.0.1",
+        8080,
+        8081,
+        9090,
+    )
+    assert config.upstream_http == "http://127.0.0.1:8000"
+    assert config.upstream_grpc == "127.0.0.1:8001"
+    assert config.cancel_adapter is AdapterName.HANGUP
+    assert config.cancel_base_url == "http://127.0.0.1:8000"
+
+
+def test_environment_is_read_and_flags_win(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    env = {
+        "HANGUP_PROXY_HTTP_PORT": "0",
+        "HANGUP_PROXY_ADMIN_PORT": "9999",
+        "HANGUP_PROXY_CANCEL_TOKEN_FILE": str(token),
+        "HANGUP_PROXY_TRUST_CLIENT_REQUEST_ID": "true",
+        "HANGUP_PROXY_MAX_REQUEST_DURATION": "0",
+        "HANGUP_PROXY_CANCEL_ADAPTER": "none",
+    }
+    config = build_config(["--admin-port", "0", "--upstream-http", "http://127.0.0.1:1/"], env)
+    assert config == Config(
+        http_port=0,
+        admin_port=0,
+        upstream_http="http://127.0.0.1:1/",
+        cancel_token="t0ken",
+        trust_client_request_id=True,
+        max_request_duration=None,
+        cancel_adapter=AdapterName.NONE,
+    )
+    assert config.cancel_base_url == "http://127.0.0.1:1"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "named"),
+    [
+        (["--http-port", "eighty"], {}, "--http-port"),
+        ([], {"HANGUP_PROXY_GRPC_PORT": "70000"}, "--grpc-port"),
+        (["--cancel-adapter", "envoy"], {}, "--cancel-adapter"),
+        (["--upstream-http", "127.0.0.1:8000"], {}, "--upstream-http"),
+        (
+            [],
+            {"HANGUP_PROXY_TRUST_CLIENT_REQUEST_ID": "maybe"},
+            "HANGUP_PROXY_TRUST_CLIENT_REQUEST_ID",
+        ),
+        (["--cancel-token-file", "/nonexistent/token"], {}, "--cancel-token-file"),
+        (["--cancel-deadline", "0"], {}, "--cancel-deadline"),
+    ],
+)
+def test_bad_settings_name_the_option(argv: list[str], env: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        build_config(argv, env)
+
+
+def test_empty_token_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("\n")
+    with pytest.raises(ConfigError, match="empty"):
+        build_config(["--cancel-token-file", str(tmp_path / "token")], {})

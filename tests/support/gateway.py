@@ -1,0 +1,84 @@
+"""An in-process gateway (simulated engine) on 127.0.0.1:0 for fast tests, and ways to read it."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+from prometheus_client import CollectorRegistry
+
+from gateway_server.config import GatewayConfig
+from gateway_server.engine.sim import SimConfig
+from gateway_server.server import GatewayServer
+from hangup_contract.cancel import cancel_path
+
+MODEL = "hangup-sim"
+LONG = 2000
+"""Tokens to ask for when a call must outlive the test: 20 s at the default 10 ms a step."""
+
+
+@dataclasses.dataclass
+class Gateway:
+    server: GatewayServer
+    url: str
+    session: aiohttp.ClientSession
+    token: str | None
+
+    def metric(self, name: str, **labels: str) -> float:
+        """A sample's current value from the gateway's own registry (0 when absent)."""
+        registry: CollectorRegistry = self.server.metrics_registry
+        return registry.get_sample_value(name, labels) or 0.0
+
+    def cancellations(self, reason: str, phase: str) -> float:
+        return self.metric(
+            "hangup_gateway_cancellations_total", model=MODEL, reason=reason, phase=phase
+        )
+
+    def requests(self, outcome: str, protocol: str = "openai") -> float:
+        return self.metric(
+            "hangup_gateway_requests_total", model=MODEL, protocol=protocol, outcome=outcome
+        )
+
+    def auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    async def cancel(
+        self, request_id: str, reason: str | None = None
+    ) -> tuple[int, dict[str, Any]]:
+        body = {"reason": reason} if reason else None
+        async with self.session.post(
+            self.url + cancel_path(request_id), json=body, headers=self.auth()
+        ) as resp:
+            return resp.status, await resp.json()
+
+    async def in_flight(self) -> dict[str, dict[str, Any]]:
+        async with self.session.get(f"{self.url}/v2/requests", headers=self.auth()) as resp:
+            assert resp.status == 200, await resp.text()
+            body = await resp.json()
+        return {r["request_id"]: r for r in body["requests"]}
+
+    async def phase_of(self, request_id: str) -> str | None:
+        entry = (await self.in_flight()).get(request_id)
+        return entry["phase"] if entry else None
+
+
+StartGateway = Callable[..., Any]
+
+
+@asynccontextmanager
+async def running_gateway(
+    *, sim: SimConfig | None = None, token: str | None = None, **overrides: Any
+) -> AsyncIterator[Gateway]:
+    config = GatewayConfig(
+        http_port=0, grpc_port=0, sim=sim or SimConfig(), cancel_token=token, **overrides
+    )
+    server = GatewayServer(config, registry=CollectorRegistry())
+    listeners = await server.start()
+    async with aiohttp.ClientSession() as session:
+        try:
+            yield Gateway(server, f"http://{listeners['http']}", session, token)
+        finally:
+            await server.shutdown()

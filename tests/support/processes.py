@@ -1,0 +1,99 @@
+"""Starting hangup's real processes (for the demo, benchmarks and tests): ephemeral ports, a
+ready file to wait on instead of a sleep, SIGTERM to stop."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Process:
+    popen: subprocess.Popen[bytes]
+    listeners: dict[str, str]
+    log_path: Path
+
+    def url(self, name: str = "http") -> str:
+        return f"http://{self.listeners[name]}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then wait for the exit code (SIGKILL after ``timeout``)."""
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+            raise
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for a child: this checkout first on the path, no inherited HANGUP_*."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HANGUP_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def wait_ready(
+    popen: subprocess.Popen[bytes], ready: Path, log: Path, timeout: float
+) -> dict[str, str]:
+    """Wait for ``ready`` to hold the JSON listener map; fail fast if the process exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ready.exists() and ready.stat().st_size:
+            with contextlib.suppress(json.JSONDecodeError):
+                return dict(json.loads(ready.read_text()))
+        # Wait on the process itself between looks at the file: an early exit fails at once.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(timeout=0.02)
+            raise RuntimeError(f"exited with {popen.returncode} before ready:\n{log.read_text()}")
+    popen.kill()
+    raise TimeoutError(f"not ready within {timeout}s:\n{log.read_text()}")
+
+
+@contextlib.contextmanager
+def spawn(
+    module: str,
+    args: list[str],
+    tmp: Path,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 60.0,
+) -> Iterator[Process]:
+    """Run ``python -m module args --ready-file …`` and yield it once it is serving."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    ready = tmp / f"{module}.ready.json"
+    log = tmp / f"{module}.log"
+    ready.unlink(missing_ok=True)
+    with log.open("wb") as out:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", module, *args, "--ready-file", str(ready)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=child_env(env),
+            cwd=REPO,
+        )
+    proc = Process(popen, {}, log)
+    try:
+        proc.listeners = wait_ready(popen, ready, log, timeout)
+        yield proc
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait()

@@ -1,0 +1,64 @@
+"""Running the proxy in-process for adapter-level tests, on 127.0.0.1:0 in the test's event loop.
+
+``running_proxy(upstream_url, **overrides)`` starts a real ``proxy.server.Server`` (HTTP and
+admin listeners) and yields it with its addresses; leaving the block drains and stops it.
+Metrics are read back from its own registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+from proxy.config import Config
+from proxy.server import Server
+from tests.support.waiting import wait_until
+
+
+@contextlib.asynccontextmanager
+async def running_proxy(upstream_url: str, **overrides: Any) -> AsyncIterator[Server]:
+    settings: dict[str, Any] = {
+        "http_port": 0,
+        "grpc_port": 0,
+        "admin_port": 0,
+        "upstream_http": upstream_url,
+        "drain_timeout": 5.0,
+        "cancel_deadline": 5.0,
+    }
+    settings.update(overrides)
+    server = Server(Config(**settings))
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.shutdown()
+
+
+def http_url(server: Server) -> str:
+    return f"http://{server.addresses['http']}"
+
+
+def metric(server: Server, name: str, **labels: str) -> float:
+    value = server.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+async def wait_metric(
+    server: Server, name: str, at_least: float, within: float = 10.0, **labels: str
+) -> float:
+    """Poll the registry until ``name`` reaches ``at_least`` (it has no change notification)."""
+    await wait_until(lambda: metric(server, name, **labels) >= at_least, within, name)
+    return metric(server, name, **labels)
+
+
+async def raw_request(
+    address: str, head: bytes
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Open a plain TCP connection and send ``head`` (a request, or the start of one)."""
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head)
+    await writer.drain()
+    return reader, writer

@@ -1,0 +1,93 @@
+"""The gateway (simulated engine) and the proxy in front of it, as real processes on 127.0.0.1:0,
+and the ways tests read them: Prometheus text from ``/metrics``, the gateway's call list, raw
+client connections that can hang up at any byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.support.processes import Process, spawn
+
+MODEL = "hangup-sim"
+TOKEN = "proxy-test-token"
+
+
+@dataclass
+class Stack:
+    gateway: Process
+    proxy: Process
+
+    @property
+    def proxy_url(self) -> str:
+        return self.proxy.url("http")
+
+    @property
+    def gateway_url(self) -> str:
+        return self.gateway.url("http")
+
+    @property
+    def admin_url(self) -> str:
+        return self.proxy.url("admin")
+
+
+@contextlib.contextmanager
+def running_stack(
+    tmp: Path, gateway_args: list[str], proxy_args: list[str] = ()
+) -> Iterator[Stack]:  # type: ignore[assignment]
+    token = tmp / "cancel-token"
+    tmp.mkdir(parents=True, exist_ok=True)
+    token.write_text(TOKEN)
+    common = ["--cancel-token-file", str(token)]
+    gw_args = ["--engine", "sim", "--http-port", "0", "--grpc-port", "0", *common, *gateway_args]
+    with spawn("gateway_server", gw_args, tmp / "gateway") as gateway:
+        args = [
+            "--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+            "--upstream-http", gateway.url("http"), *common, *proxy_args,
+        ]  # fmt: skip
+        with spawn("proxy", args, tmp / "proxy") as proxy:
+            yield Stack(gateway, proxy)
+
+
+async def in_flight(session: aiohttp.ClientSession, gateway_url: str) -> dict[str, dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with session.get(gateway_url + "/v2/requests", headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+        return {r["request_id"]: r for r in (await resp.json())["requests"]}
+
+
+async def cancel_direct(session: aiohttp.ClientSession, gateway_url: str, request_id: str) -> None:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with session.post(
+        f"{gateway_url}/v2/requests/{request_id}/cancel", headers=headers
+    ) as resp:
+        await resp.read()
+
+
+def completion_request(
+    path: str, body: dict[str, Any], *, request_id: str | None = None, host: str = "model"
+) -> bytes:
+    """A complete HTTP/1.1 request with a JSON body, as a client would write it."""
+    payload = json.dumps(body).encode()
+    extra = f"X-Request-Id: {request_id}\r\n" if request_id else ""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n{extra}\r\n"
+    )
+    return head.encode() + payload
+
+
+async def open_raw(url: str, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(data)
+    await writer.drain()
+    return reader, writer

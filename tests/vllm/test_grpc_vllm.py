@@ -1,0 +1,87 @@
+"""gRPC with the real vLLM engine (tiny local model): Triton's client, through the proxy.
+
+The shared two-worker vLLM gateway and the shared proxy in front of it
+(``tests/support/vllm_stack.py``). The engines must end every test idle: no request running or
+waiting, the KV cache empty, which is what an abort that reached vLLM looks like from outside.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import urllib.request
+from typing import Any
+
+import pytest
+import tritonclient.grpc as triton
+
+from tests.support.processes import Process
+from tests.support.scrape import metric_sum
+from tests.support.triton_io import inputs, is_final, text_of
+from tests.support.vllm_stack import MODEL, WAIT_S, calls_in_flight, engines_idle, requires_vllm
+from tests.support.waiting import poll_until
+
+pytestmark = [pytest.mark.vllm, requires_vllm]
+
+
+def test_grpc_answers_what_http_answers(gateway: Process, vllm_proxy: Process) -> None:
+    sampling = {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    client = triton.InferenceServerClient(vllm_proxy.listeners["grpc"])
+    try:
+        unary = text_of(client.infer(MODEL, inputs("Hello there", stream=False, **sampling)))
+        results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer(MODEL, inputs("Hello there", stream=True, **sampling),
+                                  request_id="s")  # fmt: skip
+        pieces = []
+        while True:
+            result, error = results.get(timeout=WAIT_S)
+            assert error is None, error
+            pieces.append(text_of(result) or "")
+            if is_final(result):
+                break
+        client.stop_stream()
+    finally:
+        client.close()
+    body = json.dumps({"text_input": "Hello there", **sampling}).encode()
+    request = urllib.request.Request(gateway.url() + f"/v2/models/{MODEL}/generate", data=body,
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=WAIT_S) as resp:
+        expected = json.load(resp)["text_output"]
+    assert unary == expected
+    assert "Hello there" + "".join(pieces) == expected
+
+
+def test_stop_stream_aborts_every_request_in_vllm(gateway: Process, vllm_proxy: Process) -> None:
+    before = metric_sum(
+        gateway.url(), "hangup_gateway_cancellations_total", reason="grpc_cancelled"
+    )
+    client = triton.InferenceServerClient(vllm_proxy.listeners["grpc"])
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        for name in ("a", "b", "c"):
+            client.async_stream_infer(
+                MODEL, inputs(f"Tell me about {name}", stream=True, max_tokens=4000,
+                              ignore_eos=True), request_id=name,
+            )  # fmt: skip
+        started = set()
+        while len(started) < 3:
+            result, error = results.get(timeout=WAIT_S)
+            assert error is None, error
+            started.add(result.get_response().id)
+        client.stop_stream(cancel_requests=True)
+        poll_until(
+            lambda: (
+                metric_sum(
+                    gateway.url(), "hangup_gateway_cancellations_total", reason="grpc_cancelled"
+                )
+                == before + 3
+            ),
+            WAIT_S,
+            "three grpc_cancelled aborts",
+        )
+        poll_until(lambda: not calls_in_flight(gateway), WAIT_S, "no call left in flight")
+        poll_until(lambda: engines_idle(gateway), WAIT_S, "vLLM idle, its KV cache freed")
+    finally:
+        client.close()

@@ -1,0 +1,125 @@
+"""vLLM worker health: a worker that dies mid-stream fails only its own requests; a worker that
+cannot start makes the gateway exit with a clear message.
+
+The death test starts a gateway of its own (two workers) because it kills one of them. The
+engine core's process id comes from the gateway's ``vllm_worker_ready`` log line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from tests.support.processes import REPO, Process, child_env
+from tests.support.scrape import scrape, total
+from tests.support.vllm_stack import (
+    ENGINE_ARGS,
+    IGNORE_EOS,
+    MODEL,
+    WAIT_S,
+    OpenAIFor,
+    requires_vllm,
+    vllm_gateway,
+)
+from tests.support.waiting import poll_until
+
+pytestmark = [pytest.mark.vllm, requires_vllm]
+
+
+@pytest.fixture(scope="module")
+def own_gateway(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    with vllm_gateway(tiny_model, tmp_path_factory.mktemp("vllm-death"), workers=2) as proc:
+        yield proc
+
+
+def engine_core_pids(gateway: Process) -> dict[str, list[int]]:
+    pids: dict[str, list[int]] = {}
+    for line in gateway.log().splitlines():
+        if '"vllm_worker_ready"' in line:
+            record: dict[str, Any] = json.loads(line)
+            pids[str(record["worker"])] = list(record["engine_core_pids"])
+    return pids
+
+
+def running(samples: dict[str, float], worker: str) -> float:
+    return total(samples, "hangup_gateway_engine_running_requests", worker=worker)
+
+
+def test_a_worker_killed_mid_stream_fails_only_its_own_requests(
+    own_gateway: Process, client_for: OpenAIFor
+) -> None:
+    api = client_for(own_gateway, timeout=60)
+    pids = engine_core_pids(own_gateway)
+    assert sorted(pids) == ["0", "1"] and all(pids.values()), pids
+
+    def long_stream() -> Any:
+        return api.completions.create(
+            model=MODEL, prompt="North south", max_tokens=4000, stream=True, extra_body=IGNORE_EOS
+        )
+
+    doomed = long_stream()
+    next(iter(doomed))
+    samples = poll_until(
+        lambda: (s := scrape(own_gateway.url())) and sum(running(s, w) for w in pids) == 1 and s,
+        WAIT_S,
+        "the first stream to run on one worker",
+    )
+    victim = next(w for w in pids if running(samples, w) == 1)
+    survivor = next(w for w in pids if w != victim)
+    healthy = long_stream()  # the least-loaded worker: the other one
+    next(iter(healthy))
+    poll_until(
+        lambda: running(scrape(own_gateway.url()), survivor) == 1,
+        WAIT_S,
+        "the second stream on the other",
+    )
+
+    for pid in pids[victim]:
+        os.kill(pid, signal.SIGKILL)
+
+    started = time.monotonic()
+    with pytest.raises(openai.APIError):
+        for _ in doomed:
+            pass
+    doomed.close()
+    assert time.monotonic() - started < 30, "the dead worker's stream should fail promptly"
+
+    # The other worker's stream goes on, and new requests are served by it.
+    received = sum(1 for _, _ in zip(range(50), healthy, strict=False))
+    assert received == 50
+    healthy.close()
+    result = api.completions.create(model=MODEL, prompt="Hello", max_tokens=4)
+    assert result.usage is not None and result.usage.completion_tokens == 4
+
+    samples = scrape(own_gateway.url())
+    assert total(samples, "hangup_gateway_worker_up", worker=victim) == 0
+    assert total(samples, "hangup_gateway_worker_up", worker=survivor) == 1
+    with urllib.request.urlopen(own_gateway.url() + "/v2/health/ready", timeout=10) as response:
+        assert response.status == 200  # one live worker keeps the gateway ready
+
+
+def test_a_worker_that_cannot_start_makes_the_gateway_exit(tmp_path: Path) -> None:
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    (not_a_model / "config.json").write_text("{}")
+    args = [sys.executable, "-m", "gateway_server", "--engine", "vllm", "--model",
+            str(not_a_model), "--http-port", "0", "--grpc-port", "0", *ENGINE_ARGS]  # fmt: skip
+    done = subprocess.run(
+        args, env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode != 0
+    message = done.stderr[done.stderr.rindex("hangup-gateway: ") :]
+    assert message.startswith("hangup-gateway: engine worker 0 failed to start"), message
+    assert str(not_a_model) in message
+    assert "model_type" in message  # vLLM's own reason comes along
