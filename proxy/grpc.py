@@ -295,11 +295,11 @@ class GrpcRelay:
             return
         except ClientGone as exc:
             call.error = str(exc)
-            await self._hung_up(ending, exchange, relaying, self._why(context, gone=True))
+            await self._hung_up(ending, exchange, relaying, await self._why(context, gone=True))
             return
         except asyncio.CancelledError:
             stopped_by = call.reason  # set when the proxy itself ended the call
-            await self._hung_up(ending, exchange, relaying, stopped_by or self._why(context))
+            await self._hung_up(ending, exchange, relaying, stopped_by or await self._why(context))
             if stopped_by is None:
                 raise
             # The client gets a status, not a reset.
@@ -321,15 +321,17 @@ class GrpcRelay:
         remaining = context.time_remaining()
         return remaining is not None and remaining <= _DEADLINE_SLACK
 
-    def _why(self, context: Any, *, gone: bool = False) -> Reason:
+    async def _why(self, context: Any, *, gone: bool = False) -> Reason:
         """Why the client's call ended: its deadline, a vanished client, or a client cancel.
 
         ``gone``: sending to the client failed, which without a live connection means the
-        client vanished too.
+        client vanished too. The kernel query runs on a worker thread: it walks the host's
+        whole table of TCP connections (milliseconds on a large host), and the event loop
+        keeps relaying the other calls meanwhile.
         """
         if self._deadline_passed(context):
             return Reason.DEADLINE_EXCEEDED
-        liveness = connection_liveness(context.peer(), self._port)
+        liveness = await asyncio.to_thread(connection_liveness, context.peer(), self._port)
         if liveness is Liveness.GONE or (gone and liveness is Liveness.UNKNOWN):
             return Reason.CLIENT_DISCONNECT
         return Reason.GRPC_CANCELLED
