@@ -70,11 +70,23 @@ class SendsNow(Interface):
         ...
 
 
-class NoCancelAdapter:
-    """``--cancel-adapter none``: the upstream learns of a hang-up only from its closed stream."""
+@runtime_checkable
+class TagsRequests(Interface):
+    """An adapter whose upstream takes a call's id from the request body, not from a header."""
 
-    name = "none"
+    def tag_body(self, body: bytes, request_id: str) -> bytes:
+        """``body`` carrying ``request_id``; raises ``ValueError`` saying why it cannot."""
+        ...
+
+
+class NoCancelAdapter:
+    """No cancel call: the upstream learns of a hang-up only from its closed stream
+    (``--cancel-adapter none``, and ``vllm`` without its abort endpoint)."""
+
     calls_upstream = False
+
+    def __init__(self, name: str = "none") -> None:
+        self.name = name
 
     async def cancel(self, request_id: str, reason: Reason) -> CancelResult:
         return CancelResult.OK

@@ -1,7 +1,11 @@
-"""The hangup cancel adapter: the cancel contract's HTTP call, on connections of its own.
+"""Cancel adapters whose cancel is one HTTP POST, on connections of their own; and the hangup one.
 
-``POST {base}/v2/requests/{id}/cancel`` with ``{"reason"}`` (``hangup_contract.cancel``), over
-HTTP/1.1 keep-alive connections that no relayed call uses. ``h11`` frames the request and parses
+``HttpCancelAdapter`` holds what every such adapter shares: HTTP/1.1 keep-alive connections that
+no relayed call uses, the first attempt written in the callback that saw the hang-up, a stale
+connection replaced once, a spare connection kept ready. An adapter says which POST cancels an id
+and what an answer means. ``HangupCancelAdapter`` speaks the cancel contract:
+``POST {base}/v2/requests/{id}/cancel`` with ``{"reason"}`` (``hangup_contract.cancel``); the
+adapters for other servers are in ``proxy.cancel_servers``. ``h11`` frames the request and parses
 the answer (status line, headers, a body framed by Content-Length, chunked encoding or the end of
 the connection; interim 1xx answers skipped); this module does the I/O around it.
 
@@ -28,8 +32,6 @@ import h11
 
 from hangup_contract import cancel as contract
 from hangup_contract.vocabulary import CancelState, Reason
-from proxy.cancel import CancelAdapter, NoCancelAdapter
-from proxy.config import AdapterName, Config
 from proxy.errors import BadResponse, CancelAttemptFailed, StaleConnection
 from proxy.vocabulary import CancelResult
 
@@ -130,11 +132,8 @@ class Connection:
         return True
 
 
-class HangupCancelAdapter:
-    """The cancel contract's HTTP call: ``POST {base}/v2/requests/{id}/cancel`` with ``{"reason"}``.
-
-    200 ``cancelled`` → ok, 200 ``finished`` → finished, 404 → not_found, other 4xx → error
-    (retrying cannot fix a bad token); 5xx, 429, refused or timed-out connections are retried.
+class HttpCancelAdapter:
+    """An adapter whose cancel is one ``POST`` with a JSON body, over connections of its own.
 
     It speaks HTTP/1.1 itself over keep-alive connections of its own (cancel calls never queue
     behind the relay's connections), because a general client costs event-loop turns before the
@@ -143,9 +142,12 @@ class HangupCancelAdapter:
     is replaced once within the attempt (cancelling is idempotent). Once it has made a call, it
     keeps one connection ready: servers close idle ones (uvicorn after 5 s), and a hang-up that
     finds none waits for a connect.
+
+    Subclasses name themselves and say which call cancels an id (``_call``) and what an answer
+    means (``_result``).
     """
 
-    name = "hangup"
+    name = "http"
     calls_upstream = True
 
     def __init__(self, base_url: str, token: str | None, attempt_timeout: float) -> None:
@@ -166,6 +168,14 @@ class HangupCancelAdapter:
         self._tending: asyncio.TimerHandle | None = None
         self._spare: asyncio.Task[None] | None = None
         self._closed = False
+
+    def _call(self, request_id: str, reason: Reason) -> tuple[str, bytes]:
+        """The path (below the endpoint's prefix) and JSON body that cancel ``request_id``."""
+        raise NotImplementedError
+
+    def _result(self, status: int, text: str) -> CancelResult:
+        """What an answer means; raises ``CancelAttemptFailed`` when retrying may help."""
+        raise NotImplementedError
 
     def send_now(self, request_id: str, reason: Reason) -> asyncio.Task[CancelResult] | None:
         """Write the cancel request now on an idle connection; the task reads the answer.
@@ -189,8 +199,8 @@ class HangupCancelAdapter:
         return await self._answer(conn, request, reused=reused)
 
     def _request(self, request_id: str, reason: Reason) -> _Request:
-        body = contract.encode_request(reason)
-        path = self._endpoint.prefix + contract.cancel_path(request_id)
+        path, body = self._call(request_id, reason)
+        path = self._endpoint.prefix + path
         headers = [*self._headers, (b"Content-Length", str(len(body)).encode())]
         return _Request(h11.Request(method=b"POST", target=path.encode(), headers=headers), body)
 
@@ -264,22 +274,6 @@ class HangupCancelAdapter:
         self._open.discard(conn)
         conn.writer.close()
 
-    @staticmethod
-    def _result(status: int, text: str) -> CancelResult:
-        if status == 404:
-            return CancelResult.NOT_FOUND
-        if status == 429 or status >= 500:
-            raise CancelAttemptFailed(f"cancel endpoint answered {status}")
-        if status != 200:
-            log.warning("cancel refused with %d: %s", status, text[:200])
-            return CancelResult.ERROR
-        try:
-            answer = contract.CancelAnswer.from_json(text)
-        except ValueError as exc:
-            log.warning("cancel answered 200 but %s: %s", exc, text[:200])
-            return CancelResult.ERROR
-        return CancelResult.FINISHED if answer.state is CancelState.FINISHED else CancelResult.OK
-
     async def close(self) -> None:
         self._closed = True
         if self._tending is not None:
@@ -293,11 +287,29 @@ class HangupCancelAdapter:
         self._idle.clear()
 
 
-def open_http_adapter(config: Config) -> CancelAdapter:
-    """The adapter HTTP calls are cancelled with: ``--cancel-adapter hangup`` speaks the cancel
-    contract to ``--cancel-url`` (default ``--upstream-http``); ``none`` makes no call."""
-    if config.cancel_adapter is AdapterName.NONE:
-        return NoCancelAdapter()
-    return HangupCancelAdapter(
-        config.cancel_base_url, config.cancel_token, config.cancel_attempt_timeout
-    )
+class HangupCancelAdapter(HttpCancelAdapter):
+    """The cancel contract's HTTP call: ``POST {base}/v2/requests/{id}/cancel`` with ``{"reason"}``.
+
+    200 ``cancelled`` → ok, 200 ``finished`` → finished, 404 → not_found, other 4xx → error
+    (retrying cannot fix a bad token); 5xx, 429, refused or timed-out connections are retried.
+    """
+
+    name = "hangup"
+
+    def _call(self, request_id: str, reason: Reason) -> tuple[str, bytes]:
+        return contract.cancel_path(request_id), contract.encode_request(reason)
+
+    def _result(self, status: int, text: str) -> CancelResult:
+        if status == 404:
+            return CancelResult.NOT_FOUND
+        if status == 429 or status >= 500:
+            raise CancelAttemptFailed(f"cancel endpoint answered {status}")
+        if status != 200:
+            log.warning("cancel refused with %d: %s", status, text[:200])
+            return CancelResult.ERROR
+        try:
+            answer = contract.CancelAnswer.from_json(text)
+        except ValueError as exc:
+            log.warning("cancel answered 200 but %s: %s", exc, text[:200])
+            return CancelResult.ERROR
+        return CancelResult.FINISHED if answer.state is CancelState.FINISHED else CancelResult.OK

@@ -31,6 +31,8 @@ class AdapterName(enum.StrEnum):
     """Which cancel adapter speaks to the upstream (``--cancel-adapter``)."""
 
     HANGUP = "hangup"  # the cancel contract: POST /v2/requests/{id}/cancel
+    VLLM = "vllm"  # vLLM's OpenAI server: close the stream (+ POST /abort_requests if enabled)
+    SGLANG = "sglang"  # SGLang: the id in the body's rid, POST /abort_request
     NONE = "none"  # no cancel call: only the upstream stream is closed
 
 
@@ -45,6 +47,7 @@ class Config:
     cancel_adapter: AdapterName = AdapterName.HANGUP
     cancel_url: str | None = None  # where cancel calls go; the upstream's HTTP address if unset
     cancel_token: str | None = None  # read from --cancel-token-file at startup
+    vllm_abort_endpoint: bool = False  # vllm adapter: also call POST /abort_requests
     cancel_deadline: float = 10.0  # seconds from hang-up after which a cancel is given up
     cancel_attempt_timeout: float = 2.0
     cancel_backoff: float = 0.05  # first retry delay; doubles up to cancel_backoff_max
@@ -74,9 +77,14 @@ _OPTIONS = (
     Option("--admin-port", int, "admin listener: /metrics, /healthz, /readyz"),
     Option("--upstream-http", str, "the upstream's HTTP base URL"),
     Option("--upstream-grpc", str, "the upstream's gRPC host:port"),
-    Option("--cancel-adapter", AdapterName, "hangup (explicit cancel call) or none"),
+    Option("--cancel-adapter", AdapterName, "hangup, vllm, sglang or none (see README)"),
     Option("--cancel-url", str, "base URL for cancel calls (default: --upstream-http)"),
     Option("--cancel-token-file", Path, "file holding the cancel API's bearer token"),
+    Option(
+        "--vllm-abort-endpoint",
+        parse_bool,
+        "vllm adapter: also call POST /abort_requests (needs VLLM_SERVER_DEV_MODE=1 upstream)",
+    ),
     Option("--cancel-deadline", float, "seconds after a hang-up to keep retrying its cancel"),
     Option("--cancel-attempt-timeout", float, "seconds one cancel attempt may take"),
     Option("--cancel-backoff", float, "first retry delay in seconds (doubles each retry)"),

@@ -23,8 +23,6 @@ import grpc
 
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.vocabulary import CancelState, Reason
-from proxy.cancel import CancelAdapter, NoCancelAdapter
-from proxy.config import AdapterName, Config
 from proxy.errors import CancelAttemptFailed
 from proxy.vocabulary import CancelResult
 
@@ -93,13 +91,3 @@ class GrpcCancelAdapter:
 
     async def close(self) -> None:
         await self._channel.close()
-
-
-def open_grpc_adapter(config: Config) -> CancelAdapter:
-    """The adapter gRPC calls are cancelled with: ``--cancel-adapter hangup`` speaks
-    ``hangup.v1.Cancellation`` to ``--upstream-grpc``; ``none`` makes no call."""
-    if config.cancel_adapter is AdapterName.NONE:
-        return NoCancelAdapter()
-    return GrpcCancelAdapter(
-        config.upstream_grpc, config.cancel_token, config.cancel_attempt_timeout
-    )

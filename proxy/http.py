@@ -35,6 +35,7 @@ import aiohttp
 from aiohttp import web
 
 from hangup_contract.vocabulary import Reason
+from proxy.cancel import TagsRequests
 from proxy.errors import (
     BodyTooLarge,
     ClientGone,
@@ -55,6 +56,7 @@ from proxy.headers import (
 from proxy.lifecycle import CallEnding
 from proxy.logs import log_call, server_logger
 from proxy.state import Call, ServerState
+from proxy.tagging import TAG_LIMIT, tag_body
 from proxy.vocabulary import Outcome, Protocol, Stage
 
 log = logging.getLogger("hangup.proxy.http")
@@ -82,6 +84,8 @@ class HttpRelay:
         self._state = state
         self._config = state.config
         self._base = state.config.upstream_http.rstrip("/")
+        adapter = state.canceller.adapters[Protocol.HTTP]
+        self._tagger = adapter if isinstance(adapter, TagsRequests) else None
         self._session: aiohttp.ClientSession | None = None
         # Calls whose upstream call is open, by the aiohttp protocol of their client connection.
         self._relaying: dict[object, _Exchange] = {}
@@ -199,7 +203,11 @@ class HttpRelay:
             request.headers.items(), ids=ids, client_addr=request.remote, scheme=request.scheme
         )
         await self._continue(request)
-        body = self._body(ex) if request.body_exists else None
+        body: bytes | AsyncIterator[bytes] | None = None
+        if request.body_exists:
+            body = self._body(ex)
+            if self._tagger is not None:
+                body, headers = await self._tagged(body, headers, ids.upstream)
         sent = time.monotonic()
         # The upstream call runs in a task of its own, so a hang-up that cancels this handler
         # leaves it open until the explicit cancel has been answered (CallEnding.close_upstream).
@@ -230,6 +238,20 @@ class HttpRelay:
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the response proper has not started
 
+    async def _tagged(
+        self, body: AsyncIterator[bytes], headers: list[tuple[str, str]], request_id: str
+    ) -> tuple[bytes | AsyncIterator[bytes], list[tuple[str, str]]]:
+        """The body with the call's id written in (the adapter's upstream reads it there)."""
+        assert self._tagger is not None
+        limit = self._config.max_body_size or TAG_LIMIT
+        sent, untagged = await tag_body(body, self._tagger.tag_body, request_id, limit)
+        if untagged is not None:
+            log.warning("request body not tagged with the call's id: %s", untagged,
+                     extra={"fields": {"request_id": request_id}})  # fmt: skip
+        if isinstance(sent, bytes):  # a new length, sent as Content-Length
+            headers = [(n, v) for n, v in headers if n.lower() != "content-length"]
+        return sent, headers
+
     async def _body(self, ex: _Exchange) -> AsyncIterator[bytes]:
         limit = self._config.max_body_size
         async for chunk in ex.request.content.iter_any():
@@ -240,7 +262,10 @@ class HttpRelay:
             yield chunk
 
     async def _send(
-        self, ex: _Exchange, headers: list[tuple[str, str]], body: AsyncIterator[bytes] | None
+        self,
+        ex: _Exchange,
+        headers: list[tuple[str, str]],
+        body: bytes | AsyncIterator[bytes] | None,
     ) -> aiohttp.ClientResponse:
         assert self._session is not None, "HttpRelay.open() was not awaited"
         url = self._base + ex.request.raw_path

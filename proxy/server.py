@@ -25,12 +25,11 @@ from prometheus_client import CollectorRegistry
 
 from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.vocabulary import Reason
+from proxy.adapters import open_grpc_adapter, open_http_adapter
 from proxy.admin import AdminListener
 from proxy.cancel import Canceller
-from proxy.cancel_http import open_http_adapter
 from proxy.config import Config
 from proxy.grpc import GrpcRelay
-from proxy.grpc_cancel import open_grpc_adapter
 from proxy.http import HttpListener
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
