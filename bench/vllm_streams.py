@@ -40,8 +40,8 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.vllm_hangup import SERVED, vllm_serve
 from tests.support.processes import Process, child_env, spawn
+from tests.support.vllm_stack import MODEL, vllm_serve
 
 ENGINE_ARGS = ["--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20)]
 SEQUENTIAL_TOKENS = 400
@@ -87,7 +87,7 @@ async def timed_stream(
 
 async def sequential(url: str, streams: int) -> StreamStats:
     stats = StreamStats()
-    body = {"model": SERVED, "prompt": "Once upon a time", "max_tokens": SEQUENTIAL_TOKENS,
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": SEQUENTIAL_TOKENS,
             "ignore_eos": True}  # fmt: skip
     async with aiohttp.ClientSession() as session:
         for _ in range(streams):
@@ -122,7 +122,7 @@ async def hang_up_after_events(proxy: str, events: int) -> None:
     """Stream through ``proxy``, read ``events`` events, then reset the connection."""
     host, port = proxy.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
-    body = json.dumps({"model": SERVED, "prompt": "Once upon a time", "max_tokens": 400,
+    body = json.dumps({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400,
                        "stream": True, "ignore_eos": True})  # fmt: skip
     writer.write(f"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json"
                  f"\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())  # fmt: skip
@@ -159,7 +159,7 @@ async def concurrent(gateway: str, proxy: str, streams: int) -> dict[str, int]:
 
         async def one() -> None:
             message = {"role": "user", "content": "hello " * rng.randint(5, 200)}
-            body = {"model": SERVED, "max_tokens": rng.randint(100, 400), "ignore_eos": True,
+            body = {"model": MODEL, "max_tokens": rng.randint(100, 400), "ignore_eos": True,
                     "messages": [message]}  # fmt: skip
             call = timed_stream(session, proxy, body, chat=True)
             async with slots:
@@ -182,7 +182,7 @@ async def concurrent(gateway: str, proxy: str, streams: int) -> dict[str, int]:
 
 @contextlib.contextmanager
 def hangup(model: Path, tmp: Path, workers: int) -> Iterator[tuple[Process, Process]]:
-    args = ["--engine", "vllm", "--model", str(model), "--served-model-name", SERVED,
+    args = ["--engine", "vllm", "--model", str(model), "--served-model-name", MODEL,
             "--workers", str(workers), "--http-port", "0", "--grpc-port", "0",
             *ENGINE_ARGS]  # fmt: skip
     with spawn("gateway_server", args, tmp / "gateway", timeout=600) as gateway:

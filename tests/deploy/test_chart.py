@@ -301,12 +301,29 @@ def test_bring_your_own_model_server(renders: dict[str, Release]) -> None:
     by_name = containers(release)
     assert set(by_name) == {"vllm", "proxy"}
     assert by_name["vllm"]["image"] == "vllm/vllm-openai:v0.32.0"
-    assert flag(by_name["proxy"], "cancel-adapter") == "none"
+    assert flag(by_name["proxy"], "cancel-adapter") == "vllm"
+    assert flag(by_name["proxy"], "vllm-abort-endpoint") is None  # dev mode is opt-in
     assert flag(by_name["proxy"], "upstream-http") == "http://127.0.0.1:8000"
     assert flag(by_name["proxy"], "upstream-grpc") is None
     assert not release.find("Secret")
     assert {p["name"] for p in release.one("Service")["spec"]["ports"]} == {"http", "admin"}
     assert release.one("PodMonitor")
+
+
+@pytest.mark.parametrize(
+    ("proxy", "abort_flag"),
+    [({"cancelAdapter": "vllm", "vllmAbortEndpoint": True}, "true"),
+     ({"cancelAdapter": "sglang"}, None)],
+)  # fmt: skip
+def test_the_adapters_for_other_servers_reach_the_proxy(
+    helm: HelmEngine, proxy: dict[str, Any], abort_flag: str | None
+) -> None:
+    values = {**scenario("bring-your-own-server-values.yaml"), "proxy": proxy}
+    release = helm.render(values)
+    assert release.ok, release.error
+    container = containers(release)["proxy"]
+    assert flag(container, "cancel-adapter") == proxy["cancelAdapter"]
+    assert flag(container, "vllm-abort-endpoint") == abort_flag
 
 
 def test_helm_test_hook_streams_through_the_service(renders: dict[str, Release]) -> None:

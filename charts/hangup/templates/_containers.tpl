@@ -112,6 +112,9 @@ exec:
     - --upstream-grpc={{ . }}
     {{- end }}
     - --cancel-adapter={{ $p.cancelAdapter }}
+    {{- if $p.vllmAbortEndpoint }}
+    - --vllm-abort-endpoint=true
+    {{- end }}
     {{- if include "hangup.tokenEnabled" . }}
     - --cancel-token-file={{ include "hangup.tokenPath" . }}
     {{- end }}
