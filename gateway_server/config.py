@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gateway_server.engine.sim import SimConfig
 from gateway_server.engine.vllm_options import VLLM_OPTIONS, VllmOptions
+from hangup_contract.runtime.connections import ConnectionLimits
 from hangup_contract.runtime.files import read_secret
 from hangup_contract.runtime.options import ConfigError, Option, OptionTable, one_of
 
@@ -33,10 +34,17 @@ class GatewayConfig:
     ready_file: Path | None = None
     max_body_bytes: int = 8 * 1024 * 1024
     max_header_bytes: int = 8190
+    header_timeout: float = 30.0
+    idle_timeout: float = 75.0
+    max_connections: int = 4096
     tombstone_ttl: float = 60.0
     log_level: str = "INFO"
     sim: SimConfig = field(default_factory=SimConfig)
     vllm: VllmOptions = field(default_factory=VllmOptions)
+
+    @property
+    def connection_limits(self) -> ConnectionLimits:
+        return ConnectionLimits(self.header_timeout, self.idle_timeout, self.max_connections)
 
     @property
     def model_name(self) -> str:
@@ -62,6 +70,9 @@ _OPTIONS = (
     Option("--ready-file", Path, "write the listener map here once serving"),
     Option("--max-body-bytes", int, "request body bytes"),
     Option("--max-header-bytes", int, "bytes per request line or header field"),
+    Option("--header-timeout", float, "seconds a client may take to send a request head"),
+    Option("--idle-timeout", float, "seconds an idle keep-alive client connection stays open"),
+    Option("--max-connections", int, "open HTTP client connections (0: no limit)"),
     Option("--tombstone-ttl", float, "seconds a cancel for an unknown id waits for its request"),
     Option("--log-level", str, "DEBUG, INFO, WARNING or ERROR"),
     Option("--sim-slots", int, "batch slots", group="sim", field="slots"),
@@ -118,8 +129,9 @@ def validate(config: GatewayConfig) -> None:
         port = getattr(config, name)
         if not 0 <= port <= 65535:
             raise ConfigError(f"--{name.replace('_', '-')} must be between 0 and 65535")
-    if config.drain_timeout < 0:
-        raise ConfigError("--drain-timeout must not be negative")
+    for name in ("drain_timeout", "header_timeout", "idle_timeout", "max_connections"):
+        if getattr(config, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
     if config.max_body_bytes < 1024:
         raise ConfigError("--max-body-bytes must be at least 1024")
     if config.sim.slots < 1 or config.sim.prefill_chunk_tokens < 1:

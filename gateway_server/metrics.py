@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway_server.vocabulary import Outcome, Protocol
+from hangup_contract.runtime.connections import CloseReason
 from hangup_contract.vocabulary import Phase, Reason
 
 # From 0.1 ms (what a cancel costs beyond a step boundary) to tens of seconds (a long prefill).
@@ -59,6 +60,17 @@ class GatewayMetrics:
             ["model"],
             registry=registry,
         )
+        self.connections_closed = Counter(
+            "hangup_gateway_connections_closed",
+            "Client connections the gateway closed or refused to hold, by why.",
+            ["listener", "reason"],
+            registry=registry,
+        )
+        self._add_latencies(registry)
+        for model in models:
+            self._create_series(model)
+
+    def _add_latencies(self, registry: CollectorRegistry) -> None:
         self.time_to_first_token = Histogram(
             "hangup_gateway_time_to_first_token_seconds",
             "From an engine request's arrival to its first output token.",
@@ -73,8 +85,10 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-        for model in models:
-            self._create_series(model)
+
+    def closer(self, listener: str) -> Callable[[CloseReason], None]:
+        """What a listener calls when it closes a client connection for ``reason``."""
+        return lambda reason: self.connections_closed.labels(listener, reason.value).inc()
 
     def _create_series(self, model: str) -> None:
         """Every series of ``model`` exists from the start: rates and alerts see zeros."""

@@ -12,6 +12,8 @@ import socket
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from hangup_contract.runtime.connections import LimitedAppRunner
+from proxy.headers import SERVER_HEADER
 from proxy.state import ServerState
 
 
@@ -20,7 +22,7 @@ class AdminListener:
 
     def __init__(self, state: ServerState) -> None:
         self._state = state
-        self._runner: web.AppRunner | None = None
+        self._runner: LimitedAppRunner | None = None
 
     async def _metrics(self, _: web.Request) -> web.Response:
         body = generate_latest(self._state.metrics.registry)
@@ -40,7 +42,10 @@ class AdminListener:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = LimitedAppRunner(
+            app, limits=config.connection_limits, on_close=self._state.metrics.closer(self.name),
+            listener=self.name, server_header=SERVER_HEADER, access_log=None,
+        )  # fmt: skip
         await self._runner.setup()
         sock = socket.create_server((config.host, config.admin_port))
         await web.SockSite(self._runner, sock).start()

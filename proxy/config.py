@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from hangup_contract.runtime.connections import ConnectionLimits
 from hangup_contract.runtime.files import read_secret
 from hangup_contract.runtime.options import (
     ConfigError,
@@ -60,10 +61,17 @@ class Config:
     max_concurrent_streams: int = 1024  # 0: no limit
     max_header_size: int = 8190  # bytes per request line or header field
     max_headers: int = 128
-    max_body_size: int | None = None  # request body bytes; None: no limit
+    max_body_size: int | None = 8 * 1024 * 1024  # request body bytes (the gateway's); None: none
+    header_timeout: float = 30.0  # seconds to send a request head once begun (0: no limit)
+    idle_timeout: float = 75.0  # seconds a keep-alive connection may sit idle (0: no limit)
+    max_connections: int = 4096  # open client connections per HTTP listener (0: no limit)
     upstream_connect_timeout: float = 5.0
     trust_client_request_id: bool = False
     log_level: str = "INFO"
+
+    @property
+    def connection_limits(self) -> ConnectionLimits:
+        return ConnectionLimits(self.header_timeout, self.idle_timeout, self.max_connections)
 
     @property
     def cancel_base_url(self) -> str:
@@ -102,6 +110,9 @@ _OPTIONS = (
     Option("--max-header-size", int, "bytes per request line or header field"),
     Option("--max-headers", int, "header fields per request"),
     Option("--max-body-size", optional_size, "request body bytes (0: no limit)"),
+    Option("--header-timeout", float, "seconds a client may take to send a request head"),
+    Option("--idle-timeout", float, "seconds an idle keep-alive client connection stays open"),
+    Option("--max-connections", int, "open client connections per HTTP listener (0: no limit)"),
     Option("--upstream-connect-timeout", float, "seconds to connect to the upstream"),
     Option("--trust-client-request-id", parse_bool, "use the client's X-Request-Id upstream"),
     Option("--log-level", str, "DEBUG, INFO, WARNING or ERROR"),
@@ -154,8 +165,10 @@ def _validate(config: Config) -> None:
     for name in positive:
         if getattr(config, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
-    if config.drain_timeout < 0 or config.max_concurrent_streams < 0:
-        raise ConfigError("--drain-timeout and --max-concurrent-streams must not be negative")
+    for name in ("drain_timeout", "max_concurrent_streams", "header_timeout", "idle_timeout",
+                 "max_connections"):  # fmt: skip
+        if getattr(config, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
     if config.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
         raise ConfigError(
             f"--log-level={config.log_level!r}: expected DEBUG, INFO, WARNING or ERROR"

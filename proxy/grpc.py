@@ -41,6 +41,7 @@ from typing import Any
 
 import grpc
 
+from hangup_contract.runtime.connections import grpc_server_options
 from hangup_contract.vocabulary import Reason
 from proxy.errors import BadRequestId, ClientGone, Overloaded
 from proxy.grpc_metadata import Metadata, client_metadata, relayable, upstream_metadata
@@ -179,7 +180,8 @@ class GrpcRelay:
         # gRPC itself refuses a larger request message with RESOURCE_EXHAUSTED.
         server = grpc.aio.server(
             options=[("grpc.max_receive_message_length", -1 if limit is None else limit),
-                     ("grpc.max_send_message_length", -1)]
+                     ("grpc.max_send_message_length", -1),
+                     *grpc_server_options(config.connection_limits)]
         )  # fmt: skip
         server.add_generic_rpc_handlers([_RelayHandler(self._handle)])
         self._port = server.add_insecure_port(f"{config.host}:{config.grpc_port}")

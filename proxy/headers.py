@@ -31,6 +31,9 @@ HOP_BY_HOP = frozenset(
     }
 )
 REQUEST_ID = request_ids.HEADER
+SERVER_HEADER = (
+    "hangup-proxy"  # what every response names as its Server: no implementation, no version
+)
 CLIENT_REQUEST_ID = "X-Client-Request-Id"
 _DROP_UPSTREAM = frozenset({"expect", REQUEST_ID.lower(), CLIENT_REQUEST_ID.lower()})
 
@@ -100,8 +103,11 @@ def client_response_headers(headers: Iterable[tuple[str, str]], *, request_id: s
     """The headers to send the client for an upstream response carrying ``headers``.
 
     ``Content-Length`` is kept (the body is relayed byte for byte); chunked framing is redone by
-    the proxy. The upstream call's id is always echoed as ``X-Request-Id``.
+    the proxy. The upstream call's id is always echoed as ``X-Request-Id``; ``Server`` names the
+    proxy (as Envoy overwrites it by default), so the upstream's implementation is not advertised.
     """
-    out = [(n, v) for n, v in strip_hop_by_hop(headers) if n.lower() != REQUEST_ID.lower()]
+    replaced = {REQUEST_ID.lower(), "server"}
+    out = [(n, v) for n, v in strip_hop_by_hop(headers) if n.lower() not in replaced]
     out.append((REQUEST_ID, request_id))
+    out.append(("Server", SERVER_HEADER))
     return out

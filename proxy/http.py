@@ -34,6 +34,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from hangup_contract.runtime.connections import LimitedServer
 from hangup_contract.vocabulary import Reason
 from proxy.cancel import TagsRequests
 from proxy.errors import (
@@ -49,6 +50,7 @@ from proxy.errors import (
 )
 from proxy.headers import (
     REQUEST_ID,
+    SERVER_HEADER,
     choose_request_ids,
     client_response_headers,
     upstream_request_headers,
@@ -337,17 +339,20 @@ class HttpRelay:
         response = web.Response(
             status=exc.status, text=json.dumps(body), content_type="application/json"
         )
+        response.headers["Server"] = SERVER_HEADER
         if call.request_id is not None:
             response.headers[REQUEST_ID] = call.request_id
         if isinstance(exc, Overloaded):
             response.headers["Retry-After"] = "1"
-        if self._state.draining or isinstance(exc, ProxyTimeout):
+        # An unread body (413) must not be drained from a client that may send it slowly.
+        if self._state.draining or isinstance(exc, ProxyTimeout | BodyTooLarge):
             response.force_close()
         return response
 
 
-class _Server(web.Server):
-    """aiohttp's low-level server, telling the relay the moment a client connection is lost."""
+class _Server(LimitedServer):
+    """aiohttp's low-level server (connections held to the configured limits), telling the relay
+    the moment a client connection is lost."""
 
     def __init__(self, relay: HttpRelay, **kwargs: Any) -> None:
         super().__init__(relay, **kwargs)
@@ -376,6 +381,10 @@ class HttpListener:
         await self._relay.open()
         server = _Server(
             self._relay,
+            limits=config.connection_limits,
+            on_close=self._state.metrics.closer(self.name),
+            listener=self.name,
+            server_header=SERVER_HEADER,
             handler_cancellation=True,
             access_log=None,
             logger=server_logger(),

@@ -1,13 +1,17 @@
 """The proxy's Prometheus metrics (names are interface, see the README), on a registry passed in.
 
-Label values come only from the enums in ``proxy.vocabulary`` and the configured adapter name,
-never from request ids. Durations are measured with ``time.monotonic()`` by the callers.
+Label values come only from enums (``proxy.vocabulary``, the connection close reasons), the
+configured adapter name and the listener names, never from request ids. Durations are measured
+with ``time.monotonic()`` by the callers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from hangup_contract.runtime.connections import CloseReason
 from hangup_contract.vocabulary import Reason
 from proxy.vocabulary import CancelResult, Outcome, Protocol, Stage
 
@@ -47,6 +51,15 @@ class ProxyMetrics:
             ["protocol", "reason"],
             registry=registry,
         )
+        self.connections_closed = Counter(
+            "hangup_proxy_connections_closed",
+            "Client connections the proxy closed or refused to hold, by listener and why.",
+            ["listener", "reason"],
+            registry=registry,
+        )
+        self._add_timings_and_gauges(registry)
+
+    def _add_timings_and_gauges(self, registry: CollectorRegistry) -> None:
         self.disconnect_to_cancel = Histogram(
             "hangup_proxy_disconnect_to_cancel_seconds",
             "From detecting a hang-up to the upstream acknowledging the cancel call.",
@@ -72,6 +85,10 @@ class ProxyMetrics:
         )
         for protocol in Protocol:
             self.inflight.labels(protocol.value)
+
+    def closer(self, listener: str) -> Callable[[CloseReason], None]:
+        """What a listener calls when it closes a client connection for ``reason``."""
+        return lambda reason: self.connections_closed.labels(listener, reason.value).inc()
 
     def finished(self, protocol: Protocol, outcome: Outcome) -> None:
         self.requests.labels(protocol.value, outcome.value).inc()

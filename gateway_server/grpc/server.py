@@ -24,6 +24,7 @@ from gateway_server.grpc import cancel, inference
 from gateway_server.grpc.protos import inference_pb2
 from gateway_server.service import GenerationService
 from hangup_contract.protos import cancellation_pb2
+from hangup_contract.runtime.connections import grpc_server_options
 
 _SERVICES = (inference.SERVICE_NAME, cancel.SERVICE_NAME)
 # Prompts and answers can be large; the gateway's own limit is the model's context length.
@@ -55,7 +56,7 @@ class GrpcServerHandle:
 
 async def start_grpc_server(service: GenerationService, config: GatewayConfig) -> GrpcServerHandle:
     """Bind ``config.host:config.grpc_port`` and serve. Raises OSError when it cannot bind."""
-    server = grpc.aio.server(options=_OPTIONS)
+    server = grpc.aio.server(options=_OPTIONS + grpc_server_options(config.connection_limits))
     server.add_generic_rpc_handlers(
         [
             inference.inference_handler(inference.InferenceServicer(service)),

@@ -13,7 +13,12 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from gateway_server.errors import CancelledBeforeArrival, ClientError, GatewayError, Unavailable
+from gateway_server.errors import (
+    CancelledBeforeArrival,
+    ClientError,
+    GatewayError,
+    Unavailable,
+)
 from gateway_server.http import cancel, kserve, openai
 from gateway_server.http.common import (
     CANCEL_TOKEN,
@@ -85,4 +90,7 @@ def error_response(request: web.Request, exc: GatewayError) -> web.Response:
         headers["WWW-Authenticate"] = 'Bearer realm="hangup-cancel"'
     if REQUEST_ID_HEADER in request.headers:
         headers[REQUEST_ID_HEADER] = request.headers[REQUEST_ID_HEADER]
-    return web.json_response(body, status=exc.status, headers=headers)
+    response = web.json_response(body, status=exc.status, headers=headers)
+    if exc.status == 413:  # the rest of the body stays unread: close instead of draining it
+        response.force_close()
+    return response

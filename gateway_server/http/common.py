@@ -34,7 +34,14 @@ def request_id(request: web.Request) -> str:
 
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:
-    """The body as a JSON object. Raises RequestTooLarge or InvalidRequest naming the problem."""
+    """The body as a JSON object. Raises RequestTooLarge or InvalidRequest naming the problem;
+    a body declared larger than the limit is refused before a byte of it is read."""
+    limit = request.app[MAX_BODY_BYTES]
+    if request.content_length is not None and request.content_length > limit:
+        raise RequestTooLarge(
+            f"request body of {request.content_length} bytes is larger than the limit of "
+            f"{limit} bytes"
+        )
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:

@@ -67,13 +67,14 @@ def test_a_trusted_client_id_must_be_safe(bad: str) -> None:
     assert caught.value.status == 400
 
 
-def test_response_headers_keep_content_length_and_echo_the_call_id() -> None:
+def test_response_headers_keep_content_length_echo_the_call_id_and_name_the_proxy() -> None:
     upstream = [
         ("Content-Type", "text/event-stream"),
         ("Content-Length", "12"),
         ("Transfer-Encoding", "chunked"),
         ("Connection", "close"),
         ("X-Request-Id", "from-upstream"),
+        ("Server", "uvicorn"),
         ("Set-Cookie", "a=1"),
         ("Set-Cookie", "b=2"),
     ]
@@ -83,4 +84,5 @@ def test_response_headers_keep_content_length_and_echo_the_call_id() -> None:
         ("Set-Cookie", "a=1"),
         ("Set-Cookie", "b=2"),
         ("X-Request-Id", "call-1"),
+        ("Server", "hangup-proxy"),  # the upstream's implementation is not advertised
     ]

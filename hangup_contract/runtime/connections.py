@@ -1,0 +1,211 @@
+"""Bounds on what one client connection may hold, for every HTTP listener of both processes.
+
+- ``header_timeout``: once a connection has sent part of a request head, it has this long from
+  the moment it opened (or its last response ended) to complete it; then it is closed. A client
+  that trickles header bytes (slowloris) holds a connection no longer than this.
+- ``idle_timeout``: a keep-alive connection with no request under way and nothing sent is closed
+  after this long.
+- ``max_connections``: open client connections per listener; one more is closed as it opens
+  (0: no limit).
+
+The clocks run only while no request is being handled: a response that streams for an hour is
+never cut by them (``--max-request-duration`` bounds that). One sweep per listener, every
+``SWEEP_S`` seconds at most (sooner for short limits), enforces both timeouts, so a close comes
+within one sweep. Every close is counted by reason through ``on_close``; the first of each
+reason on a listener is logged, the rest only counted.
+
+Every response, aiohttp's own error answers included, names the server ``server_header`` (the
+process, no implementation or version) instead of aiohttp's ``Python/x aiohttp/y``.
+
+Built on aiohttp's low-level server (its per-connection ``RequestHandler`` and the server that
+tracks them); aiohttp's own keep-alive timer is set past ours, a backstop that never fires first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger("hangup.connections")
+
+SWEEP_S = 1.0
+
+
+class CloseReason(enum.StrEnum):
+    HEADER_TIMEOUT = "header_timeout"
+    IDLE_TIMEOUT = "idle_timeout"
+    TOO_MANY_CONNECTIONS = "too_many_connections"
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    header_timeout: float = 30.0
+    idle_timeout: float = 75.0
+    max_connections: int = 4096
+
+
+OnClose = Callable[[CloseReason], None]
+
+
+class _Handler(web.RequestHandler):
+    """aiohttp's connection handler, remembering whether a request head has started arriving."""
+
+    quiet_since = 0.0  # when the connection opened or was last seen handling a request
+    partial = False  # bytes of a request head have arrived, the head is not complete
+    server_header = ""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.quiet_since = asyncio.get_running_loop().time()
+        super().connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.busy():
+            before = self._request_count
+            super().data_received(data)
+            self.partial = self._request_count == before
+            return
+        super().data_received(data)
+
+    def busy(self) -> bool:
+        return bool(self._request_in_progress or self._messages)
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's own answer to a request it could not parse, under our ``Server`` name."""
+        response = super().handle_error(request, status, exc, message)
+        response.headers["Server"] = self.server_header
+        return response
+
+
+class LimitedServer(web.Server):
+    """aiohttp's low-level server, holding each client connection to ``limits``."""
+
+    def __init__(
+        self,
+        handler: Any,
+        *,
+        limits: ConnectionLimits,
+        on_close: OnClose,
+        listener: str,
+        server_header: str,
+        **kwargs: Any,
+    ) -> None:
+        self.server_header = server_header
+        # aiohttp's own idle timer stays as a backstop only: ours fire first and are counted.
+        longest = max(limits.header_timeout, limits.idle_timeout)
+        kwargs["keepalive_timeout"] = longest + 4 * SWEEP_S if longest else 3630.0
+        super().__init__(handler, **kwargs)
+        self.limits = limits
+        self._on_close = on_close
+        self._listener = listener
+        self._logged: set[CloseReason] = set()
+        self._sweeping: asyncio.TimerHandle | None = None
+        shortest = min(t for t in (limits.header_timeout, limits.idle_timeout, SWEEP_S * 4) if t)
+        self._sweep_every = shortest / 4
+
+    def __call__(self) -> web.RequestHandler:
+        if self._sweeping is None:
+            self._sweeping = self._loop.call_later(self._sweep_every, self._sweep)
+        handler = _Handler(self, loop=self._loop, **self._kwargs)
+        handler.server_header = self.server_header
+        return handler
+
+    def connection_made(self, handler: web.RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        cap = self.limits.max_connections
+        if cap and len(self._connections) > cap:
+            self._close(handler, CloseReason.TOO_MANY_CONNECTIONS)
+
+    def _sweep(self) -> None:
+        now = self._loop.time()
+        limits = self.limits
+        for handler in list(self._connections):
+            if not isinstance(handler, _Handler):
+                continue
+            if handler.busy():
+                handler.quiet_since, handler.partial = now, False
+                continue
+            quiet = now - handler.quiet_since
+            if handler.partial and limits.header_timeout and quiet > limits.header_timeout:
+                self._close(handler, CloseReason.HEADER_TIMEOUT)
+            elif not handler.partial and limits.idle_timeout and quiet > limits.idle_timeout:
+                self._close(handler, CloseReason.IDLE_TIMEOUT)
+        self._sweeping = self._loop.call_later(self._sweep_every, self._sweep)
+
+    def _close(self, handler: web.RequestHandler, reason: CloseReason) -> None:
+        handler.force_close()
+        transport = self._connections.get(handler)
+        if transport is not None:
+            transport.close()
+        self._on_close(reason)
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning(
+                "closed a client connection: %s (further ones are only counted)", reason.value,
+                extra={"fields": {"listener": self._listener, "reason": reason.value}},
+            )  # fmt: skip
+
+    def pre_shutdown(self) -> None:
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+        super().pre_shutdown()
+
+
+class LimitedAppRunner(web.AppRunner):
+    """``web.AppRunner`` whose server holds connections to ``limits`` and names itself
+    ``server_header`` in every response (not aiohttp's name and version)."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        limits: ConnectionLimits,
+        on_close: OnClose,
+        listener: str,
+        server_header: str,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(app, **kwargs)
+        self._limits, self._on_close_cb, self._listener = limits, on_close, listener
+        self._server_header = server_header
+
+        async def name_the_server(_: web.Request, response: web.StreamResponse) -> None:
+            response.headers["Server"] = server_header
+
+        app.on_response_prepare.append(name_the_server)
+
+    async def _make_server(self) -> web.Server:
+        plain = await super()._make_server()
+        return LimitedServer(
+            plain.request_handler,
+            request_factory=plain.request_factory,
+            handler_cancellation=plain.handler_cancellation,
+            limits=self._limits,
+            on_close=self._on_close_cb,
+            listener=self._listener,
+            server_header=self._server_header,
+            **plain._kwargs,
+        )
+
+
+def grpc_server_options(limits: ConnectionLimits) -> list[tuple[str, int]]:
+    """The same bounds for a gRPC listener, as gRPC core options: the HTTP/2 handshake must end
+    within ``header_timeout``, and a connection with no call for ``idle_timeout`` is closed.
+    gRPC core has no cap on connections; calls are capped by each process's own limit."""
+    options = []
+    if limits.header_timeout:
+        options.append(("grpc.server_handshake_timeout_ms", int(limits.header_timeout * 1000)))
+    if limits.idle_timeout:
+        options.append(("grpc.max_connection_idle_ms", int(limits.idle_timeout * 1000)))
+    return options

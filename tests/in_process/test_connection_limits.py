@@ -1,0 +1,231 @@
+"""What one client connection may hold, on every HTTP listener of both processes: a request head
+trickled byte by byte (slowloris) is cut at ``--header-timeout``, an idle keep-alive connection at
+``--idle-timeout``, connections beyond ``--max-connections`` are closed as they open; each close
+is counted by reason. A response that streams longer than both timeouts is never cut by them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import aiohttp
+import grpc
+import pytest
+
+from proxy.server import Server
+from tests.support.gateway import running_gateway
+from tests.support.proxy_harness import http_url, metric, running_proxy
+from tests.support.scripted_upstream import ScriptedUpstream
+
+HEADER_S = 0.4
+IDLE_S = 0.8
+LIMITS = {"header_timeout": HEADER_S, "idle_timeout": IDLE_S, "max_connections": 4}
+
+
+@pytest.fixture
+async def proxy(upstream: ScriptedUpstream) -> AsyncIterator[Server]:
+    async with running_proxy(upstream.url, **LIMITS) as server:
+        yield server
+
+
+async def _open(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    host, port = address.rsplit(":", 1)
+    return await asyncio.open_connection(host, int(port))
+
+
+async def _closed_after(reader: asyncio.StreamReader, within: float) -> float:
+    """Seconds until the server closed the connection (reading whatever it sent first)."""
+    started = time.monotonic()
+    async with asyncio.timeout(within):
+        while await reader.read(4096):
+            pass
+    return time.monotonic() - started
+
+
+async def _trickle(writer: asyncio.StreamWriter) -> None:
+    writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n")
+    for i in range(100):
+        await asyncio.sleep(0.05)
+        writer.write(f"X-Slow-{i}: y\r\n".encode())
+
+
+def _closed(server: Server, listener: str, reason: str) -> float:
+    return metric(server, "hangup_proxy_connections_closed_total", listener=listener, reason=reason)
+
+
+async def test_a_trickled_request_head_is_cut_and_others_are_served(
+    proxy: Server, session: aiohttp.ClientSession
+) -> None:
+    reader, writer = await _open(proxy.addresses["http"])
+    trickling = asyncio.ensure_future(_trickle(writer))
+    try:
+        async with session.get(http_url(proxy) + "/echo") as resp:  # meanwhile, others are served
+            assert resp.status == 200
+        waited = await _closed_after(reader, within=HEADER_S + 2.0)
+    finally:
+        trickling.cancel()
+        writer.close()
+    assert waited < HEADER_S + 1.0  # a trickle would have gone on for five seconds
+    assert _closed(proxy, "http", "header_timeout") == 1
+    assert _closed(proxy, "http", "idle_timeout") == 0
+
+
+async def test_an_idle_connection_is_closed_and_counted_on_every_listener(proxy: Server) -> None:
+    for listener in ("http", "admin"):
+        reader, writer = await _open(proxy.addresses[listener])
+        waited = await _closed_after(reader, within=IDLE_S + 2.0)
+        writer.close()
+        assert IDLE_S * 0.5 < waited < IDLE_S + 1.0, (listener, waited)
+        assert _closed(proxy, listener, "idle_timeout") == 1
+
+
+async def test_a_keep_alive_connection_serves_requests_then_closes_once_idle(
+    proxy: Server,
+) -> None:
+    reader, writer = await _open(proxy.addresses["http"])
+    for _ in range(3):
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await reader.readexactly(length)
+        await asyncio.sleep(IDLE_S / 4)  # idle, but not for long
+    await _closed_after(reader, within=IDLE_S + 2.0)
+    writer.close()
+    assert _closed(proxy, "http", "idle_timeout") == 1
+
+
+async def test_a_stream_longer_than_both_timeouts_is_not_cut(
+    proxy: Server, upstream: ScriptedUpstream, session: aiohttp.ClientSession
+) -> None:
+    async with session.get(http_url(proxy) + "/sse?events=3&gate=1") as resp:
+        for _ in range(3):
+            await asyncio.sleep(IDLE_S + 0.2)  # nothing moves on the connection meanwhile
+            await upstream.release()
+        body = await resp.read()
+    assert body.count(b'data: {"n"') == 3 and body.endswith(b"data: [DONE]\n\n")
+    assert _closed(proxy, "http", "idle_timeout") == 0
+
+
+async def test_connections_beyond_the_cap_are_closed_as_they_open(
+    proxy: Server, session: aiohttp.ClientSession
+) -> None:
+    held = [await _open(proxy.addresses["http"]) for _ in range(4)]
+    reader, writer = await _open(proxy.addresses["http"])
+    await _closed_after(reader, within=1.0)
+    writer.close()
+    assert _closed(proxy, "http", "too_many_connections") == 1
+    for _, w in held:
+        w.close()
+    await asyncio.sleep(0.05)
+    async with session.get(http_url(proxy) + "/echo") as resp:  # room again
+        assert resp.status == 200
+
+
+async def test_the_gateway_holds_its_connections_to_the_same_limits() -> None:
+    async with running_gateway(**LIMITS) as gateway:
+        address = gateway.url.removeprefix("http://")
+        reader, writer = await _open(address)
+        trickling = asyncio.ensure_future(_trickle(writer))
+        try:
+            waited = await _closed_after(reader, within=HEADER_S + 2.0)
+        finally:
+            trickling.cancel()
+            writer.close()
+        assert waited < HEADER_S + 1.0
+        reader, writer = await _open(address)
+        await _closed_after(reader, within=IDLE_S + 2.0)
+        writer.close()
+        closed = "hangup_gateway_connections_closed_total"
+        assert gateway.metric(closed, listener="http", reason="header_timeout") == 1
+        assert gateway.metric(closed, listener="http", reason="idle_timeout") == 1
+
+
+async def _raw_answer(address: str, head: bytes, within: float = 1.0) -> bytes:
+    """Send ``head`` (and nothing more); the answer's head and body, which must come within
+    ``within`` seconds (before, not after, the rest of a declared body)."""
+    reader, writer = await _open(address)
+    writer.write(head)
+    try:
+        async with asyncio.timeout(within):
+            answer = await reader.readuntil(b"\r\n\r\n")
+            length = int(answer.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            return answer + await reader.readexactly(length)
+    finally:
+        writer.close()
+
+
+OVERSIZED = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b'Content-Length: 20971520\r\n\r\n{"model": '
+)
+
+
+async def test_a_declared_oversized_body_is_refused_at_once_by_both() -> None:
+    """20 MiB declared, a few bytes sent: 413 naming the limit at once, before any more is read,
+    and ``Connection: close`` (what is left of the body is discarded, not relayed)."""
+    limit = 8 * 1024 * 1024
+    async with running_gateway() as gateway:
+        answer = await _raw_answer(gateway.url.removeprefix("http://"), OVERSIZED)
+        assert answer.startswith(b"HTTP/1.1 413") and b"Connection: close" in answer
+        assert f"limit of {limit} bytes".encode() in answer
+        async with running_proxy(gateway.url) as proxy:  # the proxy's default limit: the same
+            answer = await _raw_answer(proxy.addresses["http"], OVERSIZED)
+            assert answer.startswith(b"HTTP/1.1 413") and b"Connection: close" in answer
+            assert f"exceeds {limit}".encode() in answer
+        assert not await gateway.in_flight()
+
+
+async def test_no_response_advertises_the_implementation_or_its_version(
+    upstream: ScriptedUpstream, session: aiohttp.ClientSession
+) -> None:
+    async def server_names(url: str, *paths: str) -> set[str]:
+        names = set()
+        for path in paths:
+            async with session.get(url + path) as resp:
+                names.add(resp.headers.get("Server", ""))
+        return names
+
+    bad_request = b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n"  # no colon: a parse error
+    async with running_gateway() as gateway, running_proxy(upstream.url) as proxy:
+        assert await server_names(gateway.url, "/v1/models", "/nowhere") == {"hangup-gateway"}
+        answer = await _raw_answer(gateway.url.removeprefix("http://"), bad_request)
+        assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request"), answer
+        assert b"Server: hangup-gateway" in answer
+        # Relayed (the upstream's own name replaced), the proxy's own errors, the admin port.
+        names = await server_names(http_url(proxy), "/echo", "/status/503")
+        names |= await server_names(f"http://{proxy.addresses['admin']}", "/healthz", "/nowhere")
+        assert names == {"hangup-proxy"}
+        answer = await _raw_answer(proxy.addresses["http"], bad_request)
+        assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request"), answer
+        assert b"Server: hangup-proxy" in answer
+
+
+async def test_grpc_listeners_close_a_silent_and_an_idle_connection() -> None:
+    """A TCP connection that never finishes the HTTP/2 handshake is closed at ``header_timeout``;
+    a channel with no call is closed at ``idle_timeout`` (the channel then reconnects by itself
+    for its next call)."""
+    async with running_gateway(**LIMITS) as gateway:
+        target = gateway.server.listeners["grpc"]
+        async with running_proxy(gateway.url, upstream_grpc=target, **LIMITS) as proxy:
+            for address in (target, proxy.addresses["grpc"]):
+                reader, writer = await _open(address)
+                writer.write(b"PRI * HTTP/2.0\r\n")  # the start of the preface, never the rest
+                waited = await _closed_after(reader, within=HEADER_S + 3.0)
+                writer.close()
+                assert waited < HEADER_S + 2.0, (address, waited)
+            async with grpc.aio.insecure_channel(proxy.addresses["grpc"]) as channel:
+                await channel.channel_ready()
+                state = await _state_after(channel, grpc.ChannelConnectivity.IDLE, IDLE_S + 3.0)
+                assert state is grpc.ChannelConnectivity.IDLE
+
+
+async def _state_after(
+    channel: grpc.aio.Channel, wanted: grpc.ChannelConnectivity, within: float
+) -> grpc.ChannelConnectivity:
+    async with asyncio.timeout(within):
+        while (state := channel.get_state()) is not wanted:
+            await channel.wait_for_state_change(state)
+    return state
