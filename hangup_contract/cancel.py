@@ -78,10 +78,12 @@ class CancelAnswer:
         if not isinstance(parsed, dict):
             raise ValueError("cancel answer must be a JSON object")
         raw_state = parsed.get("state")
-        if raw_state not in set(CancelState):
+        if not isinstance(raw_state, str) or raw_state not in set(CancelState):
             raise ValueError(f"cancel answer has no known state: {raw_state!r}")
         state = CancelState(raw_state)
         phase = parsed.get("phase")
+        if phase is not None and (not isinstance(phase, str) or phase not in set(Phase)):
+            raise ValueError(f"cancel answer has no known phase: {phase!r}")
         tokens = parsed.get("generated_tokens", 0)
         if not isinstance(tokens, int) or isinstance(tokens, bool):
             raise ValueError("'generated_tokens' must be an integer")

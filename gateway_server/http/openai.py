@@ -150,7 +150,8 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
         raise InvalidRequest("'messages' must be a non-empty array", param="messages")
     out = []
     for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+        role = message.get("role") if isinstance(message, dict) else None
+        if not isinstance(role, str) or role not in _ROLES:
             raise InvalidRequest(
                 f"messages[{i}] must be an object with a role in {sorted(_ROLES)}", param="messages"
             )
@@ -168,7 +169,7 @@ def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
             raise InvalidRequest(
                 f"messages[{i}].content must be a string or text parts", param="messages"
             )
-        out.append({"role": message["role"], "content": content})
+        out.append({"role": role, "content": content})
     return out
 
 

@@ -163,3 +163,17 @@ async def test_duplicate_request_id_in_flight_is_409(gateway: Gateway) -> None:
             assert "already in flight" in (await second.json())["error"]["message"]
         status, _ = await gateway.cancel("dup")
         assert status == 200
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [[{"role": [], "content": "x"}], [{"role": {"a": 1}}], ["user"], [{"role": "user"}]],
+)
+async def test_malformed_chat_messages_are_a_clear_400(
+    gateway: Gateway, messages: list[object]
+) -> None:
+    """A role of the wrong type was a 500 until property testing found it."""
+    body = {"model": MODEL, "messages": messages}
+    async with gateway.session.post(f"{gateway.url}/v1/chat/completions", json=body) as resp:
+        assert resp.status == 400, await resp.text()
+        assert "messages[0]" in (await resp.json())["error"]["message"]

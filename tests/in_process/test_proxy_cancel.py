@@ -57,6 +57,8 @@ def _dead_url() -> str:
         ((200, {"state": "finished"}), CancelResult.FINISHED),
         ((404, {"error": "unknown"}), CancelResult.NOT_FOUND),
         ((401, {"error": "bad token"}), CancelResult.ERROR),
+        ((200, {"state": []}), CancelResult.ERROR),  # found by tests/pure/test_properties.py
+        ((200, {"state": "cancelled", "phase": {}}), CancelResult.ERROR),
     ],
 )
 async def test_answers_map_to_results(

@@ -1,0 +1,217 @@
+"""Property-based tests (Hypothesis) of every pure codec and parser a client's bytes reach: SSE
+framing, the KServe tensor codec, the header and request-id rules, request validation, and the
+cancel contract's bodies. Each either round-trips or refuses with the error the API maps to a
+clear 4xx; nothing else may escape (an escaping exception is a 500 for the client)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+from urllib.parse import unquote
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gateway_server.errors import InvalidRequest
+from gateway_server.grpc.protos import inference_pb2 as pb
+from gateway_server.grpc.tensors import decode_bytes_tensor, decode_request, encode_bytes_tensor
+from gateway_server.http.openai import _messages
+from gateway_server.requests import sampling_params
+from gateway_server.sse import Event, SSEDecoder, encode
+from hangup_contract import request_id
+from hangup_contract.cancel import CancelAnswer, cancel_path, encode_request, parse_request
+from hangup_contract.vocabulary import Reason
+from proxy.errors import BadRequestId
+from proxy.headers import HOP_BY_HOP, choose_request_ids, connection_scoped, strip_hop_by_hop
+
+pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
+SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+any_text = st.text(st.characters(blacklist_categories=("Cs",)))
+line = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"))
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _split(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+
+
+@SETTINGS
+@given(
+    st.lists(st.tuples(any_text, st.none() | line, st.none() | line), max_size=6),
+    st.lists(st.integers(min_value=0), max_size=8),
+)
+def test_sse_events_survive_any_split(
+    events: list[tuple[str, str | None, str | None]], cuts: list[int]
+) -> None:
+    wire = b"".join(encode(data, event=name, id=eid) for data, name, eid in events)
+    decoder = SSEDecoder()
+    got = [e for chunk in _split(wire, cuts) for e in decoder.feed(chunk)]
+    expected, last_id = [], None
+    for data, name, eid in events:
+        last_id = eid if eid is not None else last_id  # an id stays until another replaces it
+        expected.append(Event(data.replace("\r\n", "\n").replace("\r", "\n"), name, last_id))
+    assert got == expected
+
+
+@SETTINGS
+@given(st.binary(max_size=64), st.lists(st.integers(min_value=0), max_size=6))
+def test_sse_decoder_takes_any_bytes(data: bytes, cuts: list[int]) -> None:
+    decoder = SSEDecoder()
+    for chunk in _split(data, cuts):
+        assert all(isinstance(e.data, str) for e in decoder.feed(chunk))
+
+
+@SETTINGS
+@given(st.lists(st.binary(max_size=40), max_size=8))
+def test_bytes_tensors_round_trip(elements: list[bytes]) -> None:
+    assert decode_bytes_tensor(encode_bytes_tensor(elements), "x") == elements
+
+
+@SETTINGS
+@given(st.binary(max_size=64))
+def test_any_raw_bytes_tensor_decodes_or_is_refused(raw: bytes) -> None:
+    try:
+        decode_bytes_tensor(raw, "text_input")
+    except InvalidRequest as exc:
+        assert "text_input" in exc.message
+
+
+_NAMES = st.sampled_from(["text_input", "stream", "sampling_parameters",
+                          "exclude_input_in_output", "other"])  # fmt: skip
+_TYPES = st.sampled_from(["BYTES", "BOOL", "INT32", ""])
+
+
+@st.composite
+def infer_requests(draw: st.DrawFn) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="m")
+    raw = draw(st.booleans())
+    for _ in range(draw(st.integers(0, 4))):
+        tensor = request.inputs.add(name=draw(_NAMES), datatype=draw(_TYPES), shape=[1])
+        if raw:
+            request.raw_input_contents.append(draw(st.binary(max_size=24)))
+        elif tensor.datatype == "BOOL":
+            tensor.contents.bool_contents.extend(draw(st.lists(st.booleans(), max_size=2)))
+        else:
+            tensor.contents.bytes_contents.extend(
+                draw(st.lists(st.binary(max_size=24), max_size=2))
+            )
+    if raw and draw(st.booleans()):
+        request.raw_input_contents.append(b"extra")  # more raw contents than inputs
+    return request
+
+
+@SETTINGS
+@given(infer_requests())
+def test_any_infer_request_decodes_or_is_refused_by_name(request: pb.ModelInferRequest) -> None:
+    try:
+        decoded = decode_request(request)
+    except InvalidRequest as exc:
+        assert exc.message
+    else:
+        assert isinstance(decoded.prompt, str) and isinstance(decoded.sampling, dict)
+
+
+@SETTINGS
+@given(st.text(max_size=140))
+def test_the_id_rule_is_exactly_its_pattern(candidate: str) -> None:
+    assert request_id.is_valid(candidate) == bool(
+        re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", candidate)
+    )
+
+
+@SETTINGS
+@given(st.text(max_size=60))
+def test_any_id_is_one_path_segment_of_the_cancel_call(call_id: str) -> None:
+    segment = cancel_path(call_id).removeprefix("/v2/requests/").removesuffix("/cancel")
+    assert not set(segment) & set("/?#") and unquote(segment) == call_id
+
+
+_HEADER_NAMES = st.sampled_from(["X-Request-Id", "Connection", "Keep-Alive", "X-Other",
+                                 "Transfer-Encoding", "TE", "x-request-id", "Upgrade"])  # fmt: skip
+
+
+@SETTINGS
+@given(st.lists(st.tuples(_HEADER_NAMES, line), max_size=6), st.booleans())
+def test_request_ids_follow_the_rule_or_are_refused(
+    headers: list[tuple[str, str]], trust: bool
+) -> None:
+    try:
+        ids = choose_request_ids(headers, trust_client=trust)
+    except BadRequestId:
+        assert trust
+    else:
+        assert request_id.is_valid(ids.upstream)
+
+
+@SETTINGS
+@given(st.lists(st.tuples(_HEADER_NAMES | st.text(min_size=1, max_size=8), line), max_size=8))
+def test_no_hop_by_hop_field_is_relayed(headers: list[tuple[str, str]]) -> None:
+    scoped = connection_scoped(headers)
+    kept = {name.lower() for name, _ in strip_hop_by_hop(headers)}
+    assert not kept & scoped and not kept & HOP_BY_HOP
+
+
+@SETTINGS
+@given(st.sampled_from(list(Reason)))
+def test_every_reason_round_trips(reason: Reason) -> None:
+    assert parse_request(encode_request(reason)) is reason
+
+
+@SETTINGS
+@given(st.binary(max_size=80) | json_values.map(lambda v: json.dumps(v).encode()))
+def test_any_cancel_body_names_a_reason_or_is_refused(body: bytes) -> None:
+    try:
+        assert isinstance(parse_request(body), Reason)
+    except ValueError as exc:
+        assert str(exc)
+
+
+@SETTINGS
+@given(st.text(max_size=80) | json_values.map(json.dumps)
+       | st.dictionaries(st.sampled_from(["state", "phase", "generated_tokens", "request_id"]),
+                         json_values).map(json.dumps))  # fmt: skip
+def test_any_cancel_answer_parses_or_is_refused(text: str) -> None:
+    try:
+        answer = CancelAnswer.from_json(text)
+    except ValueError as exc:
+        assert str(exc)
+    else:
+        assert CancelAnswer.from_json(json.dumps(answer.to_json())) == answer
+
+
+_SAMPLING_KEYS = st.sampled_from(["max_tokens", "max_completion_tokens", "temperature", "top_p",
+                                  "stop", "seed", "ignore_eos", "other"])  # fmt: skip
+
+
+@SETTINGS
+@given(st.dictionaries(_SAMPLING_KEYS, json_values, max_size=6))
+def test_any_sampling_body_is_valid_or_refused_by_field(body: dict[str, Any]) -> None:
+    try:
+        params = sampling_params(body, max_model_len=4096, default_max_tokens=16)
+    except InvalidRequest as exc:
+        assert exc.param in {"max_tokens", "max_completion_tokens", "temperature", "top_p",
+                             "stop", "seed", "ignore_eos"}  # fmt: skip
+    else:
+        assert 1 <= params.max_tokens <= 4096 and 0 <= params.temperature <= 2
+        assert 0 < params.top_p <= 1 and len(params.stop) <= 4
+
+
+@SETTINGS
+@given(st.dictionaries(st.just("messages"), json_values | st.lists(
+    st.dictionaries(st.sampled_from(["role", "content"]), json_values | st.sampled_from(
+        ["user", "system", "assistant"])), max_size=3)))  # fmt: skip
+def test_any_chat_messages_are_read_or_refused(body: dict[str, Any]) -> None:
+    try:
+        messages = _messages(body)
+    except InvalidRequest as exc:
+        assert exc.param == "messages"
+    else:
+        assert messages and all(isinstance(m["content"], str) for m in messages)
