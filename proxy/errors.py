@@ -7,7 +7,8 @@ carries the HTTP status and outcome of a call it ends.
     ├── ClientError                  4xx    rejected   the client's input is refused
     │   ├── BodyTooLarge             413
     │   ├── ExpectationFailed        417  an Expect other than 100-continue
-    │   └── BadRequestId             400
+    │   ├── BadRequestId             400
+    │   └── BadTarget                400  a request target that is not a path (origin-form)
     ├── ClientGone                   499    cancelled  the client left: nothing more can be sent
     ├── ProxyTimeout                 504    cancelled  the call ran past --max-request-duration
     ├── Overloaded                   503    rejected   --max-concurrent-streams reached, or draining
@@ -55,6 +56,10 @@ class ExpectationFailed(ClientError):
 
 
 class BadRequestId(ClientError):
+    status = 400
+
+
+class BadTarget(ClientError):
     status = 400
 
 

@@ -38,6 +38,7 @@ from hangup_contract.runtime.connections import LimitedServer
 from hangup_contract.vocabulary import Reason
 from proxy.cancel import TagsRequests
 from proxy.errors import (
+    BadTarget,
     BodyTooLarge,
     ClientGone,
     ExpectationFailed,
@@ -190,6 +191,8 @@ class HttpRelay:
 
     async def _relay(self, ex: _Exchange) -> web.StreamResponse:
         request, call = ex.request, ex.call
+        if not request.raw_path.startswith("/"):  # absolute-form or "*": not for a sidecar
+            raise BadTarget(f"the request target must be a path, not {request.raw_path[:100]!r}")
         ids = choose_request_ids(
             request.headers.items(), trust_client=self._config.trust_client_request_id
         )

@@ -1,8 +1,8 @@
 """Bounds on what one client connection may hold, for every HTTP listener of both processes.
 
-- ``header_timeout``: once a connection has sent part of a request head, it has this long from
-  the moment it opened (or its last response ended) to complete it; then it is closed. A client
-  that trickles header bytes (slowloris) holds a connection no longer than this.
+- ``header_timeout``: once a connection has sent the first byte of a request head, it has this
+  long to complete it; then it is closed. A client that trickles header bytes (slowloris) holds
+  a connection no longer than this (plus the idle time before its first byte).
 - ``idle_timeout``: a keep-alive connection with no request under way and nothing sent is closed
   after this long.
 - ``max_connections``: open client connections per listener; one more is closed as it opens
@@ -54,9 +54,10 @@ OnClose = Callable[[CloseReason], None]
 
 
 class _Handler(web.RequestHandler):
-    """aiohttp's connection handler, remembering whether a request head has started arriving."""
+    """aiohttp's connection handler with the two clocks the sweep reads."""
 
-    quiet_since = 0.0  # when the connection opened or was last seen handling a request
+    quiet_since = 0.0  # opened, a request head completed, or last seen handling a request
+    head_started = 0.0  # the first byte of the request head still arriving
     partial = False  # bytes of a request head have arrived, the head is not complete
     server_header = ""
 
@@ -65,12 +66,17 @@ class _Handler(web.RequestHandler):
         super().connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
-        if not self.busy():
-            before = self._request_count
+        if self.busy():
             super().data_received(data)
-            self.partial = self._request_count == before
             return
+        now = asyncio.get_running_loop().time()
+        if not self.partial:
+            self.head_started = now
+        before = self._request_count
         super().data_received(data)
+        self.partial = self._request_count == before
+        if not self.partial:
+            self.quiet_since = now  # a request begins: idle time counts again after it
 
     def busy(self) -> bool:
         return bool(self._request_in_progress or self._messages)
@@ -136,10 +142,10 @@ class LimitedServer(web.Server):
             if handler.busy():
                 handler.quiet_since, handler.partial = now, False
                 continue
-            quiet = now - handler.quiet_since
-            if handler.partial and limits.header_timeout and quiet > limits.header_timeout:
-                self._close(handler, CloseReason.HEADER_TIMEOUT)
-            elif not handler.partial and limits.idle_timeout and quiet > limits.idle_timeout:
+            if handler.partial:
+                if limits.header_timeout and now - handler.head_started > limits.header_timeout:
+                    self._close(handler, CloseReason.HEADER_TIMEOUT)
+            elif limits.idle_timeout and now - handler.quiet_since > limits.idle_timeout:
                 self._close(handler, CloseReason.IDLE_TIMEOUT)
         self._sweeping = self._loop.call_later(self._sweep_every, self._sweep)
 

@@ -229,3 +229,18 @@ async def _state_after(
         while (state := channel.get_state()) is not wanted:
             await channel.wait_for_state_change(state)
     return state
+
+
+async def test_the_head_clock_starts_at_the_heads_first_byte(proxy: Server) -> None:
+    """A keep-alive connection older than the header timeout that sends its next head in two
+    writes is served (the clock once ran from the connection's start, closing it mid-head: the
+    proxy's upstream connections saw that as a 502 under the protocol fuzz)."""
+    reader, writer = await _open(proxy.addresses["http"])
+    await asyncio.sleep(HEADER_S * 1.5)  # older than the header timeout, not idle for too long
+    for part in (b"GET /echo HTTP/1.1\r\n", b"Host: x\r\n\r\n"):
+        writer.write(part)
+        await asyncio.sleep(HEADER_S / 2)  # the sweep runs between the two parts
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 200")
+    assert _closed(proxy, "http", "header_timeout") == 0

@@ -266,3 +266,19 @@ async def test_upstream_speaking_garbage_is_a_clear_502(session: aiohttp.ClientS
     ):
         assert resp.status == 502
         assert (await resp.json())["error"]["type"] == "proxy_error"
+
+
+@pytest.mark.parametrize("target", [b"http://elsewhere/v1/models", b"*"])
+async def test_a_target_that_is_not_a_path_is_a_clear_400(
+    upstream: ScriptedUpstream, target: bytes
+) -> None:
+    """An absolute-form target was glued to the upstream URL: a 502 naming the upstream, until
+    the protocol fuzz found it (tests/multi_process/test_protocol_fuzz.py)."""
+    async with running_proxy(upstream.url) as proxy:
+        reader, writer = await raw_request(
+            proxy.addresses["http"], b"GET " + target + b" HTTP/1.1\r\nHost: m\r\n\r\n"
+        )
+        head = await reader.readuntil(b"\r\n\r\n")
+        writer.close()
+    assert head.split(b" ")[1] == b"400"  # aiohttp's parser already refuses "*"
+    assert not upstream.requests  # nothing was sent upstream

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,8 +41,8 @@ class Stack:
 
 @contextlib.contextmanager
 def running_stack(
-    tmp: Path, gateway_args: list[str], proxy_args: list[str] = ()
-) -> Iterator[Stack]:  # type: ignore[assignment]
+    tmp: Path, gateway_args: Sequence[str], proxy_args: Sequence[str] = ()
+) -> Iterator[Stack]:
     token = tmp / "cancel-token"
     tmp.mkdir(parents=True, exist_ok=True)
     token.write_text(TOKEN)

@@ -1,0 +1,70 @@
+"""Benchmark: the long run of the HTTP/1.1 protocol fuzz (``tests/support/http_fuzz.py``; a short
+run is in ``make test``) against the proxy and the gateway, real processes, 32 cases at a time.
+Prints the answers by status and every finding (a 5xx, a malformed status line, a process that
+died, something left in flight).
+
+Run: ``.venv/bin/python -m bench.protocol_fuzz`` (``--cases 20000 --seed 1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+from tests.support.http_fuzz import Answer, Case, cases, send
+from tests.support.stack import in_flight, running_stack
+
+CONCURRENCY = 32
+
+
+async def run(address: str, fuzz: list[Case]) -> list[tuple[Case, Answer]]:
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(case: Case) -> tuple[Case, Answer]:
+        async with gate:
+            return case, await send(address, case)
+
+    return await asyncio.gather(*(one(c) for c in fuzz))
+
+
+async def left_in_flight(gateway_url: str) -> int:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(100):
+            if not (calls := await in_flight(session, gateway_url)):
+                return 0
+            await asyncio.sleep(0.1)
+        return len(calls)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", type=int, default=20000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="hangup-fuzz-") as tmp, running_stack(
+        Path(tmp), ["--header-timeout", "2"], ["--header-timeout", "2"]
+    ) as stack:  # fmt: skip
+        for name, process in (("proxy", stack.proxy), ("gateway", stack.gateway)):
+            started = time.monotonic()
+            results = asyncio.run(run(process.listeners["http"], cases(args.seed, args.cases)))
+            took = time.monotonic() - started
+            statuses = collections.Counter(a.status for _, a in results)
+            findings = [c.mutation for c, a in results if a.status and a.status >= 500]
+            alive = stack.proxy.popen.poll() is None and stack.gateway.popen.poll() is None
+            left = asyncio.run(left_in_flight(stack.gateway_url))
+            shown = ", ".join(f"{s or 'closed'}: {n}" for s, n in sorted(
+                statuses.items(), key=lambda kv: kv[0] or 0))  # fmt: skip
+            print(f"{name}: {len(results)} cases in {took:.0f} s; {shown}; 5xx: {len(findings)};"
+                  f" both alive: {alive}; left in flight: {left}", flush=True)  # fmt: skip
+            for mutation in findings[:10]:
+                print(f"  finding: {mutation}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

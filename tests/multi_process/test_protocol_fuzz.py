@@ -1,0 +1,78 @@
+"""A bounded protocol fuzz of the live processes (``tests/support/http_fuzz.py``): a few thousand
+mutated HTTP/1.1 requests against the proxy and the gateway, 32 at a time, while a well-behaved
+client streams through the proxy. Every answer is a well-formed status line below 500 or a clean
+close; both processes stay up; the well-behaved stream is byte-identical to one made before the
+fuzz; nothing is left in flight on the gateway afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from tests.support.http_fuzz import Answer, Case, cases, send
+from tests.support.stack import MODEL, Stack, in_flight, running_stack
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+CASES = 1500  # per process
+CONCURRENCY = 32
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with running_stack(tmp_path_factory.mktemp("fuzz"), ["--header-timeout", "2"],
+                       ["--header-timeout", "2"]) as stack:  # fmt: skip
+        yield stack
+
+
+async def _stream(session: aiohttp.ClientSession, url: str) -> bytes:
+    body = {"model": MODEL, "prompt": "the reference", "max_tokens": 200, "stream": True,
+            "seed": 7, "ignore_eos": True}  # fmt: skip
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        text = b""
+        async for line in resp.content:
+            if line.startswith(b"data: {"):
+                text += line.split(b'"text": "', 1)[1].split(b'"', 1)[0]
+        return text
+
+
+async def _fuzz(address: str, fuzz: list[Case]) -> list[tuple[Case, Answer]]:
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(case: Case) -> tuple[Case, Answer]:
+        async with gate:
+            return case, await send(address, case)
+
+    return await asyncio.gather(*(one(c) for c in fuzz))
+
+
+@pytest.mark.parametrize("target", ["proxy", "gateway"])
+async def test_mutated_requests_get_a_clear_answer_or_a_clean_close(
+    stack: Stack, target: str
+) -> None:
+    address = (
+        stack.proxy.listeners["http"] if target == "proxy" else stack.gateway.listeners["http"]
+    )
+    async with aiohttp.ClientSession() as session:
+        reference = await _stream(session, stack.proxy_url)
+        during = asyncio.ensure_future(_stream(session, stack.proxy_url))
+        results = await _fuzz(address, cases(seed=13 if target == "proxy" else 17, n=CASES))
+        assert await during == reference != b""
+        findings = [(c.mutation, a.head[:200]) for c, a in results if a.status and a.status >= 500]
+        assert not findings, findings[:5]
+        assert stack.proxy.popen.poll() is None and stack.gateway.popen.poll() is None
+        await wait_until(
+            lambda: _nothing_in_flight(session, stack), within=15, what="nothing in flight"
+        )
+    statuses = collections.Counter(a.status for _, a in results)
+    assert statuses[200] and statuses[400] and statuses[None] < CASES / 2, statuses
+
+
+async def _nothing_in_flight(session: aiohttp.ClientSession, stack: Stack) -> bool:
+    return not await in_flight(session, stack.gateway_url)
