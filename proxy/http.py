@@ -15,7 +15,7 @@ the explicit cancel by request id, closing the upstream once the cancel is answe
 this module says when: the upstream call runs in a task of its own so that it outlives the
 handler's cancellation, and a hang-up while it is open is seen in the server's
 ``connection_lost`` callback itself, a turn of the event loop before the handler's cancellation
-arrives (``_Server``). Errors the proxy
+arrives (``proxy.http_listener``). Errors the proxy
 makes itself are ``ProxyError`` responses (JSON, OpenAI-style ``{"error": {...}}``) while nothing
 has been sent yet; after that the only honest signal is to close the client connection without
 the final chunk, so a truncated response never looks complete.
@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -34,7 +33,6 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from hangup_contract.runtime.connections import LimitedServer
 from hangup_contract.vocabulary import Reason
 from proxy.cancel import TagsRequests
 from proxy.errors import (
@@ -57,7 +55,7 @@ from proxy.headers import (
     upstream_request_headers,
 )
 from proxy.lifecycle import CallEnding
-from proxy.logs import log_call, server_logger
+from proxy.logs import log_call
 from proxy.state import Call, ServerState
 from proxy.tagging import TAG_LIMIT, tag_body
 from proxy.vocabulary import Outcome, Protocol, Stage
@@ -65,7 +63,6 @@ from proxy.vocabulary import Outcome, Protocol, Stage
 log = logging.getLogger("hangup.proxy.http")
 
 _NO_BODY_STATUSES = frozenset({204, 304})
-_CLOSE_TIMEOUT = 5.0  # seconds for handlers still running at close (the drain came first)
 
 
 class _Exchange:
@@ -351,64 +348,3 @@ class HttpRelay:
         if self._state.draining or isinstance(exc, ProxyTimeout | BodyTooLarge):
             response.force_close()
         return response
-
-
-class _Server(LimitedServer):
-    """aiohttp's low-level server (connections held to the configured limits), telling the relay
-    the moment a client connection is lost."""
-
-    def __init__(self, relay: HttpRelay, **kwargs: Any) -> None:
-        super().__init__(relay, **kwargs)
-        self._relay = relay
-
-    def connection_lost(
-        self, handler: web.RequestHandler, exc: BaseException | None = None
-    ) -> None:
-        self._relay.connection_lost(handler)
-        super().connection_lost(handler, exc)
-
-
-class HttpListener:
-    """The HTTP/1.1 listening socket and its aiohttp server."""
-
-    name = "http"
-
-    def __init__(self, state: ServerState) -> None:
-        self._state = state
-        self._relay = HttpRelay(state)
-        self._runner: web.ServerRunner | None = None
-        self._site: web.SockSite | None = None
-
-    async def start(self) -> str:
-        config = self._state.config
-        await self._relay.open()
-        server = _Server(
-            self._relay,
-            limits=config.connection_limits,
-            on_close=self._state.metrics.closer(self.name),
-            listener=self.name,
-            server_header=SERVER_HEADER,
-            handler_cancellation=True,
-            access_log=None,
-            logger=server_logger(),
-            max_line_size=config.max_header_size,
-            max_field_size=config.max_header_size,
-            max_headers=config.max_headers,
-        )
-        self._runner = web.ServerRunner(server, shutdown_timeout=_CLOSE_TIMEOUT)
-        await self._runner.setup()
-        sock = socket.create_server((config.host, config.http_port), backlog=1024)
-        self._site = web.SockSite(self._runner, sock)
-        await self._site.start()
-        host, port = sock.getsockname()[:2]
-        return f"{host}:{port}"
-
-    async def stop_accepting(self) -> None:
-        if self._site is not None:
-            await self._site.stop()
-            self._site = None
-
-    async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        await self._relay.close()

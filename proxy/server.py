@@ -30,7 +30,7 @@ from proxy.admin import AdminListener
 from proxy.cancel import Canceller
 from proxy.config import Config
 from proxy.grpc import GrpcRelay
-from proxy.http import HttpListener
+from proxy.http_listener import HttpListener
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
 from proxy.vocabulary import Protocol

@@ -1,0 +1,79 @@
+"""The HTTP/1.1 listening socket and its aiohttp server (connections held to the configured
+limits); each call is relayed by :class:`proxy.http.HttpRelay`, told the moment its client's
+connection is lost."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from aiohttp import web
+
+from hangup_contract.runtime.connections import LimitedServer
+from proxy.headers import SERVER_HEADER
+from proxy.http import HttpRelay
+from proxy.logs import server_logger
+from proxy.state import ServerState
+
+_CLOSE_TIMEOUT = 5.0  # seconds for handlers still running at close (the drain came first)
+
+
+class _Server(LimitedServer):
+    """aiohttp's low-level server (connections held to the configured limits), telling the relay
+    the moment a client connection is lost."""
+
+    def __init__(self, relay: HttpRelay, **kwargs: Any) -> None:
+        super().__init__(relay, **kwargs)
+        self._relay = relay
+
+    def connection_lost(
+        self, handler: web.RequestHandler, exc: BaseException | None = None
+    ) -> None:
+        self._relay.connection_lost(handler)
+        super().connection_lost(handler, exc)
+
+
+class HttpListener:
+    """The HTTP/1.1 listening socket and its aiohttp server."""
+
+    name = "http"
+
+    def __init__(self, state: ServerState) -> None:
+        self._state = state
+        self._relay = HttpRelay(state)
+        self._runner: web.ServerRunner | None = None
+        self._site: web.SockSite | None = None
+
+    async def start(self) -> str:
+        config = self._state.config
+        await self._relay.open()
+        server = _Server(
+            self._relay,
+            limits=config.connection_limits,
+            on_close=self._state.metrics.closer(self.name),
+            listener=self.name,
+            server_header=SERVER_HEADER,
+            handler_cancellation=True,
+            access_log=None,
+            logger=server_logger(),
+            max_line_size=config.max_header_size,
+            max_field_size=config.max_header_size,
+            max_headers=config.max_headers,
+        )
+        self._runner = web.ServerRunner(server, shutdown_timeout=_CLOSE_TIMEOUT)
+        await self._runner.setup()
+        sock = socket.create_server((config.host, config.http_port), backlog=1024)
+        self._site = web.SockSite(self._runner, sock)
+        await self._site.start()
+        host, port = sock.getsockname()[:2]
+        return f"{host}:{port}"
+
+    async def stop_accepting(self) -> None:
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self._relay.close()
