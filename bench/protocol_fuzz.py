@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hangup-fuzz-") as tmp, running_stack(
-        Path(tmp), ["--header-timeout", "2"], ["--header-timeout", "2"]
+        Path(tmp), [], ["--header-timeout", "2"]
     ) as stack:  # fmt: skip
         for name, process in (("proxy", stack.proxy), ("gateway", stack.gateway)):
             started = time.monotonic()

@@ -25,8 +25,10 @@ CONCURRENCY = 32
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("fuzz"), ["--header-timeout", "2"],
-                       ["--header-timeout", "2"]) as stack:  # fmt: skip
+    # The gateway keeps its default header timeout: with 2 s, a relayed request whose client
+    # declared a body and never sent it was cut by the gateway inside the fuzzer's own 2 s
+    # deadline, and the proxy answered that with 502 (see docs/benchmarks.md, protocol fuzz).
+    with running_stack(tmp_path_factory.mktemp("fuzz"), [], ["--header-timeout", "2"]) as stack:
         yield stack
 
 
