@@ -37,8 +37,6 @@ import asyncio
 import contextlib
 import functools
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -49,8 +47,8 @@ from typing import Any
 import aiohttp
 
 from bench.proxy_envoy import running_envoy
-from tests.support.processes import child_env, spawn
-from tests.support.vllm_stack import ENGINE_ARGS, LONG_PROMPT, MODEL, vllm_serve
+from tests.support.processes import spawn
+from tests.support.vllm_stack import ENGINE_ARGS, LONG_PROMPT, MODEL, make_tiny_model, vllm_serve
 
 DECODE_TOKENS_BEFORE_HANGUP = 20
 MAX_TOKENS = 1500
@@ -285,11 +283,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hangup-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        model = args.model
-        if model is None:
-            model = tmp / "tiny"
-            subprocess.run([sys.executable, "-m", "gateway_server", "make-tiny-model", str(model)],
-                           check=True, env=child_env(), capture_output=True)  # fmt: skip
+        model = args.model or make_tiny_model(tmp / "tiny")
         table: dict[str, dict[str, Result]] = {}
         for name, factory in targets(model, tmp, args.setups.split(",")):
             print(f"{name}: starting", flush=True)

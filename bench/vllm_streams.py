@@ -30,8 +30,6 @@ import random
 import socket
 import statistics
 import struct
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -40,8 +38,8 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support.processes import Process, child_env, spawn
-from tests.support.vllm_stack import MODEL, vllm_serve
+from tests.support.processes import Process, spawn
+from tests.support.vllm_stack import MODEL, make_tiny_model, vllm_serve
 
 ENGINE_ARGS = ["--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20)]
 SEQUENTIAL_TOKENS = 400
@@ -203,11 +201,7 @@ def main() -> None:
     n = args.streams
     with tempfile.TemporaryDirectory(prefix="hangup-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        model = args.model
-        if model is None:
-            model = tmp / "tiny"
-            subprocess.run([sys.executable, "-m", "gateway_server", "make-tiny-model", str(model)],
-                           check=True, env=child_env(), capture_output=True)  # fmt: skip
+        model = args.model or make_tiny_model(tmp / "tiny")
         rows = []
         with hangup(model, tmp, args.workers) as (gateway, proxy):
             print(f"hangup, {args.workers} worker(s): sequential, hang-ups, concurrent", flush=True)

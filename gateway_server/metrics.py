@@ -16,7 +16,6 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gateway_server.vocabulary import Outcome, Protocol
-from hangup_contract.runtime.connections import CloseReason
 from hangup_contract.vocabulary import Phase, Reason
 
 # From 0.1 ms (what a cancel costs beyond a step boundary) to tens of seconds (a long prefill).
@@ -85,10 +84,6 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
-
-    def closer(self, listener: str) -> Callable[[CloseReason], None]:
-        """What a listener calls when it closes a client connection for ``reason``."""
-        return lambda reason: self.connections_closed.labels(listener, reason.value).inc()
 
     def _create_series(self, model: str) -> None:
         """Every series of ``model`` exists from the start: rates and alerts see zeros."""

@@ -38,7 +38,7 @@ from gateway_server.http.app import build_app
 from gateway_server.metrics import EngineLoadCollector, GatewayMetrics, InflightCollector
 from gateway_server.registry import CallRegistry
 from gateway_server.service import GenerationService, ModelInfo
-from hangup_contract.runtime.connections import LimitedAppRunner
+from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
 from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import Reason
@@ -90,9 +90,10 @@ class GatewayServer:
         app = build_app(service, self.metrics_registry, cancel_token=cfg.cancel_token,
                         max_body_bytes=cfg.max_body_bytes)  # fmt: skip
         self._runner = LimitedAppRunner(
-            app, limits=cfg.connection_limits, on_close=self.metrics.closer("http"),
-            listener="http", server_header="hangup-gateway", handler_cancellation=True,
-            access_log=None, shutdown_timeout=5.0,
+            app, limits=cfg.connection_limits, listener="http",
+            on_close=counted_in(self.metrics.connections_closed, "http"),
+            server_header="hangup-gateway", handler_cancellation=True, access_log=None,
+            shutdown_timeout=5.0,
             max_line_size=cfg.max_header_bytes, max_field_size=cfg.max_header_bytes,
         )  # fmt: skip
         await self._runner.setup()

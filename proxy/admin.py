@@ -12,7 +12,7 @@ import socket
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from hangup_contract.runtime.connections import LimitedAppRunner
+from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
 from proxy.headers import SERVER_HEADER
 from proxy.state import ServerState
 
@@ -43,8 +43,9 @@ class AdminListener:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         self._runner = LimitedAppRunner(
-            app, limits=config.connection_limits, on_close=self._state.metrics.closer(self.name),
-            listener=self.name, server_header=SERVER_HEADER, access_log=None,
+            app, limits=config.connection_limits, listener=self.name,
+            on_close=counted_in(self._state.metrics.connections_closed, self.name),
+            server_header=SERVER_HEADER, access_log=None,
         )  # fmt: skip
         await self._runner.setup()
         sock = socket.create_server((config.host, config.admin_port))

@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from hangup_contract.runtime.connections import LimitedServer
+from hangup_contract.runtime.connections import LimitedServer, counted_in
 from proxy.headers import SERVER_HEADER
 from proxy.http import HttpRelay
 from proxy.logs import server_logger
@@ -50,7 +50,7 @@ class HttpListener:
         server = _Server(
             self._relay,
             limits=config.connection_limits,
-            on_close=self._state.metrics.closer(self.name),
+            on_close=counted_in(self._state.metrics.connections_closed, self.name),
             listener=self.name,
             server_header=SERVER_HEADER,
             handler_cancellation=True,

@@ -7,11 +7,8 @@ with ``time.monotonic()`` by the callers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from hangup_contract.runtime.connections import CloseReason
 from hangup_contract.vocabulary import Reason
 from proxy.vocabulary import CancelResult, Outcome, Protocol, Stage
 
@@ -85,10 +82,6 @@ class ProxyMetrics:
         )
         for protocol in Protocol:
             self.inflight.labels(protocol.value)
-
-    def closer(self, listener: str) -> Callable[[CloseReason], None]:
-        """What a listener calls when it closes a client connection for ``reason``."""
-        return lambda reason: self.connections_closed.labels(listener, reason.value).inc()
 
     def finished(self, protocol: Protocol, outcome: Outcome) -> None:
         self.requests.labels(protocol.value, outcome.value).inc()

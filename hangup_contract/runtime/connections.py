@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Counter
 
 log = logging.getLogger("hangup.connections")
 
@@ -51,6 +52,11 @@ class ConnectionLimits:
 
 
 OnClose = Callable[[CloseReason], None]
+
+
+def counted_in(counter: Counter, listener: str) -> OnClose:
+    """Count each close in ``counter`` (labels ``listener``, ``reason``)."""
+    return lambda reason: counter.labels(listener, reason.value).inc()
 
 
 class _Handler(web.RequestHandler):

@@ -47,7 +47,7 @@ async def _closed_after(reader: asyncio.StreamReader, within: float) -> float:
 async def _trickle(writer: asyncio.StreamWriter) -> None:
     writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n")
     for i in range(100):
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the slow client's own pace: the stimulus, not a wait
         writer.write(f"X-Slow-{i}: y\r\n".encode())
 
 
@@ -91,7 +91,6 @@ async def test_a_keep_alive_connection_serves_requests_then_closes_once_idle(
         assert head.startswith(b"HTTP/1.1 200")
         length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
         await reader.readexactly(length)
-        await asyncio.sleep(IDLE_S / 4)  # idle, but not for long
     await _closed_after(reader, within=IDLE_S + 2.0)
     writer.close()
     assert _closed(proxy, "http", "idle_timeout") == 1
@@ -102,11 +101,15 @@ async def test_a_stream_longer_than_both_timeouts_is_not_cut(
 ) -> None:
     async with session.get(http_url(proxy) + "/sse?events=3&gate=1") as resp:
         for _ in range(3):
-            await asyncio.sleep(IDLE_S + 0.2)  # nothing moves on the connection meanwhile
+            # A probe opened now is closed once a whole idle timeout has passed, while nothing
+            # moved on the stream's connection either.
+            probe, probe_writer = await _open(proxy.addresses["http"])
+            await _closed_after(probe, within=IDLE_S + 2.0)
+            probe_writer.close()
             await upstream.release()
         body = await resp.read()
     assert body.count(b'data: {"n"') == 3 and body.endswith(b"data: [DONE]\n\n")
-    assert _closed(proxy, "http", "idle_timeout") == 0
+    assert _closed(proxy, "http", "idle_timeout") == 3  # the probes, never the stream
 
 
 async def test_connections_beyond_the_cap_are_closed_as_they_open(
@@ -117,9 +120,10 @@ async def test_connections_beyond_the_cap_are_closed_as_they_open(
     await _closed_after(reader, within=1.0)
     writer.close()
     assert _closed(proxy, "http", "too_many_connections") == 1
-    for _, w in held:
+    for r, w in held:
+        w.write_eof()  # the server sees the client leave and closes: room again
+        await _closed_after(r, within=1.0)
         w.close()
-    await asyncio.sleep(0.05)
     async with session.get(http_url(proxy) + "/echo") as resp:  # room again
         assert resp.status == 200
 
@@ -236,11 +240,18 @@ async def test_the_head_clock_starts_at_the_heads_first_byte(proxy: Server) -> N
     writes is served (the clock once ran from the connection's start, closing it mid-head: the
     proxy's upstream connections saw that as a 502 under the protocol fuzz)."""
     reader, writer = await _open(proxy.addresses["http"])
-    await asyncio.sleep(HEADER_S * 1.5)  # older than the header timeout, not idle for too long
+    # A probe opened after it, trickling a head, is cut at the header timeout: the first
+    # connection is now older than that (and not idle for too long).
+    probe, probe_writer = await _open(proxy.addresses["http"])
+    probe_writer.write(b"GET /echo HTTP/1.1\r\n")
+    await _closed_after(probe, within=HEADER_S + 2.0)
+    probe_writer.close()
     for part in (b"GET /echo HTTP/1.1\r\n", b"Host: x\r\n\r\n"):
         writer.write(part)
-        await asyncio.sleep(HEADER_S / 2)  # the sweep runs between the two parts
+        # Less than the limit on purpose: this pause is what the test offers the server (its
+        # sweep runs every HEADER_S / 4, so at least one runs while the head is half sent).
+        await asyncio.sleep(HEADER_S / 2)
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
     writer.close()
     assert head.startswith(b"HTTP/1.1 200")
-    assert _closed(proxy, "http", "header_timeout") == 0
+    assert _closed(proxy, "http", "header_timeout") == 1  # the probe only

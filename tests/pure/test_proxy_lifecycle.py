@@ -18,6 +18,7 @@ from proxy.lifecycle import CallEnding
 from proxy.metrics import ProxyMetrics
 from proxy.state import Call
 from proxy.vocabulary import CancelResult, Outcome, Protocol, Stage
+from tests.support.waiting import run_ready_callbacks
 
 GRACE = 0.05
 
@@ -82,7 +83,7 @@ async def test_the_upstream_stays_open_until_the_cancel_is_answered() -> None:
     s.ending.upstream_open = True
     s.ending.stop(Reason.CLIENT_DISCONNECT)
     s.ending.close_upstream(s.close)
-    await asyncio.sleep(0.01)
+    await run_ready_callbacks()
     assert s.closes == 0, "closed before the upstream heard the reason"
     s.answers[0].set_result(CancelResult.OK)
     await asyncio.wait_for(s.ending.upstream_closed(), 1)
@@ -97,7 +98,7 @@ async def test_a_slow_cancel_lets_the_upstream_close_after_the_grace() -> None:
     await asyncio.wait_for(s.ending.upstream_closed(), GRACE * 20)
     assert s.closes == 1
     s.answers[0].set_result(CancelResult.OK)
-    await asyncio.sleep(0)
+    await run_ready_callbacks()
     assert s.closes == 1, "closed twice"
 
 
@@ -108,7 +109,7 @@ async def test_the_log_line_waits_for_the_cancel_answer_and_carries_it() -> None
     s.ending.finish()
     assert s.lines == [] and s.count("hangup_proxy_requests_total", outcome="cancelled") == 1
     s.answers[0].set_result(CancelResult.FINISHED)
-    await asyncio.sleep(0)
+    await run_ready_callbacks()
     (line,) = s.lines
     assert line["cancel_result"] == "finished" and isinstance(line["cancel_ms"], float)
     assert line["reason"] == "client_disconnect" and line["status"] == 499

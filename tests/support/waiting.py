@@ -57,3 +57,11 @@ def poll_until(
             raise _timed_out(within, what, explain)
         time.sleep(interval)
     return result
+
+
+async def run_ready_callbacks(turns: int = 10) -> None:
+    """Let the event loop run what the test's last step made ready (callbacks, woken tasks, a
+    few hops deep) without letting any time pass: for asserting that something has *not*
+    happened, where there is no event to wait for."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
