@@ -46,6 +46,7 @@ from hangup_contract.vocabulary import Reason
 from proxy.errors import BadRequestId, ClientGone, Overloaded
 from proxy.grpc_metadata import Metadata, client_metadata, relayable, upstream_metadata
 from proxy.grpc_peer import Liveness, can_tell_disconnects, connection_liveness
+from proxy.grpc_status import StatusWatch
 from proxy.headers import RequestIds, choose_request_ids
 from proxy.lifecycle import CallEnding
 from proxy.logs import log_call
@@ -81,6 +82,7 @@ class _Exchange:
         self.ended = False  # the upstream finished the call (nothing left to cancel there)
         self.unreachable = False  # it failed UNAVAILABLE before relaying a thing
         self._pump_task: asyncio.Task[None] | None = None
+        self._status = StatusWatch(upstream)
 
     async def run(self, requests: AsyncIterator[bytes]) -> grpc.StatusCode:
         """Relay until the upstream's status; the request pump keeps going until ``close``."""
@@ -123,8 +125,11 @@ class _Exchange:
             code = await self.upstream.code()
             details = await self.upstream.details()
             trailing = await self.upstream.trailing_metadata()
+            code, details, trailing = await self._status.status(code, details, trailing)
         except grpc.aio.AioRpcError as exc:
-            code, details, trailing = exc.code(), exc.details(), exc.trailing_metadata()
+            code, details, trailing = await self._status.status(
+                exc.code(), exc.details(), exc.trailing_metadata()
+            )
             self.unreachable = code == grpc.StatusCode.UNAVAILABLE and not self._call.bytes_out
         # DEADLINE_EXCEEDED and CANCELLED may be made up locally by gRPC while the upstream is
         # still working: such a call still gets its explicit cancel.

@@ -2,7 +2,8 @@
 
 One ``grpc.aio`` server on ``--host:--grpc-port`` serves ``inference.GRPCInferenceService``,
 ``hangup.v1.Cancellation``, ``grpc.health.v1.Health`` (overall and per service: ``SERVING``
-while ready, ``NOT_SERVING`` once draining) and server reflection.
+while ready, ``NOT_SERVING`` once draining) and server reflection. A request message that does not
+decode is ``INVALID_ARGUMENT`` on every one of them (:mod:`gateway_server.grpc.decoding`).
 
 Shutdown follows the gateway's sequence: :meth:`GrpcServerHandle.stop_accepting` marks health
 ``NOT_SERVING`` (new generation calls are refused as the service is draining), the gateway lets
@@ -21,6 +22,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 
 from gateway_server.config import GatewayConfig
 from gateway_server.grpc import cancel, inference
+from gateway_server.grpc.decoding import InvalidMessagesAreInvalidArgument
 from gateway_server.grpc.protos import inference_pb2
 from gateway_server.service import GenerationService
 from hangup_contract.protos import cancellation_pb2
@@ -56,7 +58,10 @@ class GrpcServerHandle:
 
 async def start_grpc_server(service: GenerationService, config: GatewayConfig) -> GrpcServerHandle:
     """Bind ``config.host:config.grpc_port`` and serve. Raises OSError when it cannot bind."""
-    server = grpc.aio.server(options=_OPTIONS + grpc_server_options(config.connection_limits))
+    server = grpc.aio.server(
+        options=_OPTIONS + grpc_server_options(config.connection_limits),
+        interceptors=[InvalidMessagesAreInvalidArgument()],
+    )
     server.add_generic_rpc_handlers(
         [
             inference.inference_handler(inference.InferenceServicer(service)),

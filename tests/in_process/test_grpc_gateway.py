@@ -266,6 +266,22 @@ async def test_bytes_that_are_not_a_request_are_invalid_argument(gateway: Gatewa
         good = await call.read()
         assert not good.error_message and good.infer_response.id == "good"
         call.cancel()
+        # The same for every other service, the libraries' included (grpc.aio's own answer to a
+        # message its deserializer cannot parse is UNKNOWN "Unexpected DecodeError").
+        for method, expected in [
+            ("/hangup.v1.Cancellation/Cancel", "hangup.v1.CancelRequest"),
+            ("/grpc.health.v1.Health/Check", "grpc.health.v1.HealthCheckRequest"),
+        ]:
+            with pytest.raises(grpc.aio.AioRpcError) as other:
+                await channel.unary_unary(method)(b"\xff\xff", timeout=5)
+            assert other.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method
+            assert other.value.details() == f"the message is not a valid {expected}"
+        reflection = channel.stream_stream(
+            "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+        )(iter([b"\xff\xff"]), timeout=5)
+        with pytest.raises(grpc.aio.AioRpcError) as streamed:
+            await reflection.read()
+        assert streamed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     await wait_until(lambda: len(gateway.server.registry) == 0, what="the call closed")
 
 

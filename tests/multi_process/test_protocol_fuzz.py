@@ -1,8 +1,10 @@
-"""A bounded protocol fuzz of the live processes (``tests/support/http_fuzz.py``): a few thousand
-mutated HTTP/1.1 requests against the proxy and the gateway, 32 at a time, while a well-behaved
-client streams through the proxy. Every answer is a well-formed status line below 500 or a clean
-close; both processes stay up; the well-behaved stream is byte-identical to one made before the
-fuzz; nothing is left in flight on the gateway afterwards."""
+"""A bounded protocol fuzz of the live processes: a few thousand mutated HTTP/1.1 requests
+(``tests/support/http_fuzz.py``) and mutated or random protobuf messages on every gRPC method
+(``tests/support/grpc_fuzz.py``), against the proxy and the gateway, 32 at a time, while a
+well-behaved client streams through the proxy. Every HTTP answer is a well-formed status line below
+500 or a clean close, every gRPC status one a client can act on; both processes stay up; the
+well-behaved stream is byte-identical to one made before the fuzz; nothing is left in flight on
+the gateway afterwards."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import collections
 from collections.abc import Iterator
 
 import aiohttp
+import grpc
 import pytest
 
+from tests.support import grpc_fuzz
 from tests.support.http_fuzz import Answer, Case, cases, send
 from tests.support.stack import MODEL, Stack, in_flight, running_stack
 from tests.support.waiting import wait_until
@@ -20,6 +24,7 @@ from tests.support.waiting import wait_until
 pytestmark = pytest.mark.slow
 
 CASES = 1500  # per process
+GRPC_CASES = 1000  # per process
 CONCURRENCY = 32
 
 
@@ -78,3 +83,40 @@ async def test_mutated_requests_get_a_clear_answer_or_a_clean_close(
 
 async def _nothing_in_flight(session: aiohttp.ClientSession, stack: Stack) -> bool:
     return not await in_flight(session, stack.gateway_url)
+
+
+async def _grpc_stream(channel: grpc.aio.Channel) -> bytes:
+    request = grpc_fuzz.infer_request("the reference", max_tokens=200, seed=7, ignore_eos=True)
+    case = grpc_fuzz.Case(grpc_fuzz.STREAM, True, [request.SerializeToString()], [], "reference")
+    answer = await grpc_fuzz.send(channel, case)
+    assert answer.code == "OK" and not answer.stream_errors, answer
+    return grpc_fuzz.stream_text(answer)
+
+
+@pytest.mark.parametrize("target", ["proxy", "gateway"])
+async def test_mutated_grpc_messages_get_a_status_a_client_can_act_on(
+    stack: Stack, target: str
+) -> None:
+    address = (
+        stack.proxy.listeners["grpc"] if target == "proxy" else stack.gateway.listeners["grpc"]
+    )
+    fuzz = grpc_fuzz.cases(seed=23 if target == "proxy" else 29, n=GRPC_CASES)
+    gate = asyncio.Semaphore(CONCURRENCY)
+    async with grpc.aio.insecure_channel(address) as channel, aiohttp.ClientSession() as session:
+        reference = await _grpc_stream(channel)
+
+        async def one(case: grpc_fuzz.Case) -> tuple[grpc_fuzz.Case, grpc_fuzz.Answer]:
+            async with gate:
+                return case, await grpc_fuzz.send(channel, case)
+
+        during = asyncio.ensure_future(_grpc_stream(channel))
+        results = await asyncio.gather(*(one(c) for c in fuzz))
+        assert await during == reference != b""
+        findings = [(c.mutation, f) for c, a in results for f in a.findings()]
+        assert not findings, findings[:5]
+        assert stack.proxy.popen.poll() is None and stack.gateway.popen.poll() is None
+        await wait_until(
+            lambda: _nothing_in_flight(session, stack), within=15, what="nothing in flight"
+        )
+    codes = collections.Counter(a.code for _, a in results)
+    assert codes["OK"] and codes["INVALID_ARGUMENT"] and codes["UNIMPLEMENTED"], codes

@@ -51,7 +51,8 @@ def running_stack(
     with spawn("gateway_server", gw_args, tmp / "gateway") as gateway:
         args = [
             "--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
-            "--upstream-http", gateway.url("http"), *common, *proxy_args,
+            "--upstream-http", gateway.url("http"), "--upstream-grpc", gateway.listeners["grpc"],
+            *common, *proxy_args,
         ]  # fmt: skip
         with spawn("proxy", args, tmp / "proxy") as proxy:
             yield Stack(gateway, proxy)
