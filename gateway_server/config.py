@@ -37,6 +37,7 @@ class GatewayConfig:
     header_timeout: float = 30.0
     idle_timeout: float = 75.0
     max_connections: int = 4096
+    body_timeout: float = 60.0
     tombstone_ttl: float = 60.0
     log_level: str = "INFO"
     sim: SimConfig = field(default_factory=SimConfig)
@@ -44,7 +45,9 @@ class GatewayConfig:
 
     @property
     def connection_limits(self) -> ConnectionLimits:
-        return ConnectionLimits(self.header_timeout, self.idle_timeout, self.max_connections)
+        return ConnectionLimits(
+            self.header_timeout, self.idle_timeout, self.max_connections, self.body_timeout
+        )
 
     @property
     def model_name(self) -> str:
@@ -72,6 +75,7 @@ _OPTIONS = (
     Option("--max-header-bytes", int, "bytes per request line or header field"),
     Option("--header-timeout", float, "seconds a client may take to send a request head"),
     Option("--idle-timeout", float, "seconds an idle keep-alive client connection stays open"),
+    Option("--body-timeout", float, "seconds a request body may go without a byte (then 408)"),
     Option("--max-connections", int, "open HTTP client connections (0: no limit)"),
     Option("--tombstone-ttl", float, "seconds a cancel for an unknown id waits for its request"),
     Option("--log-level", str, "DEBUG, INFO, WARNING or ERROR"),
@@ -129,7 +133,8 @@ def validate(config: GatewayConfig) -> None:
         port = getattr(config, name)
         if not 0 <= port <= 65535:
             raise ConfigError(f"--{name.replace('_', '-')} must be between 0 and 65535")
-    for name in ("drain_timeout", "header_timeout", "idle_timeout", "max_connections"):
+    for name in ("drain_timeout", "header_timeout", "idle_timeout", "max_connections",
+                 "body_timeout"):  # fmt: skip
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
     if config.max_body_bytes < 1024:

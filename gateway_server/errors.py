@@ -5,6 +5,7 @@ same classes to gRPC codes. Handlers raise these; one middleware per protocol re
     ├── ClientError                   (400)  the request is wrong; nothing else is affected
     │   ├── InvalidRequest            (400)
     │   ├── RequestTooLarge           (413)
+    │   ├── BodyTimeout               (408)  no body bytes for --body-timeout
     │   ├── Unauthorized              (401)
     │   ├── ModelNotFound             (404)
     │   ├── RequestNotFound           (404)
@@ -44,6 +45,10 @@ class InvalidRequest(ClientError):
 
 class RequestTooLarge(ClientError):
     status = 413
+
+
+class BodyTimeout(ClientError):
+    status = 408
 
 
 class Unauthorized(ClientError):

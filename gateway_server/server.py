@@ -88,7 +88,8 @@ class GatewayServer:
         self.metrics_registry.register(InflightCollector([model.name], service.phases_in_flight))
         self.metrics_registry.register(EngineLoadCollector(service.worker_loads))
         app = build_app(service, self.metrics_registry, cancel_token=cfg.cancel_token,
-                        max_body_bytes=cfg.max_body_bytes)  # fmt: skip
+                        max_body_bytes=cfg.max_body_bytes,
+                        body_timeout=cfg.body_timeout)  # fmt: skip
         self._runner = LimitedAppRunner(
             app, limits=cfg.connection_limits, listener="http",
             on_close=counted_in(self.metrics.connections_closed, "http"),

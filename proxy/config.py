@@ -65,13 +65,16 @@ class Config:
     header_timeout: float = 30.0  # seconds to send a request head once begun (0: no limit)
     idle_timeout: float = 75.0  # seconds a keep-alive connection may sit idle (0: no limit)
     max_connections: int = 4096  # open client connections per HTTP listener (0: no limit)
+    body_timeout: float = 60.0  # seconds between two reads of a request body (0: no limit)
     upstream_connect_timeout: float = 5.0
     trust_client_request_id: bool = False
     log_level: str = "INFO"
 
     @property
     def connection_limits(self) -> ConnectionLimits:
-        return ConnectionLimits(self.header_timeout, self.idle_timeout, self.max_connections)
+        return ConnectionLimits(
+            self.header_timeout, self.idle_timeout, self.max_connections, self.body_timeout
+        )
 
     @property
     def cancel_base_url(self) -> str:
@@ -112,6 +115,7 @@ _OPTIONS = (
     Option("--max-body-size", optional_size, "request body bytes (0: no limit)"),
     Option("--header-timeout", float, "seconds a client may take to send a request head"),
     Option("--idle-timeout", float, "seconds an idle keep-alive client connection stays open"),
+    Option("--body-timeout", float, "seconds a request body may go without a byte (then 408)"),
     Option("--max-connections", int, "open client connections per HTTP listener (0: no limit)"),
     Option("--upstream-connect-timeout", float, "seconds to connect to the upstream"),
     Option("--trust-client-request-id", parse_bool, "use the client's X-Request-Id upstream"),
@@ -166,7 +170,7 @@ def _validate(config: Config) -> None:
         if getattr(config, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
     for name in ("drain_timeout", "max_concurrent_streams", "header_timeout", "idle_timeout",
-                 "max_connections"):  # fmt: skip
+                 "max_connections", "body_timeout"):  # fmt: skip
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
     if config.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:

@@ -6,6 +6,7 @@ carries the HTTP status and outcome of a call it ends.
     ProxyError                      status  outcome
     ├── ClientError                  4xx    rejected   the client's input is refused
     │   ├── BodyTooLarge             413
+    │   ├── BodyTimeout              408  no body bytes for --body-timeout
     │   ├── ExpectationFailed        417  an Expect other than 100-continue
     │   ├── BadRequestId             400
     │   └── BadTarget                400  a request target that is not a path (origin-form)
@@ -49,6 +50,10 @@ class ClientError(ProxyError):
 
 class BodyTooLarge(ClientError):
     status = 413
+
+
+class BodyTimeout(ClientError):
+    status = 408
 
 
 class ExpectationFailed(ClientError):

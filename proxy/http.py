@@ -33,10 +33,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from hangup_contract.runtime.connections import BodyStalled, body_chunks
 from hangup_contract.vocabulary import Reason
 from proxy.cancel import TagsRequests
 from proxy.errors import (
     BadTarget,
+    BodyTimeout,
     BodyTooLarge,
     ClientGone,
     ExpectationFailed,
@@ -73,7 +75,7 @@ class _Exchange:
         self.call = call
         self.ending = ending
         self.response: web.StreamResponse | None = None
-        self.body_too_large = False
+        self.body_error: BodyTooLarge | BodyTimeout | None = None  # why the body was cut
         self.upstream_task: asyncio.Task[aiohttp.ClientResponse] | None = None
 
 
@@ -255,13 +257,22 @@ class HttpRelay:
         return sent, headers
 
     async def _body(self, ex: _Exchange) -> AsyncIterator[bytes]:
+        """The client's body as it arrives, cut at ``--max-body-size`` (413) or when it stalls
+        for ``--body-timeout`` (408). aiohttp's upstream request wraps what this raises in its
+        own error, so the reason is kept on the exchange too."""
         limit = self._config.max_body_size
-        async for chunk in ex.request.content.iter_any():
-            ex.call.bytes_in += len(chunk)
-            if limit is not None and ex.call.bytes_in > limit:
-                ex.body_too_large = True
-                raise BodyTooLarge(f"request body exceeds {limit} bytes")
-            yield chunk
+        try:
+            async for chunk in body_chunks(ex.request, self._config.body_timeout):
+                ex.call.bytes_in += len(chunk)
+                if limit is not None and ex.call.bytes_in > limit:
+                    raise BodyTooLarge(f"request body exceeds {limit} bytes")
+                yield chunk
+        except BodyStalled as exc:
+            ex.body_error = BodyTimeout(str(exc))
+            raise ex.body_error from exc
+        except BodyTooLarge as exc:
+            ex.body_error = exc
+            raise
 
     async def _send(
         self,
@@ -283,9 +294,8 @@ class HttpRelay:
                 f"upstream {self._base} is unavailable: {exc.os_error}"
             ) from exc
         except aiohttp.ClientError as exc:
-            if ex.body_too_large:
-                limit = self._config.max_body_size
-                raise BodyTooLarge(f"request body exceeds {limit} bytes") from exc
+            if ex.body_error is not None:
+                raise ex.body_error from exc
             raise UpstreamBroken(
                 f"upstream {self._base} failed: {type(exc).__name__}: {exc}"
             ) from exc
@@ -345,6 +355,6 @@ class HttpRelay:
         if isinstance(exc, Overloaded):
             response.headers["Retry-After"] = "1"
         # An unread body (413) must not be drained from a client that may send it slowly.
-        if self._state.draining or isinstance(exc, ProxyTimeout | BodyTooLarge):
+        if self._state.draining or isinstance(exc, ProxyTimeout | BodyTooLarge | BodyTimeout):
             response.force_close()
         return response

@@ -21,6 +21,7 @@ from gateway_server.errors import (
 )
 from gateway_server.http import cancel, kserve, openai
 from gateway_server.http.common import (
+    BODY_TIMEOUT,
     CANCEL_TOKEN,
     MAX_BODY_BYTES,
     MODEL,
@@ -37,13 +38,14 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 def build_app(
     service: GenerationService, registry: CollectorRegistry, *, cancel_token: str | None,
-    max_body_bytes: int,
+    max_body_bytes: int, body_timeout: float,
 ) -> web.Application:  # fmt: skip
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
     app[SERVICE] = service
     if cancel_token is not None:
         app[CANCEL_TOKEN] = cancel_token
     app[MAX_BODY_BYTES] = max_body_bytes
+    app[BODY_TIMEOUT] = body_timeout
     app[METRICS_REGISTRY] = registry
     openai.add_routes(app)
     kserve.add_routes(app)
@@ -91,6 +93,6 @@ def error_response(request: web.Request, exc: GatewayError) -> web.Response:
     if REQUEST_ID_HEADER in request.headers:
         headers[REQUEST_ID_HEADER] = request.headers[REQUEST_ID_HEADER]
     response = web.json_response(body, status=exc.status, headers=headers)
-    if exc.status == 413:  # the rest of the body stays unread: close instead of draining it
+    if exc.status in (408, 413):  # the rest of the body stays unread: close, do not drain it
         response.force_close()
     return response

@@ -9,7 +9,7 @@ import hmac
 from aiohttp import web
 
 from gateway_server.errors import InvalidRequest, Unauthorized
-from gateway_server.http.common import CANCEL_TOKEN, SERVICE
+from gateway_server.http.common import CANCEL_TOKEN, SERVICE, read_body
 from gateway_server.service import GenerationService
 from hangup_contract.cancel import ROUTE, parse_request
 
@@ -37,7 +37,7 @@ async def cancel(request: web.Request) -> web.Response:
     check_token(request)
     service: GenerationService = request.app[SERVICE]
     try:
-        reason = parse_request(await request.read())
+        reason = parse_request(await read_body(request))
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
     answer = await service.cancel(request.match_info["request_id"], reason)

@@ -7,16 +7,18 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway_server.errors import InvalidRequest, RequestTooLarge
+from gateway_server.errors import BodyTimeout, InvalidRequest, RequestTooLarge
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
 from hangup_contract import request_id as request_ids
+from hangup_contract.runtime.connections import BodyStalled, body_chunks
 
 REQUEST_ID_HEADER = request_ids.HEADER
 
 SERVICE = web.AppKey("service", GenerationService)
 CANCEL_TOKEN = web.AppKey("cancel_token", str)
 MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
+BODY_TIMEOUT = web.AppKey("body_timeout", float)
 # What the error middleware needs to count a refused generation request.
 PROTOCOL = web.RequestKey("protocol", Protocol)
 MODEL = web.RequestKey("model", str)
@@ -33,21 +35,31 @@ def request_id(request: web.Request) -> str:
     return given
 
 
-async def read_json_object(request: web.Request) -> dict[str, Any]:
-    """The body as a JSON object. Raises RequestTooLarge or InvalidRequest naming the problem;
-    a body declared larger than the limit is refused before a byte of it is read."""
+async def read_body(request: web.Request) -> bytes:
+    """The whole body. Raises RequestTooLarge past the limit (a body declared larger is refused
+    before a byte of it is read) or BodyTimeout when it stalls for ``--body-timeout``."""
     limit = request.app[MAX_BODY_BYTES]
     if request.content_length is not None and request.content_length > limit:
         raise RequestTooLarge(
             f"request body of {request.content_length} bytes is larger than the limit of "
             f"{limit} bytes"
         )
+    chunks, size = [], 0
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as exc:
-        raise RequestTooLarge(
-            f"request body is larger than the limit of {request.app[MAX_BODY_BYTES]} bytes"
-        ) from exc
+        async for chunk in body_chunks(request, request.app[BODY_TIMEOUT]):
+            size += len(chunk)
+            if size > limit:
+                raise RequestTooLarge(f"request body is larger than the limit of {limit} bytes")
+            chunks.append(chunk)
+    except BodyStalled as exc:
+        raise BodyTimeout(str(exc)) from exc
+    return b"".join(chunks)
+
+
+async def read_json_object(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object. Raises RequestTooLarge, BodyTimeout or InvalidRequest naming
+    the problem."""
+    raw = await read_body(request)
     try:
         body = json.loads(raw) if raw else None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -7,6 +7,10 @@
   after this long.
 - ``max_connections``: open client connections per listener; one more is closed as it opens
   (0: no limit).
+- ``body_timeout``: while a request body is being read, the longest wait for its next bytes;
+  then the request is answered 408 and its connection closed (:func:`body_chunks`, used where
+  each process reads a body). A client that declares a body and sends it slowly or never holds
+  its call no longer than this between two reads.
 
 The clocks run only while no request is being handled: a response that streams for an hour is
 never cut by them (``--max-request-duration`` bounds that). One sweep per listener, every
@@ -26,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +46,7 @@ class CloseReason(enum.StrEnum):
     HEADER_TIMEOUT = "header_timeout"
     IDLE_TIMEOUT = "idle_timeout"
     TOO_MANY_CONNECTIONS = "too_many_connections"
+    BODY_TIMEOUT = "body_timeout"
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,11 @@ class ConnectionLimits:
     header_timeout: float = 30.0
     idle_timeout: float = 75.0
     max_connections: int = 4096
+    body_timeout: float = 60.0
+
+
+class BodyStalled(Exception):
+    """No bytes of a request body arrived for ``body_timeout`` seconds."""
 
 
 OnClose = Callable[[CloseReason], None]
@@ -66,6 +76,7 @@ class _Handler(web.RequestHandler):
     head_started = 0.0  # the first byte of the request head still arriving
     partial = False  # bytes of a request head have arrived, the head is not complete
     server_header = ""
+    limited: LimitedServer | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.quiet_since = asyncio.get_running_loop().time()
@@ -131,6 +142,7 @@ class LimitedServer(web.Server):
             self._sweeping = self._loop.call_later(self._sweep_every, self._sweep)
         handler = _Handler(self, loop=self._loop, **self._kwargs)
         handler.server_header = self.server_header
+        handler.limited = self
         return handler
 
     def connection_made(self, handler: web.RequestHandler, transport: asyncio.Transport) -> None:
@@ -160,6 +172,10 @@ class LimitedServer(web.Server):
         transport = self._connections.get(handler)
         if transport is not None:
             transport.close()
+        self.note(reason)
+
+    def note(self, reason: CloseReason) -> None:
+        """Count a connection closed for ``reason``; log the first of each reason."""
         self._on_close(reason)
         if reason not in self._logged:
             self._logged.add(reason)
@@ -172,6 +188,26 @@ class LimitedServer(web.Server):
         if self._sweeping is not None:
             self._sweeping.cancel()
         super().pre_shutdown()
+
+
+async def body_chunks(request: web.BaseRequest, stall_limit: float) -> AsyncIterator[bytes]:
+    """``request``'s body as it arrives. Raises BodyStalled when no byte of it comes for
+    ``stall_limit`` seconds (0: wait for ever); the connection is then counted as closed for
+    ``body_timeout`` (the caller answers 408 and closes it)."""
+    while True:
+        try:
+            async with asyncio.timeout(stall_limit or None):
+                chunk = await request.content.readany()
+        except TimeoutError:
+            handler = request.protocol
+            if isinstance(handler, _Handler) and handler.limited is not None:
+                handler.limited.note(CloseReason.BODY_TIMEOUT)
+            raise BodyStalled(
+                f"no bytes of the request body arrived for {stall_limit:g} s"
+            ) from None
+        if not chunk:
+            return
+        yield chunk
 
 
 class LimitedAppRunner(web.AppRunner):

@@ -1,7 +1,8 @@
 """What one client connection may hold, on every HTTP listener of both processes: a request head
 trickled byte by byte (slowloris) is cut at ``--header-timeout``, an idle keep-alive connection at
-``--idle-timeout``, connections beyond ``--max-connections`` are closed as they open; each close
-is counted by reason. A response that streams longer than both timeouts is never cut by them.
+``--idle-timeout``, a request body that stops arriving at ``--body-timeout`` (408), connections
+beyond ``--max-connections`` are closed as they open; each close is counted by reason. A
+response that streams longer than both timeouts is never cut by them.
 """
 
 from __future__ import annotations
@@ -180,6 +181,50 @@ async def test_a_declared_oversized_body_is_refused_at_once_by_both() -> None:
             assert answer.startswith(b"HTTP/1.1 413") and b"Connection: close" in answer
             assert f"exceeds {limit}".encode() in answer
         assert not await gateway.in_flight()
+
+
+BODY_S = 0.5
+STALLED = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b'Content-Length: 100\r\n\r\n{"model": '
+)
+
+
+async def test_a_body_that_stalls_is_answered_408_by_both_and_counted() -> None:
+    """A declared body that stops arriving: 408 naming the wait after ``--body-timeout``, the
+    connection closed and counted; nothing is left in flight on the gateway."""
+    closed = "hangup_{}_connections_closed_total"
+    async with running_gateway(body_timeout=BODY_S) as gateway:
+        answer = await _raw_answer(gateway.url.removeprefix("http://"), STALLED, BODY_S + 1.5)
+        assert answer.startswith(b"HTTP/1.1 408") and b"Connection: close" in answer
+        assert b"no bytes of the request body arrived for 0.5 s" in answer
+        assert gateway.metric(closed.format("gateway"), listener="http", reason="body_timeout") == 1
+        async with running_proxy(gateway.url, body_timeout=BODY_S) as proxy:
+            answer = await _raw_answer(proxy.addresses["http"], STALLED, BODY_S + 1.5)
+            assert answer.startswith(b"HTTP/1.1 408") and b"Connection: close" in answer
+            assert (
+                metric(proxy, closed.format("proxy"), listener="http", reason="body_timeout") == 1
+            )
+        assert not await gateway.in_flight()
+
+
+async def test_a_body_sent_slowly_but_steadily_is_not_cut(upstream: ScriptedUpstream) -> None:
+    """The body clock is per read (as nginx's client_body_timeout): 8 bytes, one every
+    ``BODY_S / 2``, take twice the timeout in all and are relayed whole."""
+    async with running_proxy(upstream.url, body_timeout=BODY_S) as slow_ok:
+        reader, writer = await _open(slow_ok.addresses["http"])
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\n\r\n")
+        for byte in b"abcdefgh":
+            await asyncio.sleep(BODY_S / 2)  # the slow client's own pace: the stimulus
+            writer.write(bytes([byte]))
+        async with asyncio.timeout(5):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            body = await reader.readexactly(length)
+        writer.close()
+        assert head.startswith(b"HTTP/1.1 200") and b'"abcdefgh"' in body
+        assert metric(slow_ok, "hangup_proxy_connections_closed_total", listener="http",
+                      reason="body_timeout") == 0  # fmt: skip
 
 
 async def test_no_response_advertises_the_implementation_or_its_version(
