@@ -1,9 +1,10 @@
-"""Benchmark: the long run of the HTTP/1.1 protocol fuzz (``tests/support/http_fuzz.py``; a short
-run is in ``make test``) against the proxy and the gateway, real processes, 32 cases at a time.
-Prints the answers by status and every finding (a 5xx, a malformed status line, a process that
+"""Benchmark: the long run of the protocol fuzz (HTTP/1.1: ``tests/support/http_fuzz.py``; gRPC
+messages: ``tests/support/grpc_fuzz.py``; a short run of each is in ``make test``) against the
+proxy and the gateway, real processes, 32 cases at a time. Prints the answers by status and every
+finding (a 5xx or a gRPC status a client cannot act on, a malformed status line, a process that
 died, something left in flight).
 
-Run: ``.venv/bin/python -m bench.protocol_fuzz`` (``--cases 20000 --seed 1``).
+Run: ``.venv/bin/python -m bench.protocol_fuzz`` (``--cases 20000 --grpc-cases 20000 --seed 1``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import time
 from pathlib import Path
 
 import aiohttp
+import grpc
 
+from tests.support import grpc_fuzz
 from tests.support.http_fuzz import Answer, Case, cases, send
 from tests.support.stack import in_flight, running_stack
 
@@ -33,6 +36,19 @@ async def run(address: str, fuzz: list[Case]) -> list[tuple[Case, Answer]]:
     return await asyncio.gather(*(one(c) for c in fuzz))
 
 
+async def run_grpc(
+    address: str, fuzz: list[grpc_fuzz.Case]
+) -> list[tuple[grpc_fuzz.Case, grpc_fuzz.Answer]]:
+    gate = asyncio.Semaphore(CONCURRENCY)
+    async with grpc.aio.insecure_channel(address) as channel:
+
+        async def one(case: grpc_fuzz.Case) -> tuple[grpc_fuzz.Case, grpc_fuzz.Answer]:
+            async with gate:
+                return case, await grpc_fuzz.send(channel, case)
+
+        return await asyncio.gather(*(one(c) for c in fuzz))
+
+
 async def left_in_flight(gateway_url: str) -> int:
     async with aiohttp.ClientSession() as session:
         for _ in range(100):
@@ -45,6 +61,7 @@ async def left_in_flight(gateway_url: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", type=int, default=20000)
+    parser.add_argument("--grpc-cases", type=int, default=20000)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hangup-fuzz-") as tmp, running_stack(
@@ -64,6 +81,21 @@ def main() -> None:
                   f" both alive: {alive}; left in flight: {left}", flush=True)  # fmt: skip
             for mutation in findings[:10]:
                 print(f"  finding: {mutation}", flush=True)
+        for name, process in (("proxy", stack.proxy), ("gateway", stack.gateway)):
+            started = time.monotonic()
+            fuzz = grpc_fuzz.cases(args.seed, args.grpc_cases)
+            answers = asyncio.run(run_grpc(process.listeners["grpc"], fuzz))
+            took = time.monotonic() - started
+            codes = collections.Counter(a.code for _, a in answers)
+            found = [(c.mutation, f) for c, a in answers for f in a.findings()]
+            alive = stack.proxy.popen.poll() is None and stack.gateway.popen.poll() is None
+            left = asyncio.run(left_in_flight(stack.gateway_url))
+            shown = ", ".join(f"{code}: {n}" for code, n in codes.most_common())
+            print(f"{name} gRPC: {len(answers)} cases in {took:.0f} s; {shown};"
+                  f" findings: {len(found)}; both alive: {alive}; left in flight: {left}",
+                  flush=True)  # fmt: skip
+            for mutation, finding in found[:10]:
+                print(f"  finding: {mutation}: {finding[:200]}", flush=True)
 
 
 if __name__ == "__main__":

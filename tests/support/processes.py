@@ -67,16 +67,16 @@ def wait_ready(
     raise TimeoutError(f"not ready within {timeout}s:\n{log.read_text()}")
 
 
-@contextlib.contextmanager
-def spawn(
+def start(
     module: str,
     args: list[str],
     tmp: Path,
     *,
     env: dict[str, str] | None = None,
     timeout: float = 60.0,
-) -> Iterator[Process]:
-    """Run ``python -m module args --ready-file …`` and yield it once it is serving."""
+) -> Process:
+    """Run ``python -m module args --ready-file …`` and return it once it is serving (the caller
+    stops it; :func:`spawn` is the context-managed form)."""
     tmp.mkdir(parents=True, exist_ok=True)
     ready = tmp / f"{module}.ready.json"
     log = tmp / f"{module}.log"
@@ -92,8 +92,28 @@ def spawn(
     proc = Process(popen, {}, log)
     try:
         proc.listeners = wait_ready(popen, ready, log, timeout)
-        yield proc
-    finally:
+    except BaseException:
         if popen.poll() is None:
             popen.kill()
             popen.wait()
+        raise
+    return proc
+
+
+@contextlib.contextmanager
+def spawn(
+    module: str,
+    args: list[str],
+    tmp: Path,
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 60.0,
+) -> Iterator[Process]:
+    """Run ``python -m module args --ready-file …`` and yield it once it is serving."""
+    proc = start(module, args, tmp, env=env, timeout=timeout)
+    try:
+        yield proc
+    finally:
+        if proc.popen.poll() is None:
+            proc.popen.kill()
+            proc.popen.wait()

@@ -1,0 +1,224 @@
+"""Faults for the chaos soak (``tests/support/chaos.py``): one pod (the gateway with the simulated
+engine, the proxy in front, real processes on 127.0.0.1) whose processes can be killed, stopped,
+drained and restarted while clients use it, and a TCP forwarder between the proxy and the gateway
+that can reset every upstream connection at once.
+
+The proxy reaches the gateway only through the forwarders (HTTP and gRPC), so a gateway restarted
+on new ports is one retarget away, and an upstream reset is a real TCP RST on both sides of every
+connection. Clients read the proxy's current address at each call: a restarted proxy listens on
+new ports too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import struct
+from pathlib import Path
+
+import grpc
+
+from tests.support.processes import Process, start
+from tests.support.stack import TOKEN
+
+_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
+
+
+def _reset(writer: asyncio.StreamWriter) -> None:
+    sock = writer.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RST)
+    writer.transport.abort()
+
+
+class Forwarder:
+    """A TCP relay to ``target`` (changeable) that can reset every connection through it."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._server: asyncio.Server | None = None
+        self.address = ""
+
+    async def start(self) -> str:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self.address
+
+    async def close(self) -> None:
+        self.reset_all()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def reset_all(self) -> int:
+        """Reset both sides of every connection through the forwarder; returns how many."""
+        pairs, self._pairs = self._pairs, set()
+        for client, upstream in pairs:
+            _reset(client)
+            _reset(upstream)
+        return len(pairs)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        host, port = self.target.rsplit(":", 1)
+        try:
+            up_reader, up_writer = await asyncio.open_connection(host, int(port))
+        except OSError:  # the gateway is down: the proxy sees its connection reset
+            _reset(writer)
+            return
+        except asyncio.CancelledError:  # the forwarder is closing
+            _reset(writer)
+            raise
+        pair = (writer, up_writer)
+        self._pairs.add(pair)
+        try:
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+        finally:
+            self._pairs.discard(pair)
+            writer.close()
+            up_writer.close()
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()  # one side ended: so does the other
+
+
+class Pod:
+    """The gateway and the proxy, each restartable; see the module docstring."""
+
+    def __init__(self, tmp: Path, gateway_args: list[str], proxy_args: list[str]) -> None:
+        self._tmp = tmp
+        self._token = tmp / "cancel-token"
+        self._gateway_args = gateway_args
+        self._proxy_args = proxy_args
+        self._starts = {"gateway": 0, "proxy": 0}
+        self.gateway: Process | None = None
+        self.proxy: Process | None = None
+        self._http = Forwarder("")
+        self._grpc = Forwarder("")
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def __aenter__(self) -> Pod:
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        self._token.write_text(TOKEN)
+        await self._start_gateway()
+        await self._http.start()
+        await self._grpc.start()
+        await self._start_proxy()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        for process in (self.proxy, self.gateway):
+            if process is not None and process.popen.poll() is None:
+                process.popen.send_signal(signal.SIGCONT)
+                process.popen.kill()
+                await asyncio.to_thread(process.popen.wait)
+        await self._http.close()
+        await self._grpc.close()
+
+    # -- what clients use -------------------------------------------------------------------
+
+    @property
+    def proxy_url(self) -> str:
+        assert self.proxy is not None
+        return self.proxy.url("http")
+
+    @property
+    def gateway_url(self) -> str:
+        assert self.gateway is not None
+        return self.gateway.url("http")
+
+    def proxy_channel(self) -> grpc.aio.Channel:
+        """A channel to the proxy as it is now (one per proxy process)."""
+        assert self.proxy is not None
+        address = self.proxy.listeners["grpc"]
+        if address not in self._channels:
+            self._channels[address] = grpc.aio.insecure_channel(address)
+        return self._channels[address]
+
+    def gateway_channel(self) -> grpc.aio.Channel:
+        assert self.gateway is not None
+        address = self.gateway.listeners["grpc"]
+        if address not in self._channels:
+            self._channels[address] = grpc.aio.insecure_channel(address)
+        return self._channels[address]
+
+    def resources(self) -> dict[str, tuple[int, int]]:
+        """Each live process's resident memory (KiB) and open files."""
+        found = {}
+        for name, process in (("gateway", self.gateway), ("proxy", self.proxy)):
+            if process is None or process.popen.poll() is not None:
+                continue
+            pid = process.popen.pid
+            status = Path(f"/proc/{pid}/status").read_text()
+            rss = int(status.split("VmRSS:")[1].split()[0])
+            found[name] = (rss, len(os.listdir(f"/proc/{pid}/fd")))
+        return found
+
+    def incarnation(self, name: str) -> int:
+        return self._starts[name]
+
+    # -- faults ---------------------------------------------------------------------------
+
+    def reset_upstream(self) -> str:
+        return f"reset {self._http.reset_all() + self._grpc.reset_all()} upstream connections"
+
+    async def kill_gateway(self) -> str:
+        assert self.gateway is not None
+        self.gateway.popen.kill()
+        await asyncio.to_thread(self.gateway.popen.wait)
+        await self._start_gateway()
+        return "gateway SIGKILL, restarted"
+
+    async def stop_gateway(self, seconds: float) -> str:
+        assert self.gateway is not None
+        self.gateway.popen.send_signal(signal.SIGSTOP)
+        await asyncio.sleep(seconds)  # the fault's length: the stimulus, not a wait for a result
+        self.gateway.popen.send_signal(signal.SIGCONT)
+        return f"gateway SIGSTOP for {seconds:g} s, then SIGCONT"
+
+    async def kill_proxy(self) -> str:
+        assert self.proxy is not None
+        self.proxy.popen.kill()
+        await asyncio.to_thread(self.proxy.popen.wait)
+        await self._start_proxy()
+        return "proxy SIGKILL, restarted"
+
+    async def drain_proxy(self) -> str:
+        assert self.proxy is not None
+        code = await asyncio.to_thread(self.proxy.terminate)
+        await self._start_proxy()
+        return f"proxy SIGTERM (exit {code}), restarted"
+
+    # -- processes ------------------------------------------------------------------------
+
+    async def _start_gateway(self) -> None:
+        self._starts["gateway"] += 1
+        args = ["--engine", "sim", "--http-port", "0", "--grpc-port", "0",
+                "--cancel-token-file", str(self._token), *self._gateway_args]  # fmt: skip
+        where = self._tmp / f"gateway-{self._starts['gateway']}"
+        self.gateway = await asyncio.to_thread(start, "gateway_server", args, where)
+        self._http.target = self.gateway.listeners["http"]
+        self._grpc.target = self.gateway.listeners["grpc"]
+
+    async def _start_proxy(self) -> None:
+        self._starts["proxy"] += 1
+        args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+                "--upstream-http", f"http://{self._http.address}",
+                "--upstream-grpc", self._grpc.address,
+                "--cancel-token-file", str(self._token), *self._proxy_args]  # fmt: skip
+        where = self._tmp / f"proxy-{self._starts['proxy']}"
+        self.proxy = await asyncio.to_thread(start, "proxy", args, where)
