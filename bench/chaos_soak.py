@@ -25,7 +25,7 @@ from tests.support.faults import Pod
 
 async def soak(args: argparse.Namespace, tmp: Path) -> list[chaos.PhaseReport]:
     gateway_args = ["--sim-slots", str(args.sim_slots), "--sim-step-base", str(args.sim_step_base)]
-    proxy_args = ["--cancel-deadline", str(chaos.CANCEL_DEADLINE_S), "--drain-timeout", "3"]
+    proxy_args = chaos.PROXY_ARGS
     rng = random.Random(args.seed)
     reports: list[chaos.PhaseReport] = []
     calls = 0

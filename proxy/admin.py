@@ -2,50 +2,62 @@
 
 ``/readyz`` answers 503 from the moment shutdown starts, so a load balancer or Kubernetes stops
 sending new calls while the ones in flight drain. The admin listener keeps serving through the
-drain and closes last.
+drain and closes last. With ``--workers`` the supervisor serves it (``proxy.workers``): the
+workers' metrics summed, ready while every worker serves.
 """
 
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
+from proxy.config import Config
 from proxy.headers import SERVER_HEADER
 from proxy.state import ServerState
 
 
-class AdminListener:
-    name = "admin"
+class AdminSite:
+    """The admin HTTP server: ``registry`` on /metrics, ``ready()`` on /readyz."""
 
-    def __init__(self, state: ServerState) -> None:
-        self._state = state
+    def __init__(
+        self,
+        config: Config,
+        registry: CollectorRegistry,
+        ready: Callable[[], bool],
+        closed: Counter,
+    ) -> None:
+        self._config = config
+        self._registry = registry
+        self._ready = ready
+        self._closed = closed
         self._runner: LimitedAppRunner | None = None
 
     async def _metrics(self, _: web.Request) -> web.Response:
-        body = generate_latest(self._state.metrics.registry)
+        body = generate_latest(self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, _: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
-        if self._state.draining:
-            return web.Response(status=503, text="draining\n")
+        if not self._ready():
+            return web.Response(status=503, text="not ready\n")
         return web.Response(text="ready\n")
 
     async def start(self) -> str:
-        config = self._state.config
+        config = self._config
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         self._runner = LimitedAppRunner(
-            app, limits=config.connection_limits, listener=self.name,
-            on_close=counted_in(self._state.metrics.connections_closed, self.name),
-            server_header=SERVER_HEADER, access_log=None,
+            app, limits=config.connection_limits, listener="admin",
+            on_close=counted_in(self._closed, "admin"), server_header=SERVER_HEADER,
+            access_log=None,
         )  # fmt: skip
         await self._runner.setup()
         sock = socket.create_server((config.host, config.admin_port))
@@ -53,9 +65,27 @@ class AdminListener:
         host, port = sock.getsockname()[:2]
         return f"{host}:{port}"
 
+    async def close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+class AdminListener:
+    """The admin listener of a one-process proxy (a listener of ``proxy.server``)."""
+
+    name = "admin"
+
+    def __init__(self, state: ServerState) -> None:
+        self._site = AdminSite(
+            state.config, state.metrics.registry, lambda: not state.draining,
+            state.metrics.connections_closed,
+        )  # fmt: skip
+
+    async def start(self) -> str:
+        return await self._site.start()
+
     async def stop_accepting(self) -> None:
         return None  # stays up through the drain: /readyz must be seen to turn 503
 
     async def close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        await self._site.close()

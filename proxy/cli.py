@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import os
 import signal
@@ -13,6 +14,7 @@ from hangup_contract.runtime import logs
 from hangup_contract.runtime.options import ConfigError
 from proxy.config import build_config
 from proxy.server import Server
+from proxy.workers import Supervisor, supervisor_pid, watch_supervisor, worker_slot
 
 
 async def _run(server: Server) -> None:
@@ -26,15 +28,40 @@ async def _run(server: Server) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal)
-    await server.serve(stop)
+    watching = asyncio.create_task(watch_supervisor(stop)) if supervisor_pid() else None
+    try:
+        await server.serve(stop)
+    finally:
+        if watching is not None:
+            watching.cancel()
+
+
+async def _supervise(supervisor: Supervisor) -> None:
+    stop, hurry = asyncio.Event(), asyncio.Event()
+
+    def on_signal() -> None:
+        (hurry if stop.is_set() else stop).set()
+
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal)
+    await supervisor.serve(stop, hurry)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        config = build_config(sys.argv[1:] if argv is None else argv, os.environ)
+        config = build_config(args, os.environ)
     except ConfigError as exc:
         sys.exit(f"hangup-proxy: {exc}")
-    logs.setup(config.log_level)
+    slot = worker_slot()
+    logs.setup(config.log_level, None if slot is None else {"worker": slot})
+    if config.workers > 1:
+        # Relays nothing itself: no gc.freeze, and its event loop is idle.
+        asyncio.run(_supervise(Supervisor(config, args)))
+        return
+    if supervisor_pid() is not None:
+        config = dataclasses.replace(config, reuse_port=True)
     # What is loaded by now lives as long as the process (~44k objects, nearly all modules): out
     # of the collector's sight, a full collection no longer stops every relayed stream to walk
     # it (10-20 ms on two cores).

@@ -56,6 +56,8 @@ class Config:
     cancel_concurrency: int = 64  # cancel calls in flight at once; the rest wait their turn
     stream_close_grace: float = 0.5  # longest wait for a cancel's answer before closing upstream
     drain_timeout: float = 30.0
+    workers: int = 1  # processes sharing the HTTP and gRPC ports (proxy.workers) when > 1
+    reuse_port: bool = False  # set in each worker: its listeners share the ports (SO_REUSEPORT)
     ready_file: Path | None = None
     max_request_duration: float | None = None  # None: no proxy-side limit
     max_concurrent_streams: int = 1024  # 0: no limit
@@ -107,6 +109,7 @@ _OPTIONS = (
         "seconds an upstream stream stays open waiting for its cancel call's answer",
     ),
     Option("--drain-timeout", float, "seconds calls may finish after SIGTERM"),
+    Option("--workers", int, "processes relaying calls on the shared ports (see README)"),
     Option("--ready-file", Path, "write the listener map here once serving"),
     Option("--max-request-duration", optional_seconds, "seconds per call (0: no limit)"),
     Option("--max-concurrent-streams", int, "calls in flight at once (0: no limit)"),
@@ -173,6 +176,8 @@ def _validate(config: Config) -> None:
                  "max_connections", "body_timeout"):  # fmt: skip
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
+    if not 1 <= config.workers <= 256:
+        raise ConfigError("--workers must be between 1 and 256")
     if config.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
         raise ConfigError(
             f"--log-level={config.log_level!r}: expected DEBUG, INFO, WARNING or ERROR"

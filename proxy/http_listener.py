@@ -62,7 +62,9 @@ class HttpListener:
         )
         self._runner = web.ServerRunner(server, shutdown_timeout=_CLOSE_TIMEOUT)
         await self._runner.setup()
-        sock = socket.create_server((config.host, config.http_port), backlog=1024)
+        sock = socket.create_server(
+            (config.host, config.http_port), backlog=1024, reuse_port=config.reuse_port
+        )
         self._site = web.SockSite(self._runner, sock)
         await self._site.start()
         host, port = sock.getsockname()[:2]

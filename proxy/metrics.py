@@ -68,6 +68,7 @@ class ProxyMetrics:
             "Calls in flight through the proxy.",
             ["protocol"],
             registry=registry,
+            multiprocess_mode="livesum",  # with --workers: summed over the live workers
         )
         self.upstream_ttfb = Histogram(
             "hangup_proxy_upstream_time_to_first_byte_seconds",
@@ -79,6 +80,7 @@ class ProxyMetrics:
             "hangup_proxy_cancel_calls_pending",
             "Cancel calls waiting for a slot or an answer.",
             registry=registry,
+            multiprocess_mode="livesum",
         )
         for protocol in Protocol:
             self.inflight.labels(protocol.value)

@@ -59,13 +59,14 @@ class Listener(Interface):
 
 ListenerFactory = Callable[[ServerState], Listener]
 DEFAULT_LISTENERS: tuple[ListenerFactory, ...] = (HttpListener, GrpcRelay, AdminListener)
+WORKER_LISTENERS: tuple[ListenerFactory, ...] = (HttpListener, GrpcRelay)  # see proxy.workers
 READY_KEYS = ("http", "grpc", "admin")
 
 
 def listener_factories(config: Config) -> tuple[ListenerFactory, ...]:
-    """The listeners this configuration serves, in start order (admin last, closed last)."""
-    del config  # every configuration serves HTTP, gRPC and admin
-    return DEFAULT_LISTENERS
+    """The listeners this configuration serves, in start order (admin last, closed last); a
+    worker of ``--workers`` leaves the admin listener to its supervisor."""
+    return WORKER_LISTENERS if config.reuse_port else DEFAULT_LISTENERS
 
 
 class Server:

@@ -16,10 +16,15 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 
 class JsonFormatter(logging.Formatter):
+    def __init__(self, common: Mapping[str, Any] | None = None) -> None:
+        super().__init__()
+        self._common = dict(common or {})
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
@@ -27,6 +32,7 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
+            **self._common,
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
@@ -36,10 +42,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=str)
 
 
-def setup(level: str) -> None:
-    """Send every ``hangup.*`` record at ``level`` or above to stderr as JSON lines."""
+def setup(level: str, common: Mapping[str, Any] | None = None) -> None:
+    """Send every ``hangup.*`` record at ``level`` or above to stderr as JSON lines, each with
+    the ``common`` fields (a proxy worker's ``worker``)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(JsonFormatter(common))
     root = logging.getLogger("hangup")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

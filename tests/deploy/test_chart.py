@@ -81,6 +81,7 @@ def test_lint_is_clean(helm: HelmEngine, name: str) -> None:
         {"service": {"httpPort": 0}},
         {"metrics": {"serviceMonitor": {"interval": "often"}}},
         {"gateway": {"unknownKey": 1}},
+        {"proxy": {"workers": -1}},
     ],
     ids=[
         "unknown-engine",
@@ -89,6 +90,7 @@ def test_lint_is_clean(helm: HelmEngine, name: str) -> None:
         "port-zero",
         "bad-interval",
         "unknown-key",
+        "negative-workers",
     ],
 )
 def test_schema_rejects_bad_values(helm: HelmEngine, values: dict[str, Any]) -> None:
@@ -375,6 +377,17 @@ def test_chart_command_line_starts_the_real_gateway_and_its_probes_pass(
             )
             assert done.returncode == 0, f"{probe}: {done.stderr}"
         assert process.terminate() == 0
+
+
+def test_proxy_workers_follow_its_cpu_limit_unless_set(
+    renders: dict[str, Release], helm: HelmEngine
+) -> None:
+    assert flag(containers(renders["default-values.yaml"])["proxy"], "workers") == "1"  # no limit
+    assert flag(containers(renders["full-values.yaml"])["proxy"], "workers") == "2"  # 1500m
+    whole = helm.render({"proxy": {"resources": {"limits": {"cpu": "4"}}}})
+    assert flag(containers(whole)["proxy"], "workers") == "4"
+    chosen = helm.render({"proxy": {"workers": 3, "resources": {"limits": {"cpu": "8"}}}})
+    assert flag(containers(chosen)["proxy"], "workers") == "3"
 
 
 def test_chart_command_line_starts_the_real_proxy_and_its_probes_pass(

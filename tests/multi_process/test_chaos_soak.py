@@ -29,7 +29,7 @@ SCHEDULE = [*chaos.FAULTS, "none"]
 
 async def test_chaos_soak_leaves_no_zombie_and_no_wrong_answer(tmp_path: Path) -> None:
     gateway_args = ["--sim-slots", "8"]
-    proxy_args = ["--cancel-deadline", str(chaos.CANCEL_DEADLINE_S), "--drain-timeout", "3"]
+    proxy_args = chaos.PROXY_ARGS
     rng = random.Random(5)
     reports = []
     async with (

@@ -62,6 +62,8 @@ def test_environment_is_read_and_flags_win(tmp_path: Path) -> None:
         ),
         (["--cancel-token-file", "/nonexistent/token"], {}, "--cancel-token-file"),
         (["--cancel-deadline", "0"], {}, "--cancel-deadline"),
+        (["--workers", "0"], {}, "--workers"),
+        (["--body-timeout", "-1"], {}, "--body-timeout"),
     ],
 )
 def test_bad_settings_name_the_option(argv: list[str], env: dict[str, str], named: str) -> None:

@@ -7,8 +7,9 @@ Each phase runs ``concurrency`` clients for ``seconds``; a third of the way in, 
     stop_gateway    the gateway SIGSTOPped for longer than the proxy's cancel deadline, then
                     SIGCONT (cancels sent meanwhile are given up on, and counted)
     kill_gateway    the gateway SIGKILLed and restarted
-    kill_proxy      the proxy SIGKILLed and restarted (one process: hangup has no worker
-                    processes yet, so this is the nearest fault to a worker dying)
+    kill_proxy_worker  one of the proxy's two worker processes SIGKILLed (its supervisor
+                    starts another)
+    kill_proxy      the whole proxy SIGKILLed and restarted (as Kubernetes restarts a container)
     drain_proxy     the proxy SIGTERMed (it drains) and restarted
 
 Each client call is one of four kinds (OpenAI completions streamed and not, Triton
@@ -54,9 +55,11 @@ from tests.support.scrape import scrape_async, total
 from tests.support.stack import MODEL, in_flight
 
 KINDS = ("completion_stream", "completion", "generate_stream", "grpc_stream")
-FAULTS = ("none", "reset_upstream", "stop_gateway", "kill_gateway", "kill_proxy", "drain_proxy")
+FAULTS = ("none", "reset_upstream", "stop_gateway", "kill_gateway", "kill_proxy_worker",
+          "kill_proxy", "drain_proxy")  # fmt: skip
 FINAL = "triton_final_response"
 CANCEL_DEADLINE_S = 2.0  # the proxy's --cancel-deadline in the soak
+PROXY_ARGS = ["--workers", "2", "--cancel-deadline", str(CANCEL_DEADLINE_S), "--drain-timeout", "3"]
 STOP_S = 2 * CANCEL_DEADLINE_S
 STOPPED_HANG_UPS = 4  # calls that hang up while the gateway is stopped (their cancels give up)
 SETTLE_S = 10.0
@@ -330,6 +333,7 @@ def _fault(pod: Pod, session: aiohttp.ClientSession, name: str) -> Callable[[], 
         "reset_upstream": reset,
         "stop_gateway": stop,
         "kill_gateway": pod.kill_gateway,
+        "kill_proxy_worker": pod.kill_proxy_worker,
         "kill_proxy": pod.kill_proxy,
         "drain_proxy": pod.drain_proxy,
     }[name]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import grpc
 
-from tests.support.processes import Process, start
+from tests.support.processes import Process, children, start
 from tests.support.stack import TOKEN
 
 _RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
@@ -157,15 +157,19 @@ class Pod:
         return self._channels[address]
 
     def resources(self) -> dict[str, tuple[int, int]]:
-        """Each live process's resident memory (KiB) and open files."""
+        """Each live process's resident memory (KiB) and open files (the proxy's workers
+        included)."""
         found = {}
         for name, process in (("gateway", self.gateway), ("proxy", self.proxy)):
             if process is None or process.popen.poll() is not None:
                 continue
-            pid = process.popen.pid
-            status = Path(f"/proc/{pid}/status").read_text()
-            rss = int(status.split("VmRSS:")[1].split()[0])
-            found[name] = (rss, len(os.listdir(f"/proc/{pid}/fd")))
+            rss = files = 0
+            for pid in [process.popen.pid, *children(process.popen.pid)]:  # with its workers
+                with contextlib.suppress(OSError):  # a worker that just exited
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    rss += int(status.split("VmRSS:")[1].split()[0])
+                    files += len(os.listdir(f"/proc/{pid}/fd"))
+            found[name] = (rss, files)
         return found
 
     def incarnation(self, name: str) -> int:
@@ -196,6 +200,16 @@ class Pod:
         await asyncio.to_thread(self.proxy.popen.wait)
         await self._start_proxy()
         return "proxy SIGKILL, restarted"
+
+    async def kill_proxy_worker(self) -> str:
+        """SIGKILL one of the proxy's worker processes (``--workers`` > 1); its supervisor
+        starts another."""
+        assert self.proxy is not None
+        workers = children(self.proxy.popen.pid)
+        if not workers:
+            raise RuntimeError("the proxy has no worker processes: start it with --workers 2")
+        os.kill(workers[0], signal.SIGKILL)
+        return f"proxy worker {workers[0]} SIGKILL (its supervisor starts another)"
 
     async def drain_proxy(self) -> str:
         assert self.proxy is not None

@@ -117,3 +117,19 @@ def spawn(
         if proc.popen.poll() is None:
             proc.popen.kill()
             proc.popen.wait()
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces, so split after its closing paren.
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found

@@ -120,6 +120,7 @@ exec:
     {{- end }}
     - --cancel-deadline={{ $p.cancelDeadlineSeconds }}
     - --drain-timeout={{ $p.drainTimeoutSeconds }}
+    - --workers={{ include "hangup.proxyWorkers" . }}
     {{- with $p.extraArgs }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

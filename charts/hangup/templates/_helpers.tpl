@@ -107,3 +107,20 @@ app.kubernetes.io/part-of: hangup
 {{- define "hangup.testModel" -}}
 {{- .Values.test.model | default .Values.gateway.servedModelName | default .Values.gateway.model | default "hangup-sim" }}
 {{- end }}
+
+{{/* The proxy's --workers: proxy.workers, or (0) one per CPU of its CPU limit, rounded up. */}}
+{{- define "hangup.proxyWorkers" -}}
+{{- $p := .Values.proxy -}}
+{{- if gt (int $p.workers) 0 }}
+{{- $p.workers }}
+{{- else }}
+{{- $cpu := toString (dig "limits" "cpu" "" ($p.resources | default dict)) }}
+{{- if not $cpu }}
+{{- 1 }}
+{{- else if hasSuffix "m" $cpu }}
+{{- max 1 (ceil (divf (trimSuffix "m" $cpu | float64) 1000)) }}
+{{- else }}
+{{- max 1 (ceil ($cpu | float64)) }}
+{{- end }}
+{{- end }}
+{{- end }}

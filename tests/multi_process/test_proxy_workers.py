@@ -1,0 +1,157 @@
+"""``python -m proxy --workers 2`` in front of the real gateway: two worker processes share the
+HTTP and gRPC ports and one admin port speaks for both (metrics summed, readiness of all);
+every hang-up is cancelled by the worker that saw it; a killed worker is replaced and counted;
+SIGTERM drains every worker; workers whose supervisor is killed drain and exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+
+from tests.support import chaos
+from tests.support.processes import children
+from tests.support.scrape import scrape_async, total
+from tests.support.stack import MODEL, Stack, completion_request, in_flight, open_raw, running_stack
+from tests.support.waiting import wait_until
+
+SLOW = ["--sim-slots", "16", "--sim-step-base", "0.02"]
+LONG = {"model": MODEL, "prompt": "long", "max_tokens": 3000, "stream": True}
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    with running_stack(tmp_path, SLOW, ["--workers", "2", "--drain-timeout", "1"]) as stack:
+        yield stack
+
+
+async def _hang_up_mid_stream(stack: Stack) -> None:
+    reader, writer = await open_raw(stack.proxy_url, completion_request("/v1/completions", LONG))
+    async with asyncio.timeout(10):
+        while not (await reader.readline()).startswith(b"data: {"):
+            pass
+    writer.close()
+
+
+async def _complete(session: aiohttp.ClientSession, url: str) -> None:
+    body = {"model": MODEL, "prompt": "short", "max_tokens": 3}
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+
+
+def _call_lines(stack: Stack) -> list[dict[str, object]]:
+    lines = [json.loads(line) for line in stack.proxy.log().splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("msg") == "call"]
+
+
+async def test_two_workers_serve_as_one_proxy_and_cancel_every_hang_up(stack: Stack) -> None:
+    fresh = aiohttp.TCPConnector(force_close=True)  # each call on a new connection
+    async with aiohttp.ClientSession(connector=fresh) as session:
+        await asyncio.gather(*(_complete(session, stack.proxy_url) for _ in range(60)))
+        await asyncio.gather(*(_hang_up_mid_stream(stack) for _ in range(20)))
+        await wait_until(lambda: _idle(session, stack), what="nothing in flight on the gateway")
+        gateway = await scrape_async(session, stack.gateway_url)
+        proxy = await scrape_async(session, stack.admin_url)
+    assert total(gateway, "hangup_gateway_cancellations_total", reason="client_disconnect") == 20
+    assert total(proxy, "hangup_proxy_requests_total", outcome="completed") == 60
+    assert total(proxy, "hangup_proxy_requests_total", outcome="cancelled") == 20
+    assert total(proxy, "hangup_proxy_cancel_calls_total", result="ok") == 20
+    assert total(proxy, "hangup_proxy_inflight_requests") == 0
+    assert total(proxy, "hangup_proxy_workers") == 2
+    assert {line["worker"] for line in _call_lines(stack)} == {0, 1}  # the kernel used both
+
+
+async def _idle(session: aiohttp.ClientSession, stack: Stack) -> bool:
+    return not await in_flight(session, stack.gateway_url)
+
+
+async def test_a_killed_worker_is_replaced_counted_and_leaves_nothing_running(
+    stack: Stack,
+) -> None:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        streams = [await open_raw(stack.proxy_url, completion_request("/v1/completions", LONG))
+                   for _ in range(6)]  # fmt: skip
+        await wait_until(lambda: _running(session, stack, 6), what="six streams upstream")
+        victim = children(stack.proxy.popen.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        await wait_until(lambda: _restarted(session, stack), what="a worker started again")
+        # The killed worker's streams were cut; its upstream connections closed with it, so the
+        # gateway ended those calls itself. The other worker's streams still run.
+        await wait_until(lambda: _fewer_than(session, stack, 6), what="the cut streams ended")
+        for _, writer in streams:
+            writer.close()
+        await wait_until(lambda: _idle(session, stack), what="nothing in flight on the gateway")
+        await asyncio.gather(*(_complete(session, stack.proxy_url) for _ in range(20)))
+        async with session.get(stack.admin_url + "/readyz") as resp:
+            assert resp.status == 200
+    assert victim not in children(stack.proxy.popen.pid)
+    exited = [json.loads(line) for line in stack.proxy.log().splitlines()
+              if "worker exited" in line]  # fmt: skip
+    assert len(exited) == 1 and exited[0]["pid"] == victim and exited[0]["exit"] == -9
+
+
+async def _running(session: aiohttp.ClientSession, stack: Stack, n: int) -> bool:
+    return len(await in_flight(session, stack.gateway_url)) == n
+
+
+async def _fewer_than(session: aiohttp.ClientSession, stack: Stack, n: int) -> bool:
+    return len(await in_flight(session, stack.gateway_url)) < n
+
+
+async def _restarted(session: aiohttp.ClientSession, stack: Stack) -> bool:
+    samples = await scrape_async(session, stack.admin_url)
+    return (
+        total(samples, "hangup_proxy_worker_restarts_total") == 1
+        and total(samples, "hangup_proxy_workers") == 2
+    )
+
+
+async def test_sigterm_drains_every_worker_and_cancels_what_is_left(stack: Stack) -> None:
+    async with aiohttp.ClientSession() as session:
+        streams = [await open_raw(stack.proxy_url, completion_request("/v1/completions", LONG))
+                   for _ in range(4)]  # fmt: skip
+        request = chaos.Request("grpc_stream", "long", 3000, 1)
+        async with grpc.aio.insecure_channel(stack.proxy.listeners["grpc"]) as channel:
+            grpc_call = asyncio.ensure_future(chaos.grpc_call(channel, request))
+            await wait_until(lambda: _running(session, stack, 5), what="five calls upstream")
+            workers = children(stack.proxy.popen.pid)
+            stack.proxy.popen.terminate()
+            await wait_until(lambda: _not_ready(session, stack), what="/readyz 503")
+            assert await asyncio.to_thread(stack.proxy.popen.wait, 30) == 0
+            result = await grpc_call
+        assert not result.complete and result.failure == "UNAVAILABLE"  # told, not left hanging
+        gateway = await scrape_async(session, stack.gateway_url)
+        assert total(gateway, "hangup_gateway_cancellations_total", reason="shutdown") == 5
+        assert not await in_flight(session, stack.gateway_url)
+        for _, writer in streams:
+            writer.close()
+    assert not _alive(workers)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+
+
+async def _not_ready(session: aiohttp.ClientSession, stack: Stack) -> bool:
+    async with session.get(stack.admin_url + "/readyz") as resp:
+        return resp.status == 503
+
+
+async def test_workers_drain_and_exit_when_their_supervisor_is_killed(stack: Stack) -> None:
+    workers = children(stack.proxy.popen.pid)
+    assert len(workers) == 2
+    stack.proxy.popen.kill()
+    stack.proxy.popen.wait()
+    await wait_until(
+        lambda: not _alive(workers),
+        within=15, what="the workers exited",
+    )  # fmt: skip
