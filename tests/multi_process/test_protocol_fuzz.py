@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from tests.support import grpc_fuzz
-from tests.support.http_fuzz import Answer, Case, cases, send
+from tests.support.http_fuzz import cases, run_all, send
 from tests.support.stack import MODEL, Stack, in_flight, running_stack
 from tests.support.waiting import wait_until
 
@@ -49,16 +49,6 @@ async def _stream(session: aiohttp.ClientSession, url: str) -> bytes:
         return text
 
 
-async def _fuzz(address: str, fuzz: list[Case]) -> list[tuple[Case, Answer]]:
-    gate = asyncio.Semaphore(CONCURRENCY)
-
-    async def one(case: Case) -> tuple[Case, Answer]:
-        async with gate:
-            return case, await send(address, case)
-
-    return await asyncio.gather(*(one(c) for c in fuzz))
-
-
 @pytest.mark.parametrize("target", ["proxy", "gateway"])
 async def test_mutated_requests_get_a_clear_answer_or_a_clean_close(
     stack: Stack, target: str
@@ -69,7 +59,8 @@ async def test_mutated_requests_get_a_clear_answer_or_a_clean_close(
     async with aiohttp.ClientSession() as session:
         reference = await _stream(session, stack.proxy_url)
         during = asyncio.ensure_future(_stream(session, stack.proxy_url))
-        results = await _fuzz(address, cases(seed=13 if target == "proxy" else 17, n=CASES))
+        fuzz = cases(seed=13 if target == "proxy" else 17, n=CASES)
+        results = await run_all(lambda case: send(address, case), fuzz, CONCURRENCY)
         assert await during == reference != b""
         findings = [(c.mutation, a.head[:200]) for c, a in results if a.status and a.status >= 500]
         assert not findings, findings[:5]
@@ -101,16 +92,10 @@ async def test_mutated_grpc_messages_get_a_status_a_client_can_act_on(
         stack.proxy.listeners["grpc"] if target == "proxy" else stack.gateway.listeners["grpc"]
     )
     fuzz = grpc_fuzz.cases(seed=23 if target == "proxy" else 29, n=GRPC_CASES)
-    gate = asyncio.Semaphore(CONCURRENCY)
     async with grpc.aio.insecure_channel(address) as channel, aiohttp.ClientSession() as session:
         reference = await _grpc_stream(channel)
-
-        async def one(case: grpc_fuzz.Case) -> tuple[grpc_fuzz.Case, grpc_fuzz.Answer]:
-            async with gate:
-                return case, await grpc_fuzz.send(channel, case)
-
         during = asyncio.ensure_future(_grpc_stream(channel))
-        results = await asyncio.gather(*(one(c) for c in fuzz))
+        results = await run_all(lambda case: grpc_fuzz.send(channel, case), fuzz, CONCURRENCY)
         assert await during == reference != b""
         findings = [(c.mutation, f) for c, a in results for f in a.findings()]
         assert not findings, findings[:5]

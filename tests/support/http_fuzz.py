@@ -17,7 +17,9 @@ import asyncio
 import json
 import random
 import re
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 SEEDS = [
     ("POST", "/v1/completions", {"model": "hangup-sim", "prompt": "Once", "max_tokens": 4}),
@@ -32,6 +34,23 @@ SEEDS = [
     ("GET", "/v2/health/ready", None),
 ]  # fmt: skip
 JUNK = [b"", b"\x00", b"\xff\xfe", b"\r", b"\n", b" ", b"%", b"%zz", b"..", b"\x7f", b":", b"\t"]
+
+
+C = TypeVar("C")
+A = TypeVar("A")
+
+
+async def run_all(
+    send_one: Callable[[C], Awaitable[A]], fuzz: Sequence[C], concurrency: int = 32
+) -> list[tuple[C, A]]:
+    """Every case through ``send_one``, ``concurrency`` at a time; each with its answer."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(case: C) -> tuple[C, A]:
+        async with gate:
+            return case, await send_one(case)
+
+    return await asyncio.gather(*(one(c) for c in fuzz))
 
 
 @dataclass

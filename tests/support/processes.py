@@ -93,11 +93,15 @@ def start(
     try:
         proc.listeners = wait_ready(popen, ready, log, timeout)
     except BaseException:
-        if popen.poll() is None:
-            popen.kill()
-            popen.wait()
+        _kill(popen)
         raise
     return proc
+
+
+def _kill(popen: subprocess.Popen[bytes]) -> None:
+    if popen.poll() is None:
+        popen.kill()
+        popen.wait()
 
 
 @contextlib.contextmanager
@@ -114,9 +118,7 @@ def spawn(
     try:
         yield proc
     finally:
-        if proc.popen.poll() is None:
-            proc.popen.kill()
-            proc.popen.wait()
+        _kill(proc.popen)
 
 
 def children(pid: int) -> list[int]:

@@ -1,0 +1,120 @@
+"""Benchmark: relaying token-like SSE streams with more than one core, side by side in one run:
+hangup ``--workers 1`` and ``--workers 2``, Envoy ``--concurrency 1`` and ``2``, and no proxy.
+
+The source (``bench/proxy_sse_source.py``, ``--sources`` processes sharing one port) writes each
+event separately, as an engine streams tokens; the client is this process (raw asyncio
+connections, ``bench.proxy_overhead``'s). For each path and stream count: events/s at
+saturation, and CPU ms per 1000 events of the relay (every process of it: hangup's supervisor
+and workers), of the source and of the client. Where the cores went is printed too: if relay,
+source and client together use every core, the machine, not the relay, is the limit, and the
+events/s ratio of 2 workers over 1 says nothing about scaling; the relay's CPU per event still
+does (it is what a pod pays per token).
+
+Run: ``.venv/bin/python -m bench.proxy_workers`` (``--streams 64,256 --events 60000``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from bench.proxy_envoy import running_envoy
+from bench.proxy_overhead import run, saturate
+from bench.stats import cpu_seconds
+from tests.support.processes import REPO, Process, children, spawn
+
+
+def _cpu(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            total += cpu_seconds(pid)
+    return total
+
+
+async def measure(
+    address: str, relay: list[int], sources: list[int], streams: int, events: int
+) -> dict[str, float]:
+    """Events/s, and CPU ms per 1000 events of the relay, the source and the client."""
+
+    def clock() -> list[float]:
+        return [_cpu(relay), _cpu(sources), time.process_time()]
+
+    count, elapsed, spent = await saturate(address, streams, events // streams, clock)
+    per_k = [1e6 * cpu / count for cpu in spent]
+    return {"rate": count / elapsed, "relay": per_k[0], "source": per_k[1],
+            "client": per_k[2], "busy": sum(spent) / elapsed}  # fmt: skip
+
+
+@contextlib.contextmanager
+def sources(count: int, work: Path) -> Iterator[tuple[str, list[int]]]:
+    with contextlib.ExitStack() as stack:
+        first = stack.enter_context(
+            spawn("bench.proxy_sse_source", ["--port", "0", "--reuse-port"], work / "source-0")
+        )
+        port = first.listeners["http"].rsplit(":", 1)[1]
+        pids = [first.popen.pid]
+        for i in range(1, count):
+            more = stack.enter_context(spawn("bench.proxy_sse_source",
+                                             ["--port", port, "--reuse-port"],
+                                             work / f"source-{i}"))  # fmt: skip
+            pids.append(more.popen.pid)
+        yield first.listeners["http"], pids
+
+
+def _pids(process: Process) -> list[int]:
+    return [process.popen.pid, *children(process.popen.pid)]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--streams", default="64,256")
+    parser.add_argument("--events", type=int, default=60000, help="events per measurement")
+    parser.add_argument("--sources", type=int, default=2, help="source processes")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per path")
+    args = parser.parse_args()
+    work = REPO / ".demo" / "bench-proxy-workers"
+    print(f"{os.cpu_count()} cores; {args.sources} source processes", flush=True)
+    with contextlib.ExitStack() as stack:
+        address, source_pids = stack.enter_context(sources(args.sources, work))
+        upstream = f"http://{address}"
+        port = int(address.rsplit(":", 1)[1])
+        paths: dict[str, tuple[str, list[int]]] = {"direct": (address, [])}
+        for workers in (1, 2):
+            px = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+                  "--log-level", "WARNING", "--upstream-http", upstream,
+                  "--max-concurrent-streams", "0", "--workers", str(workers)]  # fmt: skip
+            proxy = stack.enter_context(spawn("proxy", px, work / f"hangup-{workers}"))
+            paths[f"hangup --workers {workers}"] = (proxy.listeners["http"], _pids(proxy))
+        for threads in (1, 2):
+            envoy = stack.enter_context(
+                running_envoy(port, work / f"envoy-{threads}", concurrency=threads)
+            )
+            paths[f"envoy --concurrency {threads}"] = (envoy.address, [envoy.popen.pid])
+        for streams in (int(s) for s in args.streams.split(",")):
+            results: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
+            for _ in range(args.rounds):  # alternate, so drift on a shared machine hits all
+                for name, (target, relay) in paths.items():
+                    results[name].append(
+                        await measure(target, relay, source_pids, streams, args.events)
+                    )
+            report(streams, results)
+
+
+def report(streams: int, results: dict[str, list[dict[str, float]]]) -> None:
+    print(f"\n{streams} streams: events/s (best of rounds); CPU ms per 1k events: relay, source,"
+          " client; cores busy")  # fmt: skip
+    for name, rounds in results.items():
+        best = max(rounds, key=lambda r: r["rate"])
+        relay = min(r["relay"] for r in rounds)
+        print(f"  {name:>22}: {best['rate']:>7.0f}/s   relay {relay:5.1f}   source"
+              f" {best['source']:5.1f}   client {best['client']:5.1f}"
+              f"   busy {best['busy']:.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    run(main())
