@@ -1,10 +1,17 @@
 """Benchmark: slow clients against the proxy and the gateway (real processes, default limits).
 
-``--connections`` clients each open a connection, send a request line and then one header line
-every 5 s, never finishing the head (slowloris). Printed: how many connections each process still
-holds over time, and what it counted in ``hangup_*_connections_closed_total``.
+``--connections`` clients each open a connection and then stall:
 
-Run: ``.venv/bin/python -m bench.slow_clients`` (``--connections 3000``).
+- ``--stall head`` (slowloris): a request line, then one header line every 5 s, never finishing
+  the head (cut by ``--header-timeout``, 30 s);
+- ``--stall body``: a whole head declaring a 1,000-byte body, 4 bytes of it, then nothing (cut
+  by ``--body-timeout``, 60 s, with a 408; the connection closes after up to 10 s of lingering,
+  so the client reads the answer first).
+
+Printed: how many connections each process still holds over time, and what it counted in
+``hangup_*_connections_closed_total``.
+
+Run: ``.venv/bin/python -m bench.slow_clients`` (``--connections 3000 --stall head``).
 """
 
 from __future__ import annotations
@@ -20,35 +27,46 @@ from pathlib import Path
 from tests.support.processes import spawn
 from tests.support.scrape import metric_sum
 
-MARKS_S = (5, 20, 35, 45)
+MARKS_S = {"head": (5, 20, 35, 45), "body": (5, 50, 65, 80, 90)}
+REASON = {"head": "header_timeout", "body": "body_timeout"}
+STALLED_BODY = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    b'Content-Length: 1000\r\n\r\n{"mo'
+)
 
 
-async def trickle(host: str, port: int, alive: set[asyncio.StreamWriter]) -> None:
+async def trickle(host: str, port: int, alive: set[asyncio.StreamWriter], stall: str) -> None:
     with contextlib.suppress(OSError):
         reader, writer = await asyncio.open_connection(host, port)
         alive.add(writer)
         try:
-            writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
+            if stall == "body":
+                writer.write(STALLED_BODY)
+            else:
+                writer.write(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
             for i in range(1000):
                 await asyncio.sleep(5)
                 if reader.at_eof():
                     break
-                writer.write(f"X-Slow-{i}: y\r\n".encode())
+                if stall == "head":
+                    writer.write(f"X-Slow-{i}: y\r\n".encode())
                 await writer.drain()
                 with contextlib.suppress(TimeoutError):
-                    if not await asyncio.wait_for(reader.read(1), 0.001):
-                        break  # the server closed it
+                    while await asyncio.wait_for(reader.read(65536), 0.001):
+                        pass  # the server's answer (a 408 or 503), if any
+                    break  # then end of file: the server closed it
         finally:
             alive.discard(writer)
             writer.close()
 
 
-async def attack(name: str, address: str, connections: int) -> None:
+async def attack(name: str, address: str, connections: int, stall: str) -> None:
     host, port = address.rsplit(":", 1)
     alive: set[asyncio.StreamWriter] = set()
-    tasks = [asyncio.create_task(trickle(host, int(port), alive)) for _ in range(connections)]
+    tasks = [asyncio.create_task(trickle(host, int(port), alive, stall))
+             for _ in range(connections)]  # fmt: skip
     started = time.monotonic()
-    for mark in MARKS_S:
+    for mark in MARKS_S[stall]:
         await asyncio.sleep(mark - (time.monotonic() - started))
         print(f"  {name}: {len(alive)} of {connections} still open after {mark} s", flush=True)
     for task in tasks:
@@ -59,6 +77,7 @@ async def attack(name: str, address: str, connections: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--connections", type=int, default=3000)
+    parser.add_argument("--stall", choices=sorted(MARKS_S), default="head")
     args = parser.parse_args()
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 2 * args.connections + 1024), hard))
@@ -72,10 +91,11 @@ def main() -> None:
                     ("proxy", px.listeners["http"], px.url("admin"), "hangup_proxy"),
                     ("gateway", gw.listeners["http"], gw.url(), "hangup_gateway"),
                 ):
-                    asyncio.run(attack(name, address, args.connections))
+                    asyncio.run(attack(name, address, args.connections, args.stall))
+                    reason = REASON[args.stall]
                     closed = metric_sum(metrics, f"{metric}_connections_closed_total",
-                                        reason="header_timeout")  # fmt: skip
-                    print(f"  {name}: closed for header_timeout: {closed:.0f}", flush=True)
+                                        reason=reason)  # fmt: skip
+                    print(f"  {name}: closed for {reason}: {closed:.0f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -354,7 +354,9 @@ class HttpRelay:
             response.headers[REQUEST_ID] = call.request_id
         if isinstance(exc, Overloaded):
             response.headers["Retry-After"] = "1"
-        # An unread body (413) must not be drained from a client that may send it slowly.
-        if self._state.draining or isinstance(exc, ProxyTimeout | BodyTooLarge | BodyTimeout):
+        # An unread body (413, or a call refused before reading it) must not be drained from a
+        # client that may send it slowly: the connection closes instead.
+        unread = not ex.request.content.is_eof()
+        if self._state.draining or unread or isinstance(exc, ProxyTimeout):
             response.force_close()
         return response

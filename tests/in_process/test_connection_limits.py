@@ -19,6 +19,7 @@ from proxy.server import Server
 from tests.support.gateway import running_gateway
 from tests.support.proxy_harness import http_url, metric, running_proxy
 from tests.support.scripted_upstream import ScriptedUpstream
+from tests.support.waiting import wait_until
 
 HEADER_S = 0.4
 IDLE_S = 0.8
@@ -206,6 +207,24 @@ async def test_a_body_that_stalls_is_answered_408_by_both_and_counted() -> None:
                 metric(proxy, closed.format("proxy"), listener="http", reason="body_timeout") == 1
             )
         assert not await gateway.in_flight()
+
+
+async def test_a_call_refused_before_its_body_is_read_closes_its_connection_at_once(
+    upstream: ScriptedUpstream,
+) -> None:
+    """A stalled body holds the only call slot; the next client's stalled body is refused 503
+    at once, and its connection closed (not left waiting for a body nobody will read)."""
+    stalled = STALLED.replace(b"/v1/completions", b"/echo")  # the upstream waits for the body
+    async with running_proxy(upstream.url, body_timeout=30, max_concurrent_streams=1) as proxy:
+        _, holder = await _open(proxy.addresses["http"])
+        try:
+            holder.write(stalled)
+            await wait_until(lambda: proxy.state is not None and proxy.state.inflight == 1,
+                             what="the first call holding the slot")  # fmt: skip
+            answer = await _raw_answer(proxy.addresses["http"], stalled)
+            assert answer.startswith(b"HTTP/1.1 503") and b"Connection: close" in answer
+        finally:
+            holder.close()
 
 
 async def test_a_body_sent_slowly_but_steadily_is_not_cut(upstream: ScriptedUpstream) -> None:
