@@ -52,6 +52,7 @@ STABLE_METRICS = {
     "hangup_proxy_disconnect_to_cancel_seconds",
     "hangup_proxy_inflight_requests",
     "hangup_proxy_upstream_time_to_first_byte_seconds",
+    "hangup_proxy_worker_restarts_total",
 }
 
 

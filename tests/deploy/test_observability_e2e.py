@@ -102,10 +102,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             ["--http-port", "0", "--grpc-port", "0", "--cancel-token-file", str(token)],
             tmp / "gateway",
         ))  # fmt: skip
+        # Two workers, as the chart runs the proxy with a CPU limit: the metrics Prometheus
+        # scrapes are the supervisor's sum of both.
         proxy_args = [
             "--host", "127.0.0.1", "--http-port", "0", "--grpc-port", "0",
             "--admin-port", "0", "--upstream-http", gateway.url("http"),
-            "--cancel-adapter", "hangup", "--cancel-token-file", str(token),
+            "--cancel-adapter", "hangup", "--cancel-token-file", str(token), "--workers", "2",
         ]  # fmt: skip
         if gateway.listeners.get("grpc"):  # None until the gateway serves gRPC
             proxy_args += ["--upstream-grpc", gateway.listeners["grpc"]]
