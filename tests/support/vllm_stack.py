@@ -134,13 +134,14 @@ def vllm_gateway2(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) ->
 def vllm_proxy(
     vllm_gateway2: Process, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Process]:
-    """``hangup-proxy`` in front of the shared vLLM gateway (HTTP and gRPC); it passes the
-    client's request id through, so a test can find its call in the gateway's ``/v2/requests``
-    and its ``request_end`` log lines."""
+    """``hangup-proxy`` in front of the shared vLLM gateway (HTTP and gRPC), with two workers as
+    the chart runs it on a pod with a CPU limit (every stream and hang-up through it is relayed
+    by whichever worker the kernel picked); it passes the client's request id through, so a test
+    can find its call in the gateway's ``/v2/requests`` and its ``request_end`` log lines."""
     args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
             "--upstream-http", vllm_gateway2.url(),
             "--upstream-grpc", vllm_gateway2.listeners["grpc"],
-            "--trust-client-request-id"]  # fmt: skip
+            "--trust-client-request-id", "--workers", "2"]  # fmt: skip
     with spawn("proxy", args, tmp_path_factory.mktemp("vllm-proxy")) as proc:
         yield proc
         proc.terminate()
