@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import functools
 import tempfile
 import time
@@ -23,6 +24,7 @@ import grpc
 from tests.support import grpc_fuzz
 from tests.support.http_fuzz import cases, run_all, send
 from tests.support.stack import in_flight, running_stack
+from tests.support.waiting import wait_until
 
 CONCURRENCY = 32
 
@@ -35,12 +37,15 @@ async def run_grpc(
 
 
 async def left_in_flight(gateway_url: str) -> int:
+    """Calls still in flight on the gateway once it has had 10 s to end them."""
     async with aiohttp.ClientSession() as session:
-        for _ in range(100):
-            if not (calls := await in_flight(session, gateway_url)):
-                return 0
-            await asyncio.sleep(0.1)
-        return len(calls)
+
+        async def idle() -> bool:
+            return not await in_flight(session, gateway_url)
+
+        with contextlib.suppress(AssertionError):
+            await wait_until(idle, within=10, what="nothing in flight")
+        return len(await in_flight(session, gateway_url))
 
 
 def main() -> None:

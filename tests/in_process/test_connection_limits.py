@@ -8,6 +8,7 @@ response that streams longer than both timeouts is never cut by them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 
@@ -46,11 +47,31 @@ async def _closed_after(reader: asyncio.StreamReader, within: float) -> float:
     return time.monotonic() - started
 
 
-async def _trickle(writer: asyncio.StreamWriter) -> None:
+async def _quiet_for(reader: asyncio.StreamReader, seconds: float) -> None:
+    """The client's pause: wait ``seconds`` for the server to answer or close the connection,
+    which it must not do meanwhile."""
+    try:
+        sent = await asyncio.wait_for(reader.read(1), seconds)
+    except TimeoutError:
+        return
+    raise AssertionError(f"the server answered or closed during the client's pause: {sent!r}")
+
+
+async def _trickle_until_closed(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, within: float
+) -> float:
+    """Send a request head a header line at a time, one whenever the server has been quiet
+    for 50 ms, until the server closes the connection; returns how long that took."""
+    started = time.monotonic()
     writer.write(b"GET /echo HTTP/1.1\r\nHost: x\r\n")
-    for i in range(100):
-        await asyncio.sleep(0.05)  # the slow client's own pace: the stimulus, not a wait
-        writer.write(f"X-Slow-{i}: y\r\n".encode())
+    async with asyncio.timeout(within):
+        for i in itertools.count():
+            try:
+                if not await asyncio.wait_for(reader.read(4096), 0.05):
+                    return time.monotonic() - started  # closed
+            except TimeoutError:
+                writer.write(f"X-Slow-{i}: y\r\n".encode())
+    raise AssertionError("unreachable")
 
 
 def _closed(server: Server, listener: str, reason: str) -> float:
@@ -61,11 +82,11 @@ async def test_a_trickled_request_head_is_cut_and_others_are_served(
     proxy: Server, session: aiohttp.ClientSession
 ) -> None:
     reader, writer = await _open(proxy.addresses["http"])
-    trickling = asyncio.ensure_future(_trickle(writer))
+    trickling = asyncio.ensure_future(_trickle_until_closed(reader, writer, HEADER_S + 2.0))
     try:
         async with session.get(http_url(proxy) + "/echo") as resp:  # meanwhile, others are served
             assert resp.status == 200
-        waited = await _closed_after(reader, within=HEADER_S + 2.0)
+        waited = await trickling
     finally:
         trickling.cancel()
         writer.close()
@@ -134,11 +155,9 @@ async def test_the_gateway_holds_its_connections_to_the_same_limits() -> None:
     async with running_gateway(**LIMITS) as gateway:
         address = gateway.url.removeprefix("http://")
         reader, writer = await _open(address)
-        trickling = asyncio.ensure_future(_trickle(writer))
         try:
-            waited = await _closed_after(reader, within=HEADER_S + 2.0)
+            waited = await _trickle_until_closed(reader, writer, HEADER_S + 2.0)
         finally:
-            trickling.cancel()
             writer.close()
         assert waited < HEADER_S + 1.0
         reader, writer = await _open(address)
@@ -234,7 +253,7 @@ async def test_a_body_sent_slowly_but_steadily_is_not_cut(upstream: ScriptedUpst
         reader, writer = await _open(slow_ok.addresses["http"])
         writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 8\r\n\r\n")
         for byte in b"abcdefgh":
-            await asyncio.sleep(BODY_S / 2)  # the slow client's own pace: the stimulus
+            await _quiet_for(reader, BODY_S / 2)  # no 408 while the body keeps coming
             writer.write(bytes([byte]))
         async with asyncio.timeout(5):
             head = await reader.readuntil(b"\r\n\r\n")
@@ -310,11 +329,11 @@ async def test_the_head_clock_starts_at_the_heads_first_byte(proxy: Server) -> N
     probe_writer.write(b"GET /echo HTTP/1.1\r\n")
     await _closed_after(probe, within=HEADER_S + 2.0)
     probe_writer.close()
-    for part in (b"GET /echo HTTP/1.1\r\n", b"Host: x\r\n\r\n"):
-        writer.write(part)
-        # Less than the limit on purpose: this pause is what the test offers the server (its
-        # sweep runs every HEADER_S / 4, so at least one runs while the head is half sent).
-        await asyncio.sleep(HEADER_S / 2)
+    writer.write(b"GET /echo HTTP/1.1\r\n")
+    # Less than the limit on purpose: this pause is what the test offers the server (its sweep
+    # runs every HEADER_S / 4, so at least one runs while the head is half sent).
+    await _quiet_for(reader, HEADER_S / 2)
+    writer.write(b"Host: x\r\n\r\n")
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
     writer.close()
     assert head.startswith(b"HTTP/1.1 200")

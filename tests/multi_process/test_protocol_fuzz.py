@@ -37,6 +37,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield stack
 
 
+def _listener(stack: Stack, target: str, name: str) -> str:
+    return (stack.proxy if target == "proxy" else stack.gateway).listeners[name]
+
+
 async def _stream(session: aiohttp.ClientSession, url: str) -> bytes:
     body = {"model": MODEL, "prompt": "the reference", "max_tokens": 200, "stream": True,
             "seed": 7, "ignore_eos": True}  # fmt: skip
@@ -53,9 +57,7 @@ async def _stream(session: aiohttp.ClientSession, url: str) -> bytes:
 async def test_mutated_requests_get_a_clear_answer_or_a_clean_close(
     stack: Stack, target: str
 ) -> None:
-    address = (
-        stack.proxy.listeners["http"] if target == "proxy" else stack.gateway.listeners["http"]
-    )
+    address = _listener(stack, target, "http")
     async with aiohttp.ClientSession() as session:
         reference = await _stream(session, stack.proxy_url)
         during = asyncio.ensure_future(_stream(session, stack.proxy_url))
@@ -88,9 +90,7 @@ async def _grpc_stream(channel: grpc.aio.Channel) -> bytes:
 async def test_mutated_grpc_messages_get_a_status_a_client_can_act_on(
     stack: Stack, target: str
 ) -> None:
-    address = (
-        stack.proxy.listeners["grpc"] if target == "proxy" else stack.gateway.listeners["grpc"]
-    )
+    address = _listener(stack, target, "grpc")
     fuzz = grpc_fuzz.cases(seed=23 if target == "proxy" else 29, n=GRPC_CASES)
     async with grpc.aio.insecure_channel(address) as channel, aiohttp.ClientSession() as session:
         reference = await _grpc_stream(channel)

@@ -1,11 +1,13 @@
 """The chaos soak: mixed traffic through the proxy while faults are injected (``faults.Pod``).
 
-Each phase runs ``concurrency`` clients for ``seconds``; a third of the way in, its fault fires:
+Each phase runs ``concurrency`` clients for ``seconds``; once they have made ``FIRE_AFTER`` calls
+each (the traffic under way), its fault fires; a client whose call failed retries once the fault
+is over:
 
     none            nothing (the baseline)
     reset_upstream  every proxy → gateway connection reset (TCP RST both ways)
-    stop_gateway    the gateway SIGSTOPped for longer than the proxy's cancel deadline, then
-                    SIGCONT (cancels sent meanwhile are given up on, and counted)
+    stop_gateway    the gateway SIGSTOPped until the proxy has given up on the cancels of
+                    calls that hung up meanwhile (past its cancel deadline), then SIGCONT
     kill_gateway    the gateway SIGKILLed and restarted
     kill_proxy_worker  one of the proxy's two worker processes SIGKILLed (its supervisor
                     starts another)
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import random
 import time
@@ -53,6 +56,7 @@ from tests.support.faults import Pod
 from tests.support.grpc_fuzz import STREAM, infer_request
 from tests.support.scrape import scrape_async, total
 from tests.support.stack import MODEL, in_flight
+from tests.support.waiting import wait_until
 
 KINDS = ("completion_stream", "completion", "generate_stream", "grpc_stream")
 FAULTS = ("none", "reset_upstream", "stop_gateway", "kill_gateway", "kill_proxy_worker",
@@ -60,7 +64,7 @@ FAULTS = ("none", "reset_upstream", "stop_gateway", "kill_gateway", "kill_proxy_
 FINAL = "triton_final_response"
 CANCEL_DEADLINE_S = 2.0  # the proxy's --cancel-deadline in the soak
 PROXY_ARGS = ["--workers", "2", "--cancel-deadline", str(CANCEL_DEADLINE_S), "--drain-timeout", "3"]
-STOP_S = 2 * CANCEL_DEADLINE_S
+FIRE_AFTER = 2  # calls per client before the phase's fault fires
 STOPPED_HANG_UPS = 4  # calls that hang up while the gateway is stopped (their cancels give up)
 SETTLE_S = 10.0
 HANG_UP_TOKENS = 3000  # a hung-up call left running would generate for 30 s or more
@@ -99,6 +103,15 @@ class PhaseReport:
     unaccounted: float = 0.0
     resources: dict[str, tuple[int, int]] = field(default_factory=dict)  # name: (KiB, files)
     incarnations: dict[str, int] = field(default_factory=dict)  # name: which start of it
+    fire_after: int = 0  # calls after which the phase's fault fires
+    under_way: asyncio.Event = field(default_factory=asyncio.Event)  # set at fire_after calls
+    _counted: int = 0
+
+    def count(self, label: str) -> None:
+        self.calls[label] += 1
+        self._counted += 1
+        if self.fire_after and self._counted >= self.fire_after:
+            self.under_way.set()
 
     @property
     def findings(self) -> list[str]:
@@ -252,13 +265,13 @@ class _Client:
                         await self._complete(kind)
             except (aiohttp.ClientError, OSError, TimeoutError, grpc.aio.AioRpcError) as exc:
                 self._report.failures[type(exc).__name__] += 1
-                await asyncio.sleep(0.05)  # a process is restarting: do not spin
+                await self._pod.steady.wait()  # a fault under way: retry once it is over
 
     async def _complete(self, kind: str) -> None:
         request = self._rng.choice([t for t in self._templates if t.kind == kind])
         result = await self._call(request)
         label = f"{kind} complete" if result.complete else f"{kind} failed"
-        self._report.calls[label] += 1
+        self._report.count(label)
         if result.complete and result.text != self._expected[request]:
             self._report.mismatches.append(f"{request}: {result.text[:80]!r}")
         if result.false_end:
@@ -282,7 +295,7 @@ class _Client:
         if point == "prefill":
             prompt, tokens = LONG_PROMPT, 4096 - 3001
         request = Request(kind, prompt, tokens, self._rng.randrange(1000))
-        self._report.calls[f"{kind} hang-up {point}"] += 1
+        self._report.count(f"{kind} hang-up {point}")
         if point == "before_body":
             await self._before_body(request)
         elif point == "mid_stream":
@@ -302,10 +315,12 @@ class _Client:
         host, port = self._pod.proxy_url.removeprefix("http://").rsplit(":", 1)
         head = (f"POST {path} HTTP/1.1\r\nHost: pod\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(payload)}\r\n\r\n")  # fmt: skip
-        _, writer = await asyncio.open_connection(host, int(port))
+        reader, writer = await asyncio.open_connection(host, int(port))
         try:
             writer.write(head.encode() + payload[: len(payload) // 2])
-            await asyncio.sleep(self._rng.uniform(0.0, 0.2))  # the client's pause: the stimulus
+            # The client's pause before it leaves, cut short if the proxy answers meanwhile.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(reader.read(1), self._rng.uniform(0.0, 0.2))
         finally:
             writer.close()
 
@@ -317,16 +332,29 @@ def _fault(pod: Pod, session: aiohttp.ClientSession, name: str) -> Callable[[], 
     async def nothing() -> str:
         return "no fault"
 
+    async def gave_up() -> float:
+        assert pod.proxy is not None
+        samples = await scrape_async(session, pod.proxy.url("admin"))
+        return total(samples, "hangup_proxy_cancel_calls_total", result="gave_up")
+
     async def stop() -> str:
-        # While it is stopped, a few clients hang up for sure: their cancels cannot be answered.
-        stopping = asyncio.ensure_future(pod.stop_gateway(STOP_S))
-        request = Request("completion_stream", "hang up", HANG_UP_TOKENS, 1)
-        for _ in range(STOPPED_HANG_UPS):
-            calling = asyncio.ensure_future(http_call(session, pod.proxy_url, request))
-            await asyncio.wait([calling], timeout=0.2)
-            calling.cancel()
-            await asyncio.gather(calling, return_exceptions=True)
-        return await stopping
+        # While it is stopped, a few clients hang up for sure; it stays stopped until the proxy
+        # has given up on that many cancels, i.e. past the proxy's cancel deadline.
+        before, started = await gave_up(), time.monotonic()
+        pod.pause_gateway()
+        try:
+            request = Request("completion_stream", "hang up", HANG_UP_TOKENS, 1)
+            for _ in range(STOPPED_HANG_UPS):
+                calling = asyncio.ensure_future(http_call(session, pod.proxy_url, request))
+                await asyncio.wait([calling], timeout=0.2)
+                calling.cancel()
+                await asyncio.gather(calling, return_exceptions=True)
+            await wait_until(lambda: _grown(gave_up(), before + STOPPED_HANG_UPS),
+                             within=CANCEL_DEADLINE_S + 10, what="cancels given up on")  # fmt: skip
+        finally:
+            pod.resume_gateway()
+        return (f"gateway SIGSTOP until the proxy gave up on {STOPPED_HANG_UPS} cancels"
+                f" ({time.monotonic() - started:.1f} s), then SIGCONT")  # fmt: skip
 
     return {
         "none": nothing,
@@ -357,8 +385,15 @@ async def run_phase(
         for _ in range(concurrency)
     ]
     running = asyncio.gather(*(c.run(until) for c in clients))
-    await asyncio.sleep(seconds / 3)  # when the fault fires: part of the schedule
-    report.what = await _fault(pod, session, fault)()
+    # The fault fires once the traffic is under way (FIRE_AFTER calls per client made).
+    report.fire_after = FIRE_AFTER * concurrency
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(report.under_way.wait(), seconds)
+    pod.steady.clear()
+    try:
+        report.what = await _fault(pod, session, fault)()
+    finally:
+        pod.steady.set()
     await running
     report.seconds = time.monotonic() - started
     await _settle(pod, session, report)
@@ -370,14 +405,15 @@ async def _settle(pod: Pod, session: aiohttp.ClientSession, report: PhaseReport)
     pending; record what is left, the proxy's cancel results and the resources."""
     assert pod.proxy is not None
     admin = pod.proxy.url("admin")
-    deadline = time.monotonic() + SETTLE_S
     left: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+
+    async def settled() -> bool:
+        nonlocal left
         left = await in_flight(session, pod.gateway_url)
-        samples = await scrape_async(session, admin)
-        if not left and not total(samples, _PENDING):
-            break
-        await asyncio.sleep(0.1)  # polling the two processes' own records
+        return not left and not total(await scrape_async(session, admin), _PENDING)
+
+    with contextlib.suppress(AssertionError):  # not settled in time: what is left is reported
+        await wait_until(settled, within=SETTLE_S, what="the pod to settle")
     report.zombies = sorted(left)
     samples = await scrape_async(session, admin)
     report.cancels = total(samples, "hangup_proxy_cancel_calls_total")
@@ -403,6 +439,10 @@ def summary(report: PhaseReport) -> str:
         f" (gave up {report.gave_up:g}); zombies {len(report.zombies)};"
         f" findings {len(report.findings)}; {report.what}; resources {report.resources}"
     )
+
+
+async def _grown(value: Awaitable[float], at_least: float) -> bool:
+    return await value >= at_least
 
 
 def growth(reports: list[PhaseReport], name: str) -> tuple[int, int]:

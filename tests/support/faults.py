@@ -108,6 +108,8 @@ class Pod:
         self._http = Forwarder("")
         self._grpc = Forwarder("")
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self.steady = asyncio.Event()  # cleared while a fault is being applied
+        self.steady.set()
 
     async def __aenter__(self) -> Pod:
         self._tmp.mkdir(parents=True, exist_ok=True)
@@ -187,12 +189,14 @@ class Pod:
         await self._start_gateway()
         return "gateway SIGKILL, restarted"
 
-    async def stop_gateway(self, seconds: float) -> str:
+    def pause_gateway(self) -> None:
+        """SIGSTOP the gateway (:meth:`resume_gateway` continues it)."""
         assert self.gateway is not None
         self.gateway.popen.send_signal(signal.SIGSTOP)
-        await asyncio.sleep(seconds)  # the fault's length: the stimulus, not a wait for a result
+
+    def resume_gateway(self) -> None:
+        assert self.gateway is not None
         self.gateway.popen.send_signal(signal.SIGCONT)
-        return f"gateway SIGSTOP for {seconds:g} s, then SIGCONT"
 
     async def kill_proxy(self) -> str:
         assert self.proxy is not None

@@ -10,7 +10,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 T = TypeVar("T")
 
@@ -21,6 +21,24 @@ POLL_INTERVAL = 0.005
 def _timed_out(within: float, what: object, explain: Callable[[], str] | None) -> AssertionError:
     detail = f"\n{explain()}" if explain else ""
     return AssertionError(f"timed out after {within}s waiting for {what}{detail}")
+
+
+@overload
+async def wait_until(
+    predicate: Callable[[], Awaitable[T]],
+    within: float = ...,
+    what: str = ...,
+    explain: Callable[[], str] | None = ...,
+) -> T: ...
+
+
+@overload
+async def wait_until(
+    predicate: Callable[[], T],
+    within: float = ...,
+    what: str = ...,
+    explain: Callable[[], str] | None = ...,
+) -> T: ...
 
 
 async def wait_until(
