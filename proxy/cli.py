@@ -12,9 +12,10 @@ from collections.abc import Sequence
 
 from hangup_contract.runtime import logs
 from hangup_contract.runtime.options import ConfigError
+from hangup_contract.runtime.supervision import supervised_signals, watch_supervisor
 from proxy.config import build_config
 from proxy.server import Server
-from proxy.workers import Supervisor, supervisor_pid, watch_supervisor, worker_slot
+from proxy.workers import Supervisor, supervisor_pid, worker_slot
 
 
 async def _run(server: Server) -> None:
@@ -28,7 +29,7 @@ async def _run(server: Server) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal)
-    watching = asyncio.create_task(watch_supervisor(stop)) if supervisor_pid() else None
+    watching = asyncio.create_task(watch_supervisor(stop.set)) if supervisor_pid() else None
     try:
         await server.serve(stop)
     finally:
@@ -38,13 +39,7 @@ async def _run(server: Server) -> None:
 
 async def _supervise(supervisor: Supervisor) -> None:
     stop, hurry = asyncio.Event(), asyncio.Event()
-
-    def on_signal() -> None:
-        (hurry if stop.is_set() else stop).set()
-
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal)
+    supervised_signals(stop, hurry)
     await supervisor.serve(stop, hurry)
 
 
