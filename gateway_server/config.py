@@ -29,6 +29,7 @@ class GatewayConfig:
     model: str | None = None
     served_model_name: str | None = None
     workers: int = 1
+    api_processes: int = 1
     cancel_token: str | None = field(default=None, repr=False)
     drain_timeout: float = 30.0
     ready_file: Path | None = None
@@ -68,6 +69,8 @@ _OPTIONS = (
     Option("--model", str, "model path or name (vllm)"),
     Option("--served-model-name", str, "the name clients use in 'model' fields"),
     Option("--workers", int, "engine workers"),
+    Option("--api-processes", int, "processes serving the API (sharing the ports and the "
+           "workers; at most --workers)"),
     Option("--cancel-token-file", Path, "file holding the bearer token the cancel API requires"),
     Option("--drain-timeout", float, "seconds calls may finish after SIGTERM"),
     Option("--ready-file", Path, "write the listener map here once serving"),
@@ -129,6 +132,11 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--engine vllm needs --model (a local path or a model name)")
     if config.workers < 1:
         raise ConfigError("--workers must be at least 1")
+    if not 1 <= config.api_processes <= config.workers:
+        raise ConfigError(
+            "--api-processes must be between 1 and --workers "
+            f"({config.workers}): each API process runs its own workers"
+        )
     for name in ("http_port", "grpc_port"):
         port = getattr(config, name)
         if not 0 <= port <= 65535:

@@ -47,6 +47,12 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.cancel_forward = Histogram(
+            "hangup_gateway_cancel_forward_seconds",
+            "With --api-processes: time a cancel spent asking a sibling process (one hop each).",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.generated_tokens = Counter(
             "hangup_gateway_generated_tokens",
             "Output tokens generated.",

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Generic, TypeVar
 
 from gateway_server.engine.base import Engine
 from gateway_server.engine.pool import Worker
@@ -25,6 +25,41 @@ from gateway_server.metrics import GatewayMetrics
 from gateway_server.vocabulary import Protocol
 from hangup_contract.cancel import CancelAnswer
 from hangup_contract.vocabulary import CancelState, Phase, Reason
+
+V = TypeVar("V")
+
+
+class Remembered(Generic[V]):
+    """Ids remembered for ``ttl`` seconds, at most ``limit`` of them, oldest dropped first."""
+
+    def __init__(self, ttl: float, limit: int, clock: Callable[[], float]) -> None:
+        self._ttl = ttl
+        self._limit = limit
+        self._clock = clock
+        self._store: OrderedDict[str, tuple[float, V]] = OrderedDict()  # expiry, value
+
+    def put(self, request_id: str, value: V) -> None:
+        self._store[request_id] = (self._clock() + self._ttl, value)
+        self._store.move_to_end(request_id)
+        while len(self._store) > self._limit:
+            self._store.popitem(last=False)
+
+    def get(self, request_id: str) -> V | None:
+        self._expire()
+        entry = self._store.get(request_id)
+        return None if entry is None else entry[1]
+
+    def pop(self, request_id: str) -> V | None:
+        self._expire()
+        entry = self._store.pop(request_id, None)
+        return None if entry is None else entry[1]
+
+    def _expire(self) -> None:
+        # One TTL for every entry: insertion order is expiry order.
+        now = self._clock()
+        store = self._store
+        while store and next(iter(store.values()))[0] <= now:
+            store.popitem(last=False)
 
 
 @dataclass(eq=False)
@@ -87,11 +122,8 @@ class CallRegistry:
         self._metrics = metrics
         self._live: dict[str, Call] = {}
         self._aliases: dict[str, tuple[Call, EngineCall]] = {}
-        self._ended: OrderedDict[str, tuple[float, int]] = OrderedDict()  # expiry, tokens
-        self._tombstones: OrderedDict[str, tuple[float, Reason]] = OrderedDict()  # expiry, reason
-        self._tombstone_ttl = tombstone_ttl
-        self._finished_ttl = finished_ttl
-        self._max = max_remembered
+        self._ended = Remembered[int](finished_ttl, max_remembered, clock)  # tokens
+        self._tombstones = Remembered[Reason](tombstone_ttl, max_remembered, clock)
         self._clock = clock
         self._idle = asyncio.Event()
         self._idle.set()
@@ -102,21 +134,22 @@ class CallRegistry:
         """Register a call. Raises DuplicateRequestId (in flight) or CancelledBeforeArrival."""
         if call_id in self._live or call_id in self._aliases:
             raise DuplicateRequestId(f"request id {call_id!r} is already in flight")
-        self._expire()
-        tomb = self._tombstones.pop(call_id, None)
+        tomb = self._tombstones.pop(call_id)
         if tomb is not None:
-            raise CancelledBeforeArrival(call_id, tomb[1])
+            raise CancelledBeforeArrival(call_id, tomb)
         call = Call(call_id, model, protocol, self._clock())
         self._live[call_id] = call
         self._idle.clear()
         return call
 
-    def close(self, call: Call) -> None:
-        """Forget a call's live state; remember that it ended (later cancels answer finished)."""
+    def close(self, call: Call, *, remember: bool = True) -> None:
+        """Forget a call's live state; remember that it ended (later cancels answer finished),
+        unless ``remember`` is false (a call refused before it ran)."""
         if self._live.get(call.call_id) is not call:
             return
         del self._live[call.call_id]
-        self._remember(call.call_id, call.generated_tokens)
+        if remember:
+            self._ended.put(call.call_id, call.generated_tokens)
         if not self._live:
             self._idle.set()
 
@@ -127,17 +160,17 @@ class CallRegistry:
         if request.alias is not None:
             if request.alias in self._aliases or request.alias in self._live:
                 raise DuplicateRequestId(f"request id {request.alias!r} is already in flight")
-            self._expire()
-            tomb = self._tombstones.pop(request.alias, None)
+            tomb = self._tombstones.pop(request.alias)
             if tomb is not None:
-                raise CancelledBeforeArrival(request.alias, tomb[1])
+                raise CancelledBeforeArrival(request.alias, tomb)
             self._aliases[request.alias] = (call, request)
         call.requests[request.engine_request_id] = request
 
-    def detach(self, call: Call, request: EngineCall) -> None:
+    def detach(self, call: Call, request: EngineCall, *, remember: bool = True) -> None:
         call.requests.pop(request.engine_request_id, None)
-        if request.alias is not None and self._aliases.pop(request.alias, None) is not None:
-            self._remember(request.alias, request.generated_tokens)
+        alias = request.alias
+        if alias is not None and self._aliases.pop(alias, None) is not None and remember:
+            self._ended.put(alias, request.generated_tokens)
 
     # -- cancel ----------------------------------------------------------------------------
 
@@ -148,6 +181,14 @@ class CallRegistry:
         seen, after leaving a tombstone so that the request, if it is still on its way, is
         rejected when it arrives.
         """
+        answer = await self.cancel_live(request_id, reason) or self.finished(request_id)
+        if answer is not None:
+            return answer
+        self.leave_tombstone(request_id, reason)
+        raise not_found(request_id)
+
+    async def cancel_live(self, request_id: str, reason: Reason) -> CancelAnswer | None:
+        """Cancel ``request_id`` if it is in flight here (a call or an alias), else None."""
         call = self._live.get(request_id)
         if call is not None:
             if call.cancel_reason is None:
@@ -162,13 +203,18 @@ class CallRegistry:
             phase = request.phase()
             await self.abort_requests(owner, [request], reason)
             return CancelAnswer(request_id, CancelState.CANCELLED, phase, request.generated_tokens)
-        self._expire()
-        ended = self._ended.get(request_id)
-        if ended is not None:
-            return CancelAnswer(request_id, CancelState.FINISHED, None, ended[1])
-        self._tombstones[request_id] = (self._clock() + self._tombstone_ttl, reason)
-        self._trim(self._tombstones)
-        raise RequestNotFound(f"no request with id {request_id!r} is in flight or ended recently")
+        return None
+
+    def finished(self, request_id: str) -> CancelAnswer | None:
+        """The answer for an id that ended here recently, else None."""
+        tokens = self._ended.get(request_id)
+        if tokens is None:
+            return None
+        return CancelAnswer(request_id, CancelState.FINISHED, None, tokens)
+
+    def leave_tombstone(self, request_id: str, reason: Reason) -> None:
+        """Refuse ``request_id`` if it arrives within the tombstone TTL (a cancel came first)."""
+        self._tombstones.put(request_id, reason)
 
     async def cancel_all(self, reason: Reason) -> int:
         """Cancel every call in flight (shutdown). Returns how many calls were cancelled."""
@@ -197,6 +243,14 @@ class CallRegistry:
 
     # -- reading ---------------------------------------------------------------------------
 
+    def holds(self, request_id: str) -> bool:
+        """Whether ``request_id`` (a call or an alias) is in flight here."""
+        return request_id in self._live or request_id in self._aliases
+
+    def held_ids(self) -> list[str]:
+        """Every id in flight here: calls and aliases."""
+        return [*self._live, *self._aliases]
+
     def calls(self) -> Iterator[Call]:
         return iter(list(self._live.values()))
 
@@ -206,21 +260,6 @@ class CallRegistry:
     async def wait_idle(self) -> None:
         await self._idle.wait()
 
-    # -- bounded memory --------------------------------------------------------------------
 
-    def _remember(self, request_id: str, tokens: int) -> None:
-        self._ended[request_id] = (self._clock() + self._finished_ttl, tokens)
-        self._ended.move_to_end(request_id)
-        self._trim(self._ended)
-
-    def _trim(self, store: OrderedDict[str, Any]) -> None:
-        while len(store) > self._max:
-            store.popitem(last=False)
-
-    def _expire(self) -> None:
-        # Entries go in with one TTL per store, so insertion order is expiry order.
-        now = self._clock()
-        stores: tuple[OrderedDict[str, Any], ...] = (self._ended, self._tombstones)
-        for store in stores:
-            while store and next(iter(store.values()))[0] <= now:
-                store.popitem(last=False)
+def not_found(request_id: str) -> RequestNotFound:
+    return RequestNotFound(f"no request with id {request_id!r} is in flight or ended recently")

@@ -24,11 +24,12 @@ import gc
 import logging
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from importlib import import_module
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway_server.config import GatewayConfig
 from gateway_server.engine.base import Engine
@@ -36,23 +37,27 @@ from gateway_server.engine.pool import EnginePool
 from gateway_server.engine.sim import SimulatedEngine
 from gateway_server.http.app import build_app
 from gateway_server.metrics import EngineLoadCollector, GatewayMetrics, InflightCollector
+from gateway_server.processes import ApiProcess
 from gateway_server.registry import CallRegistry
 from gateway_server.service import GenerationService, ModelInfo
+from gateway_server.siblings import Siblings
 from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
 from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.runtime.logs import log_event
+from hangup_contract.runtime.supervision import watch_supervisor
 from hangup_contract.vocabulary import Reason
 
 log = logging.getLogger("hangup.gateway")
 
 
-def build_engines(config: GatewayConfig) -> list[Engine]:
+def build_engines(config: GatewayConfig, indices: range | None = None) -> list[Engine]:
+    """The engine workers (only those of ``indices``, an API process's share, when given)."""
     if config.engine == "sim":
-        return [SimulatedEngine(config.sim) for _ in range(config.workers)]
+        return [SimulatedEngine(config.sim) for _ in indices or range(config.workers)]
     # Imported only when asked for: importing vLLM takes seconds and a lot of memory.
     vllm_engine: Any = import_module("gateway_server.engine.vllm")
     engines: list[Engine] = vllm_engine.build_vllm_engines(
-        config.model, config.vllm, config.workers
+        config.model, config.vllm, config.workers, indices
     )
     return engines
 
@@ -60,13 +65,18 @@ def build_engines(config: GatewayConfig) -> list[Engine]:
 class GatewayServer:
     def __init__(
         self, config: GatewayConfig, engines: list[Engine] | None = None,
-        registry: CollectorRegistry | None = None,
+        registry: CollectorRegistry | None = None, api_process: ApiProcess | None = None,
     ) -> None:  # fmt: skip
         self.config = config
         self.metrics_registry = registry or CollectorRegistry()
-        self.pool = EnginePool(engines if engines is not None else build_engines(config))
+        share = None if api_process is None else api_process.workers(config.workers)
+        if engines is None:
+            engines = build_engines(config, share)
+        self.pool = EnginePool(engines, share.start if share else 0)
         self.metrics = GatewayMetrics(self.metrics_registry, [config.model_name])
         self.registry = CallRegistry(self.metrics, tombstone_ttl=config.tombstone_ttl)
+        self.api_process = api_process
+        self.siblings: Siblings | None = None
         self.service: GenerationService | None = None
         self.listeners: dict[str, str | None] = {}
         self._runner: LimitedAppRunner | None = None
@@ -85,9 +95,20 @@ class GatewayServer:
         model = ModelInfo(cfg.model_name, self.pool.workers[0].engine.max_model_len)
         service = GenerationService(self.pool, self.registry, self.metrics, model)
         self.service = service
-        self.metrics_registry.register(InflightCollector([model.name], service.phases_in_flight))
-        self.metrics_registry.register(EngineLoadCollector(service.worker_loads))
-        app = build_app(service, self.metrics_registry, cancel_token=cfg.cancel_token,
+        live = (InflightCollector([model.name], service.phases_in_flight),
+                EngineLoadCollector(service.worker_loads))  # fmt: skip
+        if self.api_process is None:
+            for collector in live:
+                self.metrics_registry.register(collector)
+            exposition = registry_exposition(self.metrics_registry)
+        else:
+            self.siblings = Siblings(self.api_process, self.registry, self.metrics, live,
+                                     tombstone_ttl=cfg.tombstone_ttl)  # fmt: skip
+            self.siblings.describe_calls = service.describe_calls
+            service.siblings = self.siblings
+            await self.siblings.start()
+            exposition = self.siblings.exposition
+        app = build_app(service, exposition, cancel_token=cfg.cancel_token,
                         max_body_bytes=cfg.max_body_bytes,
                         body_timeout=cfg.body_timeout)  # fmt: skip
         self._runner = LimitedAppRunner(
@@ -98,7 +119,8 @@ class GatewayServer:
             max_line_size=cfg.max_header_bytes, max_field_size=cfg.max_header_bytes,
         )  # fmt: skip
         await self._runner.setup()
-        site = web.TCPSite(self._runner, cfg.host, cfg.http_port)
+        shared = self.api_process is not None  # siblings listen on the same port
+        site = web.TCPSite(self._runner, cfg.host, cfg.http_port, reuse_port=shared or None)
         await site.start()
         host, port = self._runner.addresses[0][:2]
         self.listeners = {"http": f"{host}:{port}", "grpc": await self._start_grpc(service)}
@@ -154,6 +176,8 @@ class GatewayServer:
             await self._grpc.stop(grace=1.0)
         await self._runner.cleanup()
         await self.pool.shutdown()
+        if self.siblings is not None:
+            await self.siblings.close()
         log_event(log, "stopped")
 
 
@@ -171,12 +195,26 @@ def freeze_startup_heap() -> None:
               ms=round((time.perf_counter() - started) * 1e3, 1))  # fmt: skip
 
 
-async def serve(config: GatewayConfig) -> None:
-    server = GatewayServer(config)
+async def serve(config: GatewayConfig, api_process: ApiProcess | None = None) -> None:
+    server = GatewayServer(config, api_process=api_process)
     try:
         await server.start(freeze_heap=True)
     except BaseException:
         with contextlib.suppress(Exception):
             await server.pool.shutdown()
         raise
-    await server.serve_until_stopped()
+    watching = None
+    if api_process is not None:
+        watching = asyncio.create_task(watch_supervisor(server.request_stop))
+    try:
+        await server.serve_until_stopped()
+    finally:
+        if watching is not None:
+            watching.cancel()
+
+
+def registry_exposition(registry: CollectorRegistry) -> Callable[[], Awaitable[bytes]]:
+    async def exposition() -> bytes:
+        return generate_latest(registry)
+
+    return exposition

@@ -20,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING
 
 from gateway_server.engine.base import (
     Engine,
@@ -50,6 +52,9 @@ from hangup_contract.cancel import CancelAnswer
 from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import Phase, Reason
 
+if TYPE_CHECKING:
+    from gateway_server.siblings import Siblings
+
 log = logging.getLogger("hangup.gateway")
 
 
@@ -68,6 +73,8 @@ class GenerationService:
         self.metrics = metrics
         self.model = model
         self.draining = False
+        self.siblings: Siblings | None = None
+        """Set with ``--api-processes`` > 1: ids are claimed and cancelled gateway-wide."""
 
     # -- calls -----------------------------------------------------------------------------
 
@@ -94,6 +101,8 @@ class GenerationService:
             raise Unavailable("the gateway is shutting down")
         try:
             call = self.registry.open(call_id, model, protocol)
+            if self.siblings is not None:
+                await self._claim(call_id, partial(self.registry.close, call, remember=False))
         except CancelledBeforeArrival as exc:
             self.metrics.requests.labels(model, protocol.value, Outcome.CANCELLED.value).inc()
             self.metrics.cancellations.labels(model, exc.reason.value, Phase.QUEUED.value).inc()
@@ -114,6 +123,18 @@ class GenerationService:
             yield call
         finally:
             self.registry.close(call)
+            if self.siblings is not None:
+                self.siblings.release(call_id, call.generated_tokens)
+
+    async def _claim(self, request_id: str, undo: Callable[[], None]) -> None:
+        """Claim an id opened here across the API processes; ``undo`` the local open when
+        refused (a duplicate elsewhere, or a cancel that came first)."""
+        assert self.siblings is not None
+        try:
+            await self.siblings.claim(request_id)
+        except GatewayError:
+            undo()
+            raise
 
     def check_prompt(self, prompt: str, params: SamplingParams) -> None:
         """Raise InvalidRequest when ``prompt`` plus ``max_tokens`` exceeds the context length."""
@@ -142,7 +163,15 @@ class GenerationService:
 
         Shielded: a cancel caller that hangs up must not leave an abort half done.
         """
+        if self.siblings is not None:
+            return await asyncio.shield(self.siblings.cancel(request_id, reason))
         return await asyncio.shield(self.registry.cancel(request_id, reason))
+
+    async def all_calls(self) -> list[dict[str, object]]:
+        """Every call in flight in the gateway (each API process's, with ``--api-processes``)."""
+        if self.siblings is not None:
+            return await self.siblings.all_calls()
+        return self.describe_calls()
 
     def record_rejected(self, model: str | None, protocol: Protocol) -> None:
         """Count a request refused before it ran (bad input, unknown model, duplicate id)."""
@@ -166,6 +195,9 @@ class GenerationService:
         request = EngineCall(call.next_engine_request_id(), worker, alias)
         try:
             self.registry.attach(call, request)
+            if alias is not None and self.siblings is not None:
+                undo = partial(self.registry.detach, call, request, remember=False)
+                await self._claim(alias, undo)
         except GatewayError:
             self.pool.release(worker)
             raise
@@ -194,6 +226,8 @@ class GenerationService:
             await stream.aclose()
             self.pool.release(worker)
             self.registry.detach(call, request)
+            if alias is not None and self.siblings is not None:
+                self.siblings.release(alias, request.generated_tokens)
             self._record_end(call, request, book)
 
     def _count_tokens(self, call: Call, request: EngineCall, book: _Books, n: int) -> None:

@@ -27,10 +27,12 @@ class Worker:
 
 
 class EnginePool:
-    def __init__(self, engines: list[Engine]) -> None:
+    def __init__(self, engines: list[Engine], first_index: int = 0) -> None:
+        """``first_index``: the gateway-wide index of the first worker (an API process's share
+        of the workers starts there)."""
         if not engines:
             raise ValueError("an engine pool needs at least one engine")
-        self.workers = [Worker(i, engine) for i, engine in enumerate(engines)]
+        self.workers = [Worker(first_index + i, e) for i, e in enumerate(engines)]
 
     @property
     def ready(self) -> bool:

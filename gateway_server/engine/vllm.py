@@ -59,7 +59,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
@@ -358,8 +358,11 @@ def _sampling(params: SamplingParams) -> Any:
     )
 
 
-def build_vllm_engines(model: str, options: VllmOptions, workers: int) -> list[VllmEngine]:
-    """``workers`` vLLM engines for ``model``; each gets its own GPUs when GPUs exist.
+def build_vllm_engines(
+    model: str, options: VllmOptions, workers: int, indices: Sequence[int] | None = None
+) -> list[VllmEngine]:
+    """``workers`` vLLM engines for ``model`` (only those of ``indices``, this API process's
+    share, when given); each gets its own GPUs when GPUs exist.
 
     Raises EngineError when vLLM is not installed or there are too few GPUs.
     """
@@ -374,5 +377,5 @@ def build_vllm_engines(model: str, options: VllmOptions, workers: int) -> list[V
     lock = threading.Lock()
     return [
         VllmEngine(model, options, index=i, devices=groups[i], spawn_lock=lock)
-        for i in range(workers)
+        for i in (range(workers) if indices is None else indices)
     ]

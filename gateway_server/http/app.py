@@ -9,9 +9,10 @@ body: a client disconnect reaches the handler as a cancellation (``handler_cance
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway_server.errors import (
     CancelledBeforeArrival,
@@ -31,13 +32,15 @@ from gateway_server.http.common import (
 )
 from gateway_server.service import GenerationService
 
-METRICS_REGISTRY = web.AppKey("metrics_registry", CollectorRegistry)
+Exposition = Callable[[], Awaitable[bytes]]
+"""The ``/metrics`` body: this gateway's metrics (every API process's, with several)."""
+METRICS = web.AppKey[Any]("metrics")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def build_app(
-    service: GenerationService, registry: CollectorRegistry, *, cancel_token: str | None,
+    service: GenerationService, metrics: Exposition, *, cancel_token: str | None,
     max_body_bytes: int, body_timeout: float,
 ) -> web.Application:  # fmt: skip
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
@@ -46,7 +49,7 @@ def build_app(
         app[CANCEL_TOKEN] = cancel_token
     app[MAX_BODY_BYTES] = max_body_bytes
     app[BODY_TIMEOUT] = body_timeout
-    app[METRICS_REGISTRY] = registry
+    app[METRICS] = metrics
     openai.add_routes(app)
     kserve.add_routes(app)
     cancel.add_routes(app)
@@ -55,7 +58,7 @@ def build_app(
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS_REGISTRY])
+    body = await request.app[METRICS]()
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response

@@ -47,4 +47,4 @@ async def cancel(request: web.Request) -> web.Response:
 async def list_requests(request: web.Request) -> web.Response:
     check_token(request)
     service: GenerationService = request.app[SERVICE]
-    return web.json_response({"requests": service.describe_calls()})
+    return web.json_response({"requests": await service.all_calls()})

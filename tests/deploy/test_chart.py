@@ -390,6 +390,16 @@ def test_proxy_workers_follow_its_cpu_limit_unless_set(
     assert flag(containers(chosen)["proxy"], "workers") == "3"
 
 
+def test_gateway_api_processes_are_passed_and_bounded_by_its_workers(
+    renders: dict[str, Release], helm: HelmEngine
+) -> None:
+    assert flag(containers(renders["default-values.yaml"])["gateway"], "api-processes") == "1"
+    assert flag(containers(renders["full-values.yaml"])["gateway"], "api-processes") == "2"
+    release = helm.render({"gateway": {"workers": 2, "apiProcesses": 3}})
+    assert not release.ok
+    assert "gateway.apiProcesses=3 is more than gateway.workers=2" in release.error
+
+
 def test_chart_command_line_starts_the_real_proxy_and_its_probes_pass(
     renders: dict[str, Release], tmp_path: Path
 ) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -12,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway_server.config import GatewayConfig
 from gateway_server.engine.sim import SimConfig
+from gateway_server.processes import ApiProcess
 from gateway_server.server import GatewayServer
 from hangup_contract.cancel import cancel_path
 
@@ -70,15 +73,32 @@ StartGateway = Callable[..., Any]
 
 @asynccontextmanager
 async def running_gateway(
-    *, sim: SimConfig | None = None, token: str | None = None, **overrides: Any
-) -> AsyncIterator[Gateway]:
+    *, sim: SimConfig | None = None, token: str | None = None,
+    api_process: ApiProcess | None = None, **overrides: Any,
+) -> AsyncIterator[Gateway]:  # fmt: skip
     config = GatewayConfig(
         http_port=0, grpc_port=0, sim=sim or SimConfig(), cancel_token=token, **overrides
     )
-    server = GatewayServer(config, registry=CollectorRegistry())
+    server = GatewayServer(config, registry=CollectorRegistry(), api_process=api_process)
     listeners = await server.start()
     async with aiohttp.ClientSession() as session:
         try:
             yield Gateway(server, f"http://{listeners['http']}", session, token)
         finally:
             await server.shutdown()
+
+
+@asynccontextmanager
+async def running_api_processes(
+    run_dir: Path, count: int, *, sim: SimConfig | None = None
+) -> AsyncIterator[list[Gateway]]:
+    """``count`` API processes of one gateway, in this process, each on a port of its own (so a
+    test picks which one a request or a cancel lands on); they talk over their sockets in
+    ``run_dir`` as separate processes do."""
+    async with contextlib.AsyncExitStack() as stack:
+        gateways = []
+        for slot in range(count):
+            me = ApiProcess(slot, count, run_dir, restarted=False)
+            gateways.append(await stack.enter_async_context(running_gateway(
+                sim=sim, api_process=me, workers=count, api_processes=count)))  # fmt: skip
+        yield gateways

@@ -29,6 +29,10 @@ exec:
     - --served-model-name={{ . }}
     {{- end }}
     - --workers={{ $g.workers }}
+    {{- if gt (int $g.apiProcesses) (int $g.workers) }}
+    {{- fail (printf "gateway.apiProcesses=%d is more than gateway.workers=%d: each API process runs its own engine workers" (int $g.apiProcesses) (int $g.workers)) }}
+    {{- end }}
+    - --api-processes={{ $g.apiProcesses }}
     - --cancel-token-file={{ include "hangup.tokenPath" . }}
     - --drain-timeout={{ $g.drainTimeoutSeconds }}
     {{- with $g.extraArgs }}

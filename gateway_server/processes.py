@@ -1,0 +1,128 @@
+"""``--api-processes P`` (P > 1): a supervisor and P API processes sharing the ports.
+
+Each API process is the one-process gateway (:class:`gateway_server.server.GatewayServer`) over
+its share of the engine workers: process k of P runs workers ``k*W//P`` to ``(k+1)*W//P - 1``
+(worker labels and log fields keep their gateway-wide index). Its HTTP and gRPC listeners bind
+the same ports as its siblings' (``SO_REUSEPORT``: the kernel spreads new connections), and a
+request runs on a worker of the process that accepted it. How cancels, duplicate ids,
+``GET /v2/requests`` and ``/metrics`` work across processes: :mod:`gateway_server.siblings`.
+
+The supervisor serves nothing. It
+
+- reserves the ports and starts the processes (``python -m gateway_server`` with its own flags,
+  the ports, a ready file each; ``HANGUP_GATEWAY_API_PROCESS_OF`` and
+  ``HANGUP_GATEWAY_API_PROCESS`` in the environment, and every log line of process k carries
+  ``"api_process": k``), with a private run directory (the siblings' sockets and
+  prometheus_client's multiprocess files);
+- writes the ready file once every process serves;
+- starts a process that exited again (a warning naming its exit status; the new process counts
+  ``hangup_gateway_api_process_restarts_total``). The calls it ran ended with it: their clients'
+  connections closed (through the proxy: a 502 naming the upstream reset). Its engine workers
+  start again with it; meanwhile the kernel sends new connections to the other processes;
+- on SIGTERM: SIGTERM to every process (each drains as the one-process gateway does), waits for
+  them, exits. A second signal is passed on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway_server.config import GatewayConfig
+from hangup_contract.runtime.files import write_ready_file
+from hangup_contract.runtime.supervision import Children, reserve_port
+
+log = logging.getLogger("hangup.gateway.processes")
+
+SUPERVISOR_ENV = "HANGUP_GATEWAY_API_PROCESS_OF"  # in an API process: its supervisor's pid
+SLOT_ENV = "HANGUP_GATEWAY_API_PROCESS"  # which one it is, 0..P-1
+RESTARTED_ENV = "HANGUP_GATEWAY_API_PROCESS_RESTARTED"  # "1" when started again after an exit
+METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # the run directory
+_READY_WAIT = 1800.0  # seconds an API process may take to serve (loading its engines)
+_EXIT_SLACK = 30.0  # seconds past the drain timeout for cancels and engine shutdown
+
+
+@dataclass(frozen=True, slots=True)
+class ApiProcess:
+    """Who this process is, when it is one of several API processes."""
+
+    slot: int
+    count: int
+    run_dir: Path
+    restarted: bool
+
+    @classmethod
+    def from_environ(cls, config: GatewayConfig) -> ApiProcess | None:
+        if not os.environ.get(SUPERVISOR_ENV) or config.api_processes < 2:
+            return None
+        return cls(int(os.environ[SLOT_ENV]), config.api_processes,
+                   Path(os.environ[METRICS_ENV]), os.environ.get(RESTARTED_ENV) == "1")  # fmt: skip
+
+    def workers(self, total: int) -> range:
+        """The gateway-wide indices of this process's engine workers."""
+        return range(self.slot * total // self.count, (self.slot + 1) * total // self.count)
+
+
+class Supervisor:
+    def __init__(self, config: GatewayConfig, argv: Sequence[str]) -> None:
+        self.config = config
+        self._argv = list(argv)
+        self._dir = Path(tempfile.mkdtemp(prefix="hangup-gateway-"))
+        self._ports = (0, 0)
+        self._restarted: set[int] = set()
+        self.children = Children("API process", config.api_processes, self._command, self._dir,
+                                 ready_wait=_READY_WAIT, on_exit=self._exited)  # fmt: skip
+
+    def _command(self, slot: int, ready: Path) -> tuple[Sequence[str], Mapping[str, str]]:
+        env = {
+            **os.environ,
+            SUPERVISOR_ENV: str(os.getpid()),
+            SLOT_ENV: str(slot),
+            METRICS_ENV: str(self._dir),
+            RESTARTED_ENV: str(int(slot in self._restarted)),
+        }
+        argv = [
+            "-m",
+            "gateway_server",
+            *self._argv,
+            "--http-port",
+            str(self._ports[0]),
+            "--grpc-port",
+            str(self._ports[1]),
+            "--ready-file",
+            str(ready),
+        ]
+        return argv, env  # fmt: skip
+
+    def _exited(self, slot: int, pid: int, code: int | None) -> None:
+        self._restarted.add(slot)
+        log.warning("API process exited; starting it again", extra={"fields": {
+            "api_process": slot, "pid": pid, "exit": code}})  # fmt: skip
+
+    async def serve(self, stop: asyncio.Event, hurry: asyncio.Event) -> None:
+        config = self.config
+        http = reserve_port(config.host, config.http_port)
+        grpc = reserve_port(config.host, config.grpc_port)
+        self._ports = (http.getsockname()[1], grpc.getsockname()[1])
+        try:
+            await self.children.start()
+            addresses = {"http": f"{config.host}:{self._ports[0]}",
+                         "grpc": f"{config.host}:{self._ports[1]}"}  # fmt: skip
+            if config.ready_file is not None:
+                write_ready_file(config.ready_file, addresses)
+            fields = {**addresses, "api_processes": config.api_processes}
+            log.info("serving", extra={"fields": fields})
+            await stop.wait()
+            await self.children.drain(hurry, config.drain_timeout + _EXIT_SLACK, _EXIT_SLACK)
+        finally:
+            await self.children.kill_all()
+            http.close()
+            grpc.close()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            log.info("stopped")

@@ -1,0 +1,157 @@
+"""``python -m gateway_server --workers 2 --api-processes 2`` behind ``python -m proxy --workers
+2``: both scaled, as separate processes on shared ports. Every hang-up is cancelled and counted
+once on each side; cancels sent straight to the gateway land on either process and reach their
+request; one scrape answers for the whole gateway; a killed API process is started again and
+counted; SIGTERM drains every API process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.support.processes import children
+from tests.support.scrape import scrape_async, total
+from tests.support.stack import (
+    MODEL,
+    TOKEN,
+    Stack,
+    completion_request,
+    in_flight,
+    open_raw,
+    running_stack,
+)
+from tests.support.waiting import wait_until
+
+GATEWAY = ["--sim-slots", "16", "--sim-step-base", "0.02", "--workers", "2",
+           "--api-processes", "2", "--drain-timeout", "1"]  # fmt: skip
+LONG = {"model": MODEL, "prompt": "long", "max_tokens": 3000, "stream": True}
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    with running_stack(tmp_path, GATEWAY, ["--workers", "2"]) as stack:
+        yield stack
+
+
+async def _stream(url: str, request_id: str | None = None) -> tuple[Any, Any]:
+    """A streamed completion, once its first token arrived: (reader, writer)."""
+    request = completion_request("/v1/completions", LONG, request_id=request_id)
+    reader, writer = await open_raw(url, request)
+    async with asyncio.timeout(10):
+        while not (await reader.readline()).startswith(b"data: {"):
+            pass
+    return reader, writer
+
+
+async def _complete(session: aiohttp.ClientSession, url: str) -> None:
+    body = {"model": MODEL, "prompt": "short", "max_tokens": 3}
+    async with session.post(url + "/v1/completions", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+
+
+def _log_lines(stack: Stack, msg: str) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in stack.gateway.log().splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("msg") == msg]
+
+
+async def _idle(session: aiohttp.ClientSession, stack: Stack) -> bool:
+    return not await in_flight(session, stack.gateway_url)
+
+
+async def test_hang_ups_through_both_scaled_are_cancelled_and_counted_once_each_side(
+    stack: Stack,
+) -> None:
+    fresh = aiohttp.TCPConnector(force_close=True)  # each call on a new connection
+    async with aiohttp.ClientSession(connector=fresh) as session:
+        await asyncio.gather(*(_complete(session, stack.proxy_url) for _ in range(60)))
+        streams = await asyncio.gather(*(_stream(stack.proxy_url) for _ in range(20)))
+        assert len(await in_flight(session, stack.gateway_url)) == 20  # listed by either
+        for _, writer in streams:
+            writer.close()
+        await wait_until(lambda: _idle(session, stack), what="nothing in flight on the gateway")
+        gateway = await scrape_async(session, stack.gateway_url)
+        proxy = await scrape_async(session, stack.admin_url)
+    assert total(gateway, "hangup_gateway_cancellations_total", reason="client_disconnect") == 20
+    assert total(gateway, "hangup_gateway_requests_total", outcome="completed") == 60
+    assert total(gateway, "hangup_gateway_requests_total", outcome="cancelled") == 20
+    assert total(gateway, "hangup_gateway_inflight_requests") == 0
+    assert total(gateway, "hangup_gateway_api_processes") == 2
+    assert total(proxy, "hangup_proxy_requests_total", outcome="cancelled") == 20
+    assert total(proxy, "hangup_proxy_cancel_calls_total", result="ok") == 20
+    ends = _log_lines(stack, "request_end")
+    assert len(ends) == 80 and {line["api_process"] for line in ends} == {0, 1}
+
+
+async def test_cancels_sent_to_either_process_reach_their_request(stack: Stack) -> None:
+    fresh = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=fresh) as session:
+        ids = [f"direct-{i}" for i in range(24)]
+        streams = await asyncio.gather(*(_stream(stack.gateway_url, rid) for rid in ids))
+        answers = []
+        for rid in ids:  # each on a new connection: the kernel picks the process
+            url = f"{stack.gateway_url}/v2/requests/{rid}/cancel"
+            async with session.post(url, headers=AUTH) as resp:
+                answers.append((resp.status, await resp.json()))
+        for _, writer in streams:
+            writer.close()
+        await wait_until(lambda: _idle(session, stack), what="nothing in flight on the gateway")
+        gateway = await scrape_async(session, stack.gateway_url)
+    assert all(s == 200 and a["state"] == "cancelled" for s, a in answers), answers
+    assert total(gateway, "hangup_gateway_cancellations_total", reason="explicit") == 24
+    # 24 cancels over two processes: some landed on the process that did not run their request.
+    assert total(gateway, "hangup_gateway_cancel_forward_seconds_count") >= 1
+
+
+async def test_a_killed_api_process_is_started_again_and_counted(stack: Stack) -> None:
+    fresh = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=fresh) as session:
+        streams = await asyncio.gather(*(_stream(stack.gateway_url) for _ in range(8)))
+        victim = children(stack.gateway.popen.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        await wait_until(lambda: _restarted(session, stack), what="the process started again")
+        for _, writer in streams:
+            writer.close()
+        await wait_until(lambda: _idle(session, stack), what="nothing in flight on the gateway")
+        await asyncio.gather(*(_complete(session, stack.proxy_url) for _ in range(20)))
+        async with session.get(stack.gateway_url + "/v2/health/ready") as resp:
+            assert resp.status == 200
+    exited = [json.loads(line) for line in stack.gateway.log().splitlines()
+              if "API process exited" in line]  # fmt: skip
+    assert len(exited) == 1 and exited[0]["pid"] == victim and exited[0]["exit"] == -9
+
+
+async def _restarted(session: aiohttp.ClientSession, stack: Stack) -> bool:
+    samples = await scrape_async(session, stack.gateway_url)
+    return (
+        total(samples, "hangup_gateway_api_process_restarts_total") == 1
+        and total(samples, "hangup_gateway_api_processes") == 2
+    )
+
+
+async def test_sigterm_drains_every_api_process(stack: Stack) -> None:
+    streams = await asyncio.gather(*(_stream(stack.gateway_url) for _ in range(6)))
+    processes = children(stack.gateway.popen.pid)
+    assert len(processes) == 2
+    stack.gateway.popen.terminate()
+    assert await asyncio.to_thread(stack.gateway.popen.wait, 30) == 0
+    for reader, writer in streams:
+        assert b"[DONE]" not in await reader.read()  # ended, told, not left hanging
+        writer.close()
+    ends = _log_lines(stack, "request_end")
+    assert sum(line["reason"] == "shutdown" for line in ends) == 6
+    assert not _alive(processes)
+
+
+def _alive(pids: list[int]) -> list[int]:
+    return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
