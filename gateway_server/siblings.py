@@ -220,7 +220,7 @@ class Siblings:
             self._live.register(collector)
         self._gathered = _Gathered()
         self._exposed = CollectorRegistry(auto_describe=False)
-        self._exposed.register(MultiProcessCollector(None, path=str(me.run_dir)))  # type: ignore[no-untyped-call]
+        self._exposed.register(_Ours(MultiProcessCollector(None, path=str(me.run_dir))))  # type: ignore[no-untyped-call]
         self._exposed.register(self._gathered)
         restarts = Counter("hangup_gateway_api_process_restarts", "API processes that exited "
                            "and were started again.", registry=CollectorRegistry())  # fmt: skip
@@ -434,6 +434,20 @@ class Siblings:
             reply = {"error": str(exc) or type(exc).__name__}
         if not writer.is_closing():
             writer.write(_line({**reply, "n": message["n"]}))
+
+
+class _Ours(Collector):
+    """The gateway's own families of the multiprocess files. vLLM writes its metrics there too
+    (it sees ``PROMETHEUS_MULTIPROC_DIR``), each process's engine as ``engine="0"``; the
+    one-process gateway does not export them either."""
+
+    def __init__(self, files: MultiProcessCollector) -> None:
+        self._files = files
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._files.collect():  # type: ignore[no-untyped-call]
+            if family.name.startswith("hangup_"):
+                yield family
 
 
 class _Gathered(Collector):

@@ -70,11 +70,12 @@ def make_tiny_model(directory: Path) -> Path:
 
 
 @contextlib.contextmanager
-def vllm_gateway(model: Path, tmp: Path, workers: int) -> Iterator[Process]:
-    """A gateway with ``workers`` vLLM workers on ``model``; stopped (SIGTERM) afterwards."""
+def vllm_gateway(model: Path, tmp: Path, workers: int, api_processes: int = 1) -> Iterator[Process]:
+    """A gateway with ``workers`` vLLM workers on ``model`` in ``api_processes`` processes;
+    stopped (SIGTERM) afterwards."""
     args = ["--engine", "vllm", "--model", str(model), "--served-model-name", MODEL,
-            "--workers", str(workers), "--http-port", "0", "--grpc-port", "0",
-            *ENGINE_ARGS]  # fmt: skip
+            "--workers", str(workers), "--api-processes", str(api_processes),
+            "--http-port", "0", "--grpc-port", "0", *ENGINE_ARGS]  # fmt: skip
     with spawn("gateway_server", args, tmp, timeout=START_TIMEOUT_S) as proc:
         yield proc
         proc.terminate(timeout=60)
@@ -86,6 +87,15 @@ def vllm_serve(
 ) -> Iterator[str]:
     """vLLM's own OpenAI server (what ``vllm serve`` runs) on 127.0.0.1, its base URL; with
     ``dev_mode`` it runs with ``VLLM_SERVER_DEV_MODE=1`` (``POST /abort_requests`` exists)."""
+    with vllm_serve_process(model, tmp, engine_args, dev_mode=dev_mode) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def vllm_serve_process(
+    model: Path, tmp: Path, engine_args: list[str] = ENGINE_ARGS, *, dev_mode: bool = False
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """:func:`vllm_serve`, and its process (benchmarks read its CPU)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = int(probe.getsockname()[1])
@@ -105,7 +115,7 @@ def vllm_serve(
             lambda: _answers(url + "/health", proc, log), START_TIMEOUT_S, "vllm serve to start",
             interval=0.5,
         )  # fmt: skip
-        yield url
+        yield url, proc
     finally:
         proc.terminate()
         try:
