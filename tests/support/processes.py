@@ -74,9 +74,11 @@ def start(
     *,
     env: dict[str, str] | None = None,
     timeout: float = 60.0,
+    stdin_pipe: bool = False,
 ) -> Process:
     """Run ``python -m module args --ready-file …`` and return it once it is serving (the caller
-    stops it; :func:`spawn` is the context-managed form)."""
+    stops it; :func:`spawn` is the context-managed form). ``stdin_pipe``: its stdin is a pipe
+    this process holds (a supervised child drains when it reads end of file there)."""
     tmp.mkdir(parents=True, exist_ok=True)
     ready = tmp / f"{module}.ready.json"
     log = tmp / f"{module}.log"
@@ -88,6 +90,7 @@ def start(
             stderr=subprocess.STDOUT,
             env=child_env(env),
             cwd=REPO,
+            stdin=subprocess.PIPE if stdin_pipe else None,
         )
     proc = Process(popen, {}, log)
     try:
@@ -112,9 +115,10 @@ def spawn(
     *,
     env: dict[str, str] | None = None,
     timeout: float = 60.0,
+    stdin_pipe: bool = False,
 ) -> Iterator[Process]:
     """Run ``python -m module args --ready-file …`` and yield it once it is serving."""
-    proc = start(module, args, tmp, env=env, timeout=timeout)
+    proc = start(module, args, tmp, env=env, timeout=timeout, stdin_pipe=stdin_pipe)
     try:
         yield proc
     finally:
