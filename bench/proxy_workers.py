@@ -24,16 +24,8 @@ from pathlib import Path
 
 from bench.proxy_envoy import running_envoy
 from bench.proxy_overhead import run, saturate
-from bench.stats import cpu_seconds
+from bench.stats import cpu_of
 from tests.support.processes import REPO, Process, children, spawn
-
-
-def _cpu(pids: list[int]) -> float:
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            total += cpu_seconds(pid)
-    return total
 
 
 async def measure(
@@ -42,7 +34,7 @@ async def measure(
     """Events/s, and CPU ms per 1000 events of the relay, the source and the client."""
 
     def clock() -> list[float]:
-        return [_cpu(relay), _cpu(sources), time.process_time()]
+        return [cpu_of(relay), cpu_of(sources), time.process_time()]
 
     count, elapsed, spent = await saturate(address, streams, events // streams, clock)
     per_k = [1e6 * cpu / count for cpu in spent]

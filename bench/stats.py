@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 from collections.abc import Sequence
@@ -25,6 +26,15 @@ def cpu_seconds(pid: int | None) -> float:
         return 0.0
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_of(pids: Sequence[int]) -> float:
+    """:func:`cpu_seconds` summed over ``pids`` (a process that has exited counts 0)."""
+    spent = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            spent += cpu_seconds(pid)
+    return spent
 
 
 def rss_mib(pid: int) -> float:

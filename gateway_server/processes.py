@@ -17,7 +17,8 @@ The supervisor serves nothing. It
 - writes the ready file once every process serves;
 - starts a process that exited again (a warning naming its exit status; the new process counts
   ``hangup_gateway_api_process_restarts_total``). The calls it ran ended with it: their clients'
-  connections closed (through the proxy: a 502 naming the upstream reset). Its engine workers
+  connections closed (through the proxy: a 502 if no answer had begun, else a cut stream); what is
+  left of its process group (vLLM engine processes) is killed. Its engine workers
   start again with it; meanwhile the kernel sends new connections to the other processes;
 - on SIGTERM: SIGTERM to every process (each drains as the one-process gateway does), waits for
   them, exits. A second signal is passed on.

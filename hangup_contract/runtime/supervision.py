@@ -14,6 +14,11 @@ never listening, so port 0 becomes one ephemeral port every child shares), then
 
 Each child's stdin is a pipe the supervisor holds and never writes: a child whose supervisor
 died (SIGKILL) reads end of file and drains (:func:`watch_supervisor`).
+
+Each child leads a process group of its own, and once it has exited whatever is left of that
+group is killed (SIGKILL) before the slot starts again: a gateway API process that died leaves
+its vLLM engine processes orphaned, and they ignore SIGTERM and would keep their GPU memory
+from the engines the next process starts.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import socket
 import sys
@@ -93,6 +99,7 @@ class Children:
             started = time.monotonic()
             child = await self._start(slot, first)
             code = await child.wait()
+            _kill_group(child.pid)
             self.serving.discard(slot)
             self._on_change(len(self.serving))
             if self.draining:
@@ -106,8 +113,9 @@ class Children:
         ready.unlink(missing_ok=True)
         argv, env = self._command(slot, ready)
         child = await asyncio.create_subprocess_exec(
-            sys.executable, *argv, env=dict(env), stdin=asyncio.subprocess.PIPE
-        )
+            sys.executable, *argv, env=dict(env), stdin=asyncio.subprocess.PIPE,
+            start_new_session=True,  # its own process group (and not the terminal's)
+        )  # fmt: skip
         self.processes[slot] = child
         deadline = time.monotonic() + self._ready_wait
         while not ready.exists():
@@ -159,6 +167,13 @@ class Children:
                 with contextlib.suppress(ProcessLookupError):
                     child.kill()
                 await child.wait()
+            _kill_group(child.pid)
+
+
+def _kill_group(leader: int) -> None:
+    """SIGKILL what is left of the process group ``leader`` led (it has exited)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(leader, signal.SIGKILL)
 
 
 def supervised_signals(stop: asyncio.Event, hurry: asyncio.Event) -> None:

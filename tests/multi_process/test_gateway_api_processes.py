@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.processes import children
+from tests.support.processes import alive, children
 from tests.support.scrape import scrape_async, total
 from tests.support.stack import (
     MODEL,
@@ -150,8 +150,4 @@ async def test_sigterm_drains_every_api_process(stack: Stack) -> None:
         writer.close()
     ends = _log_lines(stack, "request_end")
     assert sum(line["reason"] == "shutdown" for line in ends) == 6
-    assert not _alive(processes)
-
-
-def _alive(pids: list[int]) -> list[int]:
-    return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    assert not alive(processes)

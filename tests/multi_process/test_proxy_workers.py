@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from tests.support import chaos
-from tests.support.processes import children
+from tests.support.processes import alive, children
 from tests.support.scrape import scrape_async, total
 from tests.support.stack import MODEL, Stack, completion_request, in_flight, open_raw, running_stack
 from tests.support.waiting import wait_until
@@ -136,11 +136,7 @@ async def test_sigterm_drains_every_worker_and_cancels_what_is_left(stack: Stack
         assert not await in_flight(session, stack.gateway_url)
         for _, writer in streams:
             writer.close()
-    assert not _alive(workers)
-
-
-def _alive(pids: list[int]) -> list[int]:
-    return [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+    assert not alive(workers)
 
 
 async def _not_ready(session: aiohttp.ClientSession, stack: Stack) -> bool:
@@ -154,6 +150,6 @@ async def test_workers_drain_and_exit_when_their_supervisor_is_killed(stack: Sta
     stack.proxy.popen.kill()
     stack.proxy.popen.wait()
     await wait_until(
-        lambda: not _alive(workers),
+        lambda: not alive(workers),
         within=15, what="the workers exited",
     )  # fmt: skip

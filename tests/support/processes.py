@@ -125,6 +125,24 @@ def spawn(
         _kill(proc.popen)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, theirs, ...)."""
+    return [p for child in children(pid) for p in (child, *descendants(child))]
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (Linux /proc; a zombie, exited but not reaped, is not)."""
+    running = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            running.append(pid)
+    return running
+
+
 def children(pid: int) -> list[int]:
     """The pids whose parent is ``pid`` (Linux /proc)."""
     found = []

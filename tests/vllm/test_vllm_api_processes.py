@@ -1,7 +1,8 @@
 """Real vLLM in two API processes (``--workers 2 --api-processes 2``: one engine each) behind the
 proxy with two workers: hang-ups through the proxy and cancels sent straight to the gateway,
 landing on either process, reach their engine request; nothing is left in flight; completed
-streams are whole; every hang-up is counted once on each side.
+streams are whole; every hang-up is counted once on each side. An API process killed with
+SIGKILL takes its engine processes down with it and comes back with new ones.
 
 Its own gateway and proxy (module scope): the shared ones of the tier run one API process,
 since several of its tests are about the one process's least-loaded routing over both workers
@@ -12,14 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from tests.support.processes import Process, spawn
-from tests.support.scrape import scrape, total
+from tests.support.processes import Process, alive, children, descendants, spawn
+from tests.support.scrape import parse, scrape, total
 from tests.support.vllm_stack import IGNORE_EOS, MODEL, requires_vllm, vllm_gateway
 from tests.support.waiting import wait_until
 
@@ -118,3 +121,35 @@ async def test_hang_ups_and_cancels_reach_the_engine_across_processes(
 async def _idle(session: aiohttp.ClientSession, gateway: str) -> bool:
     async with session.get(gateway + "/v2/requests") as resp:
         return not (await resp.json())["requests"]
+
+
+async def test_a_killed_api_process_takes_its_engines_down_and_comes_back(
+    scaled: tuple[Process, Process],
+) -> None:
+    gateway, proxy = scaled
+    victim = children(gateway.popen.pid)[0]
+    engines = descendants(victim)
+    assert engines  # its vLLM engine core (and the engine core's worker)
+    os.kill(victim, signal.SIGKILL)
+    async with aiohttp.ClientSession() as session:
+        await wait_until(lambda: _restarted(session, gateway.url()), within=300,
+                         what="the API process started again, with its engine")  # fmt: skip
+        # Orphaned engine processes ignore SIGTERM and would hold their (GPU) memory beside the
+        # new process's engines: the supervisor killed what was left of the process group.
+        assert not alive(engines)
+        body = {"model": MODEL, "prompt": "again", "max_tokens": 8}
+        for _ in range(8):  # new connections: the kernel uses both processes again
+            async with session.post(proxy.url() + "/v1/completions", json=body,
+                                    headers={"Connection": "close"}) as resp:  # fmt: skip
+                assert resp.status == 200, await resp.text()
+        await wait_until(lambda: _idle(session, gateway.url()), what="nothing in flight")
+
+
+async def _restarted(session: aiohttp.ClientSession, gateway: str) -> bool:
+    async with session.get(gateway + "/metrics") as resp:
+        samples = parse(await resp.text())
+    return (
+        total(samples, "hangup_gateway_api_process_restarts_total") == 1
+        and total(samples, "hangup_gateway_api_processes") == 2
+        and total(samples, "hangup_gateway_worker_up") == 2
+    )
