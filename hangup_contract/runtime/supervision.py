@@ -15,10 +15,10 @@ never listening, so port 0 becomes one ephemeral port every child shares), then
 Each child's stdin is a pipe the supervisor holds and never writes: a child whose supervisor
 died (SIGKILL) reads end of file and drains (:func:`watch_supervisor`).
 
-Each child leads a process group of its own, and once it has exited whatever is left of that
-group is killed (SIGKILL) before the slot starts again: a gateway API process that died leaves
-its vLLM engine processes orphaned, and they ignore SIGTERM and would keep their GPU memory
-from the engines the next process starts.
+Each child leads a process group of its own (in the supervisor's session), and once it has
+exited whatever is left of that group is killed (SIGKILL) before the slot starts again: a
+gateway API process that died leaves its vLLM engine processes orphaned, and they ignore
+SIGTERM and would keep their GPU memory from the engines the next process starts.
 """
 
 from __future__ import annotations
@@ -114,7 +114,8 @@ class Children:
         argv, env = self._command(slot, ready)
         child = await asyncio.create_subprocess_exec(
             sys.executable, *argv, env=dict(env), stdin=asyncio.subprocess.PIPE,
-            start_new_session=True,  # its own process group (and not the terminal's)
+            process_group=0,  # a group of its own, in this session (a session of its own would
+            # put it in a scheduler autogroup of its own: relayed streams came out in bursts)
         )  # fmt: skip
         self.processes[slot] = child
         deadline = time.monotonic() + self._ready_wait
