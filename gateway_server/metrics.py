@@ -138,6 +138,8 @@ class WorkerLoad:
     running: int
     waiting: int
     kv: float
+    kv_blocks: int
+    block_size: int
 
 
 class EngineLoadCollector(Collector):
@@ -159,6 +161,10 @@ class EngineLoadCollector(Collector):
             "hangup_gateway_engine_kv_cache_usage_ratio", "Share of the KV cache in use (0-1).",
             labels=["worker"],
         )  # fmt: skip
+        blocks = GaugeMetricFamily(
+            "hangup_gateway_engine_kv_cache_blocks", "Blocks the KV cache holds (0 while unknown).",
+            labels=["worker"],
+        )  # fmt: skip
         up = GaugeMetricFamily(
             "hangup_gateway_worker_up", "1 while the engine worker is alive.", labels=["worker"]
         )
@@ -166,5 +172,6 @@ class EngineLoadCollector(Collector):
             running.add_metric([load.name], load.running)
             waiting.add_metric([load.name], load.waiting)
             kv.add_metric([load.name], load.kv)
+            blocks.add_metric([load.name], load.kv_blocks)
             up.add_metric([load.name], 1.0 if load.up else 0.0)
-        yield from (running, waiting, kv, up)
+        yield from (running, waiting, kv, blocks, up)

@@ -37,6 +37,7 @@ from gateway_server.engine.pool import EnginePool
 from gateway_server.engine.sim import SimulatedEngine
 from gateway_server.http.app import build_app
 from gateway_server.metrics import EngineLoadCollector, GatewayMetrics, InflightCollector
+from gateway_server.pool_metrics import PoolProtocolCollector
 from gateway_server.processes import ApiProcess
 from gateway_server.registry import CallRegistry
 from gateway_server.service import GenerationService, ModelInfo
@@ -98,13 +99,14 @@ class GatewayServer:
         live = (InflightCollector([model.name], service.phases_in_flight),
                 EngineLoadCollector(service.worker_loads))  # fmt: skip
         if self.api_process is None:
-            for collector in live:
+            for collector in (*live, PoolProtocolCollector(model.name, service.worker_loads)):
                 self.metrics_registry.register(collector)
             exposition = registry_exposition(self.metrics_registry)
         else:
             self.siblings = Siblings(self.api_process, self.registry, self.metrics, live,
-                                     tombstone_ttl=cfg.tombstone_ttl)  # fmt: skip
+                                     tombstone_ttl=cfg.tombstone_ttl, model=model.name)  # fmt: skip
             self.siblings.describe_calls = service.describe_calls
+            self.siblings.worker_loads = service.worker_loads
             service.siblings = self.siblings
             await self.siblings.start()
             exposition = self.siblings.exposition

@@ -270,8 +270,9 @@ class GenerationService:
         for worker in self.pool.workers:
             load = worker.engine.load()
             yield WorkerLoad(
-                worker.name, worker.engine.alive, load.running, load.waiting, load.kv_cache_usage
-            )
+                worker.name, worker.engine.alive, load.running, load.waiting, load.kv_cache_usage,
+                load.kv_cache_blocks, load.block_size,
+            )  # fmt: skip
 
     def describe_calls(self) -> list[dict[str, object]]:
         now = time.monotonic()

@@ -25,7 +25,9 @@ tombstone (a cancel that came first). So:
 - ``GET /v2/requests`` and ``/metrics`` ask every sibling and answer for the whole gateway:
   counters and histograms come from prometheus_client's multiprocess files (they keep what a
   process that died had counted); in-flight and engine-load gauges are read live from each
-  process and summed (worker labels are global indices, so they do not collide).
+  process and summed (worker labels are global indices, so they do not collide); the
+  model-server protocol's gauges (``gateway_server.pool_metrics``) combine every process's
+  worker loads into one series each.
 
 The channel: one Unix socket per process in the gateway's private run directory, JSON lines,
 one persistent connection per pair, answers matched by a sequence number. Every question has
@@ -41,6 +43,7 @@ import logging
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import astuple
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +58,8 @@ from gateway_server.errors import (
     GatewayError,
     RequestNotFound,
 )
-from gateway_server.metrics import GatewayMetrics
+from gateway_server.metrics import GatewayMetrics, WorkerLoad
+from gateway_server.pool_metrics import PoolProtocolCollector
 from gateway_server.processes import ApiProcess
 from gateway_server.registry import CallRegistry, Remembered, not_found
 from hangup_contract.cancel import CancelAnswer
@@ -205,7 +209,7 @@ class Siblings:
 
     def __init__(
         self, me: ApiProcess, registry: CallRegistry, metrics: GatewayMetrics,
-        live: Iterable[Collector], *, tombstone_ttl: float,
+        live: Iterable[Collector], *, tombstone_ttl: float, model: str,
     ) -> None:  # fmt: skip
         self.slot = me.slot
         self.count = me.count
@@ -218,6 +222,8 @@ class Siblings:
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.describe_calls: Callable[[], list[dict[str, object]]] = list
+        self.worker_loads: Callable[[], Iterable[WorkerLoad]] = list
+        self._pod_loads: list[WorkerLoad] = []  # every process's, read at this scrape
         self._live = CollectorRegistry(auto_describe=False)
         for collector in live:
             self._live.register(collector)
@@ -225,6 +231,7 @@ class Siblings:
         self._exposed = CollectorRegistry(auto_describe=False)
         self._exposed.register(_Ours(MultiProcessCollector(None, path=str(me.run_dir))))  # type: ignore[no-untyped-call]
         self._exposed.register(self._gathered)
+        self._exposed.register(PoolProtocolCollector(model, lambda: self._pod_loads))
         restarts = Counter("hangup_gateway_api_process_restarts", "API processes that exited "
                            "and were started again.", registry=CollectorRegistry())  # fmt: skip
         if me.restarted:
@@ -318,6 +325,9 @@ class Siblings:
         answers = await self._ask_all({"op": "gauges"})
         self._gathered.families = [self._gauges(), *(a.get("families", []) for _, a in answers)]
         self._gathered.processes = 1 + len(answers)
+        self._pod_loads = [*self.worker_loads(), *(
+            WorkerLoad(*fields) for _, a in answers for fields in a.get("loads", ())
+        )]  # fmt: skip
         return generate_latest(self._exposed)
 
     def _gauges(self) -> list[Any]:
@@ -422,7 +432,7 @@ class Siblings:
         if op == "calls":
             return {"calls": self.describe_calls()}
         if op == "gauges":
-            return {"families": self._gauges()}
+            return {"families": self._gauges(), "loads": [astuple(x) for x in self.worker_loads()]}
         raise KeyError(f"unknown operation {op!r}")
 
     async def _answer(self, message: Message, writer: asyncio.StreamWriter) -> None:

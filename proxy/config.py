@@ -70,6 +70,9 @@ class Config:
     body_timeout: float = 60.0  # seconds between two reads of a request body (0: no limit)
     upstream_connect_timeout: float = 5.0
     trust_client_request_id: bool = False
+    # GET paths relayed as scrapes (Prometheus, an Endpoint Picker every 50 ms): no call, no
+    # log line, no cancel; counted in hangup_proxy_scrapes_total.
+    scrape_paths: tuple[str, ...] = ("/metrics",)
     log_level: str = "INFO"
 
     @property
@@ -81,6 +84,15 @@ class Config:
     @property
     def cancel_base_url(self) -> str:
         return (self.cancel_url or self.upstream_http).rstrip("/")
+
+
+def parse_paths(text: str) -> tuple[str, ...]:
+    """``/a,/b`` as ``("/a", "/b")``; empty for none. Each must be an absolute path."""
+    paths = tuple(p.strip() for p in text.split(",") if p.strip())
+    for path in paths:
+        if not path.startswith("/"):
+            raise ValueError(f"not a path (it must start with /): {path!r}")
+    return paths
 
 
 _OPTIONS = (
@@ -122,6 +134,11 @@ _OPTIONS = (
     Option("--max-connections", int, "open client connections per HTTP listener (0: no limit)"),
     Option("--upstream-connect-timeout", float, "seconds to connect to the upstream"),
     Option("--trust-client-request-id", parse_bool, "use the client's X-Request-Id upstream"),
+    Option(
+        "--scrape-paths",
+        parse_paths,
+        "comma-separated GET paths relayed as metric scrapes: not logged or counted as calls",
+    ),
     Option("--log-level", str, "DEBUG, INFO, WARNING or ERROR"),
 )
 

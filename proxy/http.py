@@ -65,6 +65,20 @@ from proxy.vocabulary import Outcome, Protocol, Stage
 log = logging.getLogger("hangup.proxy.http")
 
 _NO_BODY_STATUSES = frozenset({204, 304})
+# A scrape (--scrape-paths): the headers that choose its format, its deadline, its size.
+_SCRAPE_HEADERS = frozenset({"accept", "accept-encoding", "authorization"})
+SCRAPE_TIMEOUT_S = 10.0
+SCRAPE_MAX_BYTES = 16 << 20
+
+
+async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    chunks, size = [], 0
+    async for chunk in response.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            raise ValueError(f"the answer is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class _Exchange:
@@ -110,6 +124,8 @@ class HttpRelay:
             await self._session.close()
 
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.method == "GET" and request.path in self._config.scrape_paths:
+            return await self._scrape(request)
         call = Call(Protocol.HTTP, request.method, request.path_qs, request.remote)
         ending = CallEnding(
             call, self._state.metrics, self._state.canceller.submitter(Protocol.HTTP),
@@ -128,6 +144,35 @@ class HttpRelay:
             return await self._guarded(exchange)
         finally:
             self._state.release(call)
+
+    async def _scrape(self, request: web.BaseRequest) -> web.StreamResponse:
+        """A metrics scrape (``--scrape-paths``), relayed as a plain GET outside the call
+        accounting: an Endpoint Picker scrapes every 50 ms, and a call for each (a log line,
+        the call metrics) would bury the calls that matter. There is nothing to cancel: a
+        scrape whose client leaves is dropped with its handler. The answer is read whole (at
+        most ``SCRAPE_MAX_BYTES``, within ``SCRAPE_TIMEOUT_S``), as scrapers expect it."""
+        assert self._session is not None, "HttpRelay.open() was not awaited"
+        headers = [(n, v) for n, v in request.headers.items() if n.lower() in _SCRAPE_HEADERS]
+        url = self._base + request.raw_path
+        try:
+            async with asyncio.timeout(SCRAPE_TIMEOUT_S):
+                async with self._session.get(url, headers=headers) as upstream:
+                    body = await _read_capped(upstream, SCRAPE_MAX_BYTES)
+                    status = upstream.status
+                    content_type = upstream.headers.get("Content-Type")
+        except (aiohttp.ClientError, ValueError, TimeoutError) as exc:
+            status = 504 if isinstance(exc, TimeoutError) else 502
+            self._state.metrics.scrapes.labels(str(status)).inc()
+            message = f"metrics scrape of the upstream failed: {exc or type(exc).__name__}"
+            error = {"error": {"message": message, "type": "proxy_error", "code": status}}
+            return web.Response(status=status, text=json.dumps(error),
+                                content_type="application/json",
+                                headers={"Server": SERVER_HEADER})  # fmt: skip
+        self._state.metrics.scrapes.labels(str(status)).inc()
+        response = web.Response(status=status, body=body, headers={"Server": SERVER_HEADER})
+        if content_type is not None:
+            response.headers["Content-Type"] = content_type
+        return response
 
     def connection_lost(self, protocol: object) -> None:
         """The client connection ``protocol`` is gone: cancel its call upstream at once.

@@ -36,6 +36,13 @@ class ProxyMetrics:
             ["protocol", "stage"],
             registry=registry,
         )
+        self.scrapes = Counter(
+            "hangup_proxy_scrapes",
+            "GET requests on --scrape-paths relayed upstream outside the call accounting, by "
+            "the status answered.",
+            ["status"],
+            registry=registry,
+        )
         self.cancel_calls = Counter(
             "hangup_proxy_cancel_calls",
             "Explicit upstream cancel calls, retries included, by their final result.",

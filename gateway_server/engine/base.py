@@ -65,6 +65,10 @@ class EngineLoad:
     waiting: int
     kv_cache_usage: float
     """Fraction of the KV cache in use, 0.0 to 1.0."""
+    kv_cache_blocks: int
+    """Blocks the KV cache holds (vLLM's ``num_gpu_blocks``); 0 while unknown."""
+    block_size: int
+    """Tokens per KV-cache block."""
 
 
 class EngineError(Exception):

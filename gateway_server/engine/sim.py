@@ -48,6 +48,11 @@ class SimConfig:
     seed: int = 0
 
 
+SIM_BLOCK_SIZE = 16
+"""Tokens per simulated KV-cache block (vLLM's default on GPUs): the simulation holds every
+running sequence's tokens, ``slots * max_model_len`` of them, and reports them as blocks."""
+
+
 @dataclass(eq=False)
 class _Sequence:
     request: EngineRequest
@@ -148,7 +153,9 @@ class SimulatedEngine:
     def load(self) -> EngineLoad:
         capacity = self._config.slots * self._config.max_model_len
         held = sum(seq.held_tokens for seq in self._running)
-        return EngineLoad(len(self._running), len(self._waiting), held / capacity)
+        blocks = -(-capacity // SIM_BLOCK_SIZE)  # the cache as blocks of vLLM's default size
+        return EngineLoad(len(self._running), len(self._waiting), held / capacity, blocks,
+                          SIM_BLOCK_SIZE)  # fmt: skip
 
     # -- the step loop ---------------------------------------------------------------------
 

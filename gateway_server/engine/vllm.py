@@ -342,7 +342,13 @@ class VllmEngine:
         stats = self._stats
         in_flight = len(self._live)
         running = min(stats.running, in_flight)
-        return EngineLoad(running, in_flight - running, stats.kv_cache_usage)
+        cache = self._llm.vllm_config.cache_config if self._llm is not None else None
+        blocks = int(getattr(cache, "num_gpu_blocks", 0) or 0)
+        block_size = int(getattr(cache, "block_size", 0) or 0)
+        # Statistics come with the core's steps, the last one from before its requests were
+        # freed; with nothing in flight here, nothing holds cache.
+        usage = stats.kv_cache_usage if in_flight else 0.0
+        return EngineLoad(running, in_flight - running, usage, blocks, block_size)
 
 
 def _sampling(params: SamplingParams) -> Any:
