@@ -81,6 +81,7 @@ RESOURCES: dict[str, list[tuple[str, str, bool]]] = {
         ("podmonitors", "PodMonitor", True),
         ("prometheusrules", "PrometheusRule", True),
     ],
+    "inference.networking.k8s.io/v1": [("inferencepools", "InferencePool", True)],
 }
 OBJECT_PATH = re.compile(
     r"^/(?:api/v1|apis/[^/]+/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<res>[a-z]+)(?:/(?P<name>[^/]+))?$"
