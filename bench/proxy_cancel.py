@@ -34,8 +34,8 @@ import statistics
 import struct
 import time
 
-from bench.proxy_envoy import running_envoy
 from bench.stats import quantile
+from tests.support.envoy import running_envoy
 from tests.support.processes import REPO, spawn
 
 MODEL = "hangup-sim"

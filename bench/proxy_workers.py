@@ -22,9 +22,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench.proxy_envoy import running_envoy
 from bench.proxy_overhead import run, saturate
 from bench.stats import cpu_of
+from tests.support.envoy import running_envoy
 from tests.support.processes import REPO, Process, children, spawn
 
 

