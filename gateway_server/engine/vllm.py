@@ -345,10 +345,9 @@ class VllmEngine:
         cache = self._llm.vllm_config.cache_config if self._llm is not None else None
         blocks = int(getattr(cache, "num_gpu_blocks", 0) or 0)
         block_size = int(getattr(cache, "block_size", 0) or 0)
-        # Statistics come with the core's steps, the last one from before its requests were
-        # freed; with nothing in flight here, nothing holds cache.
-        usage = stats.kv_cache_usage if in_flight else 0.0
-        return EngineLoad(running, in_flight - running, usage, blocks, block_size)
+        # KV use as the core reports it, never inferred from what is in flight here: an abort
+        # that did not reach the core shows as cache still held (the vLLM tests rely on it).
+        return EngineLoad(running, in_flight - running, stats.kv_cache_usage, blocks, block_size)
 
 
 def _sampling(params: SamplingParams) -> Any:
