@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +38,8 @@ from tests.support.scale_out import (
     scrape_all,
 )
 from tests.support.scrape import Samples, total
-from tests.support.stack import MODEL, running_stack
+from tests.support.stack import MODEL, Stack, running_stack
+from tests.support.waiting import wait_until
 
 GATEWAY = ["--workers", "2", "--sim-slots", "16", "--sim-step-base", "0.02"]
 
@@ -59,10 +61,7 @@ async def burst(calls: int, pods: int, concurrency: int, seed: int) -> None:
         say(f"{calls} calls ({sum(c.hang_up for c in plan_)} hanging up at random points), "
             f"{concurrency} at a time, through Envoy (least-request) over {pods} pods")  # fmt: skip
         seconds = await run_burst(stack.envoy.url, plan_, concurrency, seed)
-        for _ in range(300):
-            if sum(await in_flight(stack.pods)) == 0:
-                break
-            await asyncio.sleep(0.1)
+        await _settled(stack.pods)
         cpu = {name: cpu_of(group) - cpu_before[name] for name, group in pids.items()}
         gateways, proxies = await scrape_all(stack.pods)
         left = await in_flight(stack.pods)
@@ -82,7 +81,7 @@ async def burst(calls: int, pods: int, concurrency: int, seed: int) -> None:
         say(f"| {i} | {total(g, 'hangup_gateway_requests_total'):.0f} "
             f"| {total(g, 'hangup_gateway_requests_total', outcome='completed'):.0f} "
             f"| {total(g, 'hangup_gateway_cancellations_total', reason='client_disconnect'):.0f} "
-            f"| {_before_arrival(g):.0f} "
+            f"| {_queued(g):.0f} "
             f"| {total(g, 'hangup_gateway_generated_tokens_total'):.0f} "
             f"| {total(g, 'hangup_gateway_wasted_tokens_total'):.0f} "
             f"| {total(p, 'hangup_proxy_client_disconnects_total'):.0f} "
@@ -99,7 +98,17 @@ async def burst(calls: int, pods: int, concurrency: int, seed: int) -> None:
         + f" ({1e3 * sum(cpu.values()) / calls:.1f} ms per call, all parts)")  # fmt: skip
 
 
-def _before_arrival(samples: Samples) -> float:
+async def _settled(pods: list[Stack]) -> None:
+    """Until no pod has anything in flight (30 s at most; the table then shows what is left)."""
+    with contextlib.suppress(AssertionError):
+        await wait_until(lambda: _idle(pods), within=30, what="every pod idle")
+
+
+async def _idle(pods: list[Stack]) -> bool:
+    return sum(await in_flight(pods)) == 0
+
+
+def _queued(samples: Samples) -> float:
     """Cancels in the queued phase: most came before their request (the proxy's cancel left a
     tombstone), the rest while it waited for a batch slot."""
     return total(samples, "hangup_gateway_cancellations_total", phase="queued")

@@ -328,19 +328,19 @@ class Siblings:
         answers = await self._ask_all({"op": "gauges"})
         self._gathered.families = [self._gauges(), *(a.get("families", []) for _, a in answers)]
         self._gathered.processes = 1 + len(answers)
-        self._pod_loads = [*self.worker_loads(), *(
-            WorkerLoad(*fields) for _, a in answers for fields in a.get("loads", ())
-        )]  # fmt: skip
+        self._pod_loads = self._loads_with(answers)
         return generate_latest(self._exposed)
 
     async def pool_exposition(self) -> bytes:
         """``/metrics/pool``: the Endpoint Picker's gauges over every process's workers (their
         loads only, not every gauge: an EPP asks every 50 ms)."""
-        answers = await self._ask_all({"op": "loads"})
-        self._pod_loads = [*self.worker_loads(), *(
-            WorkerLoad(*fields) for _, a in answers for fields in a.get("loads", ())
-        )]  # fmt: skip
+        self._pod_loads = self._loads_with(await self._ask_all({"op": "loads"}))
         return generate_latest(self._pool)
+
+    def _loads_with(self, answers: list[tuple[int, Message]]) -> list[WorkerLoad]:
+        """This process's worker loads and those the siblings' ``answers`` carry."""
+        theirs = [WorkerLoad(*fields) for _, a in answers for fields in a.get("loads", ())]
+        return [*self.worker_loads(), *theirs]
 
     def _gauges(self) -> list[Any]:
         """This process's live gauges as ``[name, help, [[sample, labels, value], ...]]``."""

@@ -24,20 +24,6 @@ from tests.support.chart import CHART, HelmEngine, Release, scenario, scenarios
 from tests.support.observability_files import DASHBOARD, RULES
 
 
-@pytest.fixture(scope="module")
-def helm() -> HelmEngine:
-    try:
-        return HelmEngine()
-    except LookupError as exc:
-        pytest.skip(str(exc))
-
-
-@pytest.fixture(scope="module")
-def renders(helm: HelmEngine) -> dict[str, Release]:
-    """Each ci/ scenario rendered once for the whole module (an install takes about a second)."""
-    return {name: helm.render(scenario(name)) for name in scenarios()}
-
-
 def containers(release: Release) -> dict[str, dict[str, Any]]:
     spec = release.one("Deployment")["spec"]["template"]["spec"]
     return {c["name"]: c for c in spec["containers"]}

@@ -14,7 +14,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from tests.support.chart import HelmEngine, Release, scenario, scenarios
+from tests.support.chart import HelmEngine, Release, scenarios
 
 KUBERNETES = "1.33"
 NOT_VALIDATED = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
@@ -22,19 +22,6 @@ LABEL_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[
                         r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")  # fmt: skip
 LABEL_VALUE = re.compile(r"^$|^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-
-
-@pytest.fixture(scope="module")
-def helm() -> HelmEngine:
-    try:
-        return HelmEngine()
-    except LookupError as exc:
-        pytest.skip(str(exc))
-
-
-@pytest.fixture(scope="module")
-def renders(helm: HelmEngine) -> dict[str, Release]:
-    return {name: helm.render(scenario(name)) for name in scenarios()}
 
 
 @pytest.mark.parametrize("name", scenarios())

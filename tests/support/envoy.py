@@ -15,11 +15,12 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.waiting import poll_until
 
 CONFIG = """
 admin:
@@ -118,17 +119,21 @@ def running_envoy(
 
 
 def _listener(popen: subprocess.Popen[bytes], admin_file: Path, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Envoy's listener address, once bound: Envoy writes its admin address to ``admin_file``
+    when the admin API serves, and lists the listener there once it is bound."""
+
+    def bound() -> str:  # empty until bound
         if popen.poll() is not None:
             raise RuntimeError(f"envoy exited with {popen.returncode}")
-        if admin_file.exists() and admin_file.read_text().strip():
-            admin = admin_file.read_text().strip()
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"http://{admin}/listeners?format=json") as resp:
-                    listeners = json.load(resp)["listener_statuses"]
-                socket = listeners[0]["local_address"]["socket_address"]
-                if socket.get("port_value"):
-                    return f"{socket['address']}:{socket['port_value']}"
-        time.sleep(0.05)  # polling another process's admin API while it starts
-    raise TimeoutError("envoy did not bind its listener in time")
+        admin = admin_file.read_text().strip() if admin_file.exists() else ""
+        if not admin:
+            return ""
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"http://{admin}/listeners?format=json") as resp:
+                listeners = json.load(resp)["listener_statuses"]
+            socket = listeners[0]["local_address"]["socket_address"]
+            if socket.get("port_value"):
+                return f"{socket['address']}:{socket['port_value']}"
+        return ""
+
+    return poll_until(bound, timeout, "envoy to bind its listener", interval=0.05)

@@ -168,7 +168,7 @@ async def sample_load(
     pods: list[Stack], stop: asyncio.Event, every: float = 0.05
 ) -> list[LoadSample]:
     """Each pod's protocol gauges beside its own call listing, every ``every`` seconds (the
-    EPP's default interval) until ``stop``."""
+    EPP's default interval: a sampling cadence, not a wait) until ``stop``."""
     samples = []
     async with aiohttp.ClientSession() as session:
         while not stop.is_set():
@@ -183,7 +183,7 @@ async def sample_load(
 
 
 async def _queue(session: aiohttp.ClientSession, url: str) -> float:
-    async with session.get(url + "/metrics") as resp:
+    async with session.get(url + "/metrics/pool") as resp:  # what an EPP is told to read
         samples = parse(await resp.text())
     return total(samples, "vllm:num_requests_running") + total(samples, "vllm:num_requests_waiting")
 
