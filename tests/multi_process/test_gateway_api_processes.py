@@ -31,7 +31,10 @@ from tests.support.stack import (
 )
 from tests.support.waiting import wait_until
 
-GATEWAY = ["--sim-slots", "16", "--sim-step-base", "0.02", "--workers", "2",
+# 32 slots per worker (one per process): the kernel may put all 24 streams of a test on one
+# process, and a stream without a slot never sends its first token (16 slots failed 1 CI run:
+# P(one process gets 17 or more of 24) is about 6%).
+GATEWAY = ["--sim-slots", "32", "--sim-step-base", "0.02", "--workers", "2",
            "--api-processes", "2", "--drain-timeout", "1"]  # fmt: skip
 LONG = {"model": MODEL, "prompt": "long", "max_tokens": 3000, "stream": True}
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
