@@ -3,6 +3,10 @@
 Streaming answers are SSE, one ``data:`` event per chunk, ending with ``data: [DONE]``. A
 request cancelled while its answer streams (cancel API, shutdown) gets an error event and the
 stream ends without ``[DONE]``, so a client can tell a cut answer from a complete one.
+
+A chunk's event is built by :class:`StreamEvents` from parts encoded once per response: only
+the chunk's text is JSON-encoded per event (one event per engine step and choice, the hottest
+path of a streamed answer), and the bytes are those ``json.dumps`` of the whole chunk would give.
 """
 
 from __future__ import annotations
@@ -13,12 +17,13 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass
 from dataclasses import field as dc_field
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from aiohttp import web
 
 from gateway_server import sse
-from gateway_server.engine.base import SamplingParams, TokenChunk
+from gateway_server.engine.base import FinishReason, SamplingParams, TokenChunk
 from gateway_server.errors import (
     CancelledWhileRunning,
     GatewayError,
@@ -203,17 +208,16 @@ async def _stream(
     choices = [_Choice() for _ in job.prompts]
     if job.chat:
         for i in range(len(choices)):
-            await response.write(
-                _event(call, job, [_delta(i, {"role": "assistant", "content": ""}, None)])
-            )
+            role = {"role": "assistant", "content": ""}
+            piece = {"index": i, "delta": role, "logprobs": None, "finish_reason": None}
+            await response.write(_event(call, job, [piece]))
+    events = StreamEvents(_envelope(call, job), chat=job.chat)
     try:
         async with aclosing(chunks):
             async for index, chunk in chunks:
-                _absorb(choices[index], chunk)
+                _absorb(choices[index], chunk, keep_text=False)  # the client has the text
                 if chunk.text or chunk.finish_reason:
-                    content = {"content": chunk.text} if job.chat else chunk.text
-                    piece = _delta(index, content, chunk.finish_reason, chat=job.chat)
-                    await response.write(_event(call, job, [piece]))
+                    await response.write(events.chunk(index, chunk.text, chunk.finish_reason))
     except (RequestCancelled, GatewayError) as exc:
         await response.write(sse.encode(json.dumps({"error": _error_body(exc)})))
         await response.write_eof()
@@ -226,8 +230,34 @@ async def _stream(
     return response
 
 
-def _absorb(choice: _Choice, chunk: TokenChunk) -> None:
-    choice.text += chunk.text
+class StreamEvents:
+    """The chunk events of one streamed answer: ``chunk(...)`` gives the bytes of
+    ``sse.encode(json.dumps(envelope | {"choices": [choice]}))``, the choice being
+    ``{"index", "delta": {"content": text}}`` (chat) or ``{"index", "text"}``, then
+    ``"logprobs": null`` and the finish reason. The envelope is encoded once, here."""
+
+    def __init__(self, envelope: dict[str, Any], *, chat: bool) -> None:
+        opened = json.dumps(envelope)[:-1]  # without its closing brace: the choices follow
+        key = "delta" if chat else "text"
+        self._head = f'data: {opened}, "choices": [{{"index": '
+        self._key = f', "{key}": {{"content": ' if chat else f', "{key}": '
+        self._close = "}" if chat else ""
+        self._tails = {
+            reason: f', "logprobs": null, "finish_reason": {json.dumps(reason and reason.value)}'
+            "}]}\n\n"
+            for reason in (None, *FinishReason)
+        }
+
+    def chunk(self, index: int, text: str, finish: FinishReason | None) -> bytes:
+        return (
+            f"{self._head}{index}{self._key}{encode_basestring_ascii(text)}{self._close}"
+            f"{self._tails[finish]}"
+        ).encode()
+
+
+def _absorb(choice: _Choice, chunk: TokenChunk, *, keep_text: bool = True) -> None:
+    if keep_text:
+        choice.text += chunk.text
     choice.tokens += chunk.new_tokens
     choice.prompt_tokens = chunk.prompt_tokens
     if chunk.finish_reason is not None:
@@ -242,13 +272,6 @@ def _envelope(call: Call, job: _Job) -> dict[str, Any]:
 
 def _event(call: Call, job: _Job, choices: list[dict[str, Any]]) -> bytes:
     return sse.encode(json.dumps(_envelope(call, job) | {"choices": choices}))
-
-
-def _delta(index: int, content: Any, finish: Any, *, chat: bool = True) -> dict[str, Any]:
-    finish_reason = finish.value if hasattr(finish, "value") else finish
-    if chat:
-        return {"index": index, "delta": content, "logprobs": None, "finish_reason": finish_reason}
-    return {"index": index, "text": content, "logprobs": None, "finish_reason": finish_reason}
 
 
 def _final_choice(job: _Job, index: int, choice: _Choice) -> dict[str, Any]:

@@ -14,10 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gateway_server.engine.base import FinishReason
 from gateway_server.errors import InvalidRequest
 from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.tensors import decode_bytes_tensor, decode_request, encode_bytes_tensor
-from gateway_server.http.openai import _messages
+from gateway_server.http.openai import StreamEvents, _messages
 from gateway_server.requests import sampling_params
 from gateway_server.sse import Event, SSEDecoder, encode
 from hangup_contract import request_id
@@ -41,6 +42,28 @@ json_values = st.recursive(
 def _split(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts})
     return [data[a:b] for a, b in zip([0, *points], [*points, len(data)], strict=True)]
+
+
+@SETTINGS
+@given(
+    any_text,
+    any_text,
+    st.integers(min_value=0, max_value=2**40),
+    st.integers(min_value=0, max_value=127),
+    st.none() | st.sampled_from(FinishReason),
+    st.booleans(),
+)
+def test_a_streamed_chunk_is_the_json_of_the_whole_chunk(
+    text: str, model: str, created: int, index: int, finish: FinishReason | None, chat: bool
+) -> None:
+    """The pre-encoded chunk events are byte for byte what encoding each chunk whole gives."""
+    envelope = {"id": f"cmpl-{model[::-1]}", "object": "text_completion", "created": created,
+                "model": model}  # fmt: skip
+    content: dict[str, Any] = {"delta": {"content": text}} if chat else {"text": text}
+    choice = {"index": index, **content, "logprobs": None,
+              "finish_reason": finish and finish.value}  # fmt: skip
+    whole = encode(json.dumps(envelope | {"choices": [choice]}))
+    assert StreamEvents(envelope, chat=chat).chunk(index, text, finish) == whole
 
 
 @SETTINGS
