@@ -75,6 +75,11 @@ class GenerationService:
         self.draining = False
         self.siblings: Siblings | None = None
         """Set with ``--api-processes`` > 1: ids are claimed and cancelled gateway-wide."""
+        # Every call runs the one served model (``call`` checks it): the per-token series are
+        # bound once, as a labels() lookup costs more than the update it leads to.
+        self._tokens = metrics.generated_tokens.labels(model.name)
+        self._first_token = metrics.time_to_first_token.labels(model.name)
+        self._inter_token = metrics.inter_token_latency.labels(model.name)
 
     # -- calls -----------------------------------------------------------------------------
 
@@ -233,15 +238,14 @@ class GenerationService:
     def _count_tokens(self, call: Call, request: EngineCall, book: _Books, n: int) -> None:
         now = time.perf_counter()
         if book.last_token_at is None:
-            self.metrics.time_to_first_token.labels(call.model).observe(now - book.started)
+            self._first_token.observe(now - book.started)
             request.started_decode = True
         else:
-            per_token = (now - book.last_token_at) / n
-            self.metrics.inter_token_latency.labels(call.model).observe(per_token)
+            self._inter_token.observe((now - book.last_token_at) / n)
         book.last_token_at = now
         request.generated_tokens += n
         call.generated_tokens += n
-        self.metrics.generated_tokens.labels(call.model).inc(n)
+        self._tokens.inc(n)
 
     def _record_end(self, call: Call, request: EngineCall, book: _Books) -> None:
         m = self.metrics
