@@ -76,7 +76,11 @@ from gateway_server.engine.base import (
 )
 from gateway_server.engine.vllm_devices import DevicePin, device_env, device_groups, visible_devices
 from gateway_server.engine.vllm_options import VllmOptions
-from gateway_server.engine.vllm_stats import SchedulerSnapshot, stat_logger_factory
+from gateway_server.engine.vllm_stats import (
+    SchedulerSnapshot,
+    scheduler_statistics_only,
+    stat_logger_factory,
+)
 from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import Phase
 
@@ -174,11 +178,12 @@ class VllmEngine:
         args = engine_args.AsyncEngineArgs(
             model=self.model, disable_log_stats=True, **self.options.engine_args()
         )
-        # disable_log_stats drops vLLM's own loggers (a second AsyncLLM in one process would
-        # register its Prometheus metrics twice); ours still gets every step's statistics.
+        # disable_log_stats drops vLLM's logging logger; ours takes the place of its Prometheus
+        # logger and still gets every step's scheduler statistics (see vllm_stats).
         factory = stat_logger_factory(self._stats)
         with self._spawn_lock, device_env(self.devices):
             llm = async_llm.AsyncLLM.from_engine_args(args, stat_loggers=[factory])
+        scheduler_statistics_only(llm)
         # vLLM tokenizes in a thread of its own; a Hugging Face tokenizer must not be used from
         # two threads at once, so the gateway's counting and chat templating use a copy.
         return llm, copy.deepcopy(llm.get_tokenizer())
