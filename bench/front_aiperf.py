@@ -29,9 +29,9 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.gateway_processes import VLLM_ENGINE, front
+from bench.gateway_processes import VLLM_ENGINE, front, gateway
 from bench.stats import cpu_of
-from tests.support.processes import REPO, spawn
+from tests.support.processes import REPO
 from tests.support.scrape import parse, total
 from tests.support.vllm_stack import MODEL as TINY
 from tests.support.vllm_stack import make_tiny_model, vllm_serve_process
@@ -42,11 +42,9 @@ TOKENS = {"hangup": "hangup_gateway_generated_tokens_total", "vllm": "vllm:gener
 @contextlib.contextmanager
 def hangup_gateway(model: Path, work: Path) -> Iterator[tuple[str, list[int]]]:
     argv = ["--engine", "vllm", "--model", str(model), "--served-model-name", TINY,
-            "--log-level", "WARNING", "--workers", "1", "--http-port", "0", "--grpc-port", "0",
-            *VLLM_ENGINE]  # fmt: skip
-    with spawn("gateway_server", argv, work / "hangup", timeout=600) as proc:
-        yield proc.url(), front(proc.popen.pid)
-        proc.terminate(120)
+            "--log-level", "WARNING", "--workers", "1", *VLLM_ENGINE]  # fmt: skip
+    with gateway(argv, 1, work / "hangup") as (address, pid):
+        yield f"http://{address}", front(pid)
 
 
 @contextlib.contextmanager
