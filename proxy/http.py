@@ -9,16 +9,18 @@ only shuts down its write side looks the same to the transport and is treated as
 README, "Half-closed connections").
 
 Per call: admit (limits) → choose ids → stream the body up → relay the response chunk by chunk
-as it arrives (``iter_any``: no batching of SSE events) → release. How the call ends (the reason,
-the explicit cancel by request id, closing the upstream once the cancel is answered or
-``--stream-close-grace`` passed, the one log line) is ``proxy.lifecycle``'s, shared with gRPC;
-this module says when: the upstream call runs in a task of its own so that it outlives the
-handler's cancellation, and a hang-up while it is open is seen in the server's
-``connection_lost`` callback itself, a turn of the event loop before the handler's cancellation
-arrives (``proxy.http_listener``). Errors the proxy
-makes itself are ``ProxyError`` responses (JSON, OpenAI-style ``{"error": {...}}``) while nothing
-has been sent yet; after that the only honest signal is to close the client connection without
-the final chunk, so a truncated response never looks complete.
+as it arrives (no batching of SSE events) → release. The upstream side is ``proxy.upstream``:
+each chunk the upstream sends is written to the client's transport in the callback that parsed
+it (:class:`_ClientSink`), so no task runs per event; the handler waits for the body's end.
+How the call ends (the reason, the explicit cancel by request id, closing the upstream once
+the cancel is answered or ``--stream-close-grace`` passed, the one log line) is
+``proxy.lifecycle``'s, shared with gRPC; this module says when: the upstream call runs in a task
+of its own so that it outlives the handler's cancellation, and a hang-up while it is open is seen
+in the server's ``connection_lost`` callback itself, a turn of the event loop before the
+handler's cancellation arrives (``proxy.http_listener``). Errors the proxy makes itself are
+``ProxyError`` responses (JSON, OpenAI-style ``{"error": {...}}``) while nothing has been sent
+yet; after that the only honest signal is to close the client connection without the final
+chunk, so a truncated response never looks complete.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from hangup_contract.runtime.connections import BodyStalled, body_chunks
@@ -46,7 +47,7 @@ from proxy.errors import (
     ProxyError,
     ProxyTimeout,
     UpstreamBroken,
-    UpstreamTimeout,
+    UpstreamError,
     UpstreamUnavailable,
 )
 from proxy.headers import (
@@ -60,6 +61,7 @@ from proxy.lifecycle import CallEnding
 from proxy.logs import log_call
 from proxy.state import Call, ServerState
 from proxy.tagging import TAG_LIMIT, tag_body
+from proxy.upstream import Body, Response, Upstream
 from proxy.vocabulary import Outcome, Protocol, Stage
 
 log = logging.getLogger("hangup.proxy.http")
@@ -71,14 +73,38 @@ SCRAPE_TIMEOUT_S = 10.0
 SCRAPE_MAX_BYTES = 16 << 20
 
 
-async def _read_capped(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    chunks, size = [], 0
-    async for chunk in response.content.iter_any():
-        size += len(chunk)
-        if size > limit:
-            raise ValueError(f"the answer is larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+class _ClientSink:
+    """Writes an upstream body to the client's transport as it arrives (chunked framing when
+    the response is chunked). A client that left is not written to: its hang-up ends the call
+    (``HttpRelay.connection_lost``)."""
+
+    __slots__ = ("_call", "_chunked", "_high", "_transport", "_writer")
+
+    def __init__(self, request: web.BaseRequest, call: Call, *, chunked: bool) -> None:
+        transport = request.transport
+        if transport is None:
+            raise ClientGone("the client left before the response began")
+        self._transport = transport
+        self._writer = request.writer
+        self._call = call
+        self._chunked = chunked
+        self._high = transport.get_write_buffer_limits()[1]
+
+    def write(self, chunk: bytes) -> None:
+        if self._transport.is_closing():
+            return
+        self._transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if self._chunked else chunk)
+        self._call.bytes_out += len(chunk)
+
+    def full(self) -> bool:
+        transport = self._transport
+        return not transport.is_closing() and transport.get_write_buffer_size() > self._high
+
+    async def drain(self) -> None:
+        try:
+            await self._writer.drain()
+        except ConnectionResetError as exc:
+            raise ClientGone(f"the client left mid-response: {exc}") from exc
 
 
 class _Exchange:
@@ -90,7 +116,7 @@ class _Exchange:
         self.ending = ending
         self.response: web.StreamResponse | None = None
         self.body_error: BodyTooLarge | BodyTimeout | None = None  # why the body was cut
-        self.upstream_task: asyncio.Task[aiohttp.ClientResponse] | None = None
+        self.upstream_task: asyncio.Task[Response] | None = None
 
 
 class HttpRelay:
@@ -102,26 +128,15 @@ class HttpRelay:
         self._base = state.config.upstream_http.rstrip("/")
         adapter = state.canceller.adapters[Protocol.HTTP]
         self._tagger = adapter if isinstance(adapter, TagsRequests) else None
-        self._session: aiohttp.ClientSession | None = None
+        self._upstream = Upstream(self._base, connect_timeout=self._config.upstream_connect_timeout)
         # Calls whose upstream call is open, by the aiohttp protocol of their client connection.
         self._relaying: dict[object, _Exchange] = {}
 
     async def open(self) -> None:
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=0, keepalive_timeout=60, enable_cleanup_closed=False
-            ),
-            timeout=aiohttp.ClientTimeout(
-                total=None, connect=self._config.upstream_connect_timeout
-            ),
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
-        )
+        """Nothing to open: upstream connections are made as calls need them."""
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._upstream.close()
 
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.method == "GET" and request.path in self._config.scrape_paths:
@@ -151,16 +166,20 @@ class HttpRelay:
         the call metrics) would bury the calls that matter. There is nothing to cancel: a
         scrape whose client leaves is dropped with its handler. The answer is read whole (at
         most ``SCRAPE_MAX_BYTES``, within ``SCRAPE_TIMEOUT_S``), as scrapers expect it."""
-        assert self._session is not None, "HttpRelay.open() was not awaited"
         headers = [(n, v) for n, v in request.headers.items() if n.lower() in _SCRAPE_HEADERS]
-        url = self._base + request.raw_path
         try:
             async with asyncio.timeout(SCRAPE_TIMEOUT_S):
-                async with self._session.get(url, headers=headers) as upstream:
-                    body = await _read_capped(upstream, SCRAPE_MAX_BYTES)
-                    status = upstream.status
-                    content_type = upstream.headers.get("Content-Type")
-        except (aiohttp.ClientError, ValueError, TimeoutError) as exc:
+                upstream = await self._upstream.request("GET", request.raw_path, headers, None)
+                try:
+                    body = await upstream.read(SCRAPE_MAX_BYTES)
+                except BaseException:
+                    upstream.close()
+                    raise
+                upstream.release()
+                status = upstream.status
+                content_type = next((v for n, v in upstream.headers
+                                     if n.lower() == "content-type"), None)  # fmt: skip
+        except (UpstreamError, ValueError, TimeoutError) as exc:
             status = 504 if isinstance(exc, TimeoutError) else 502
             self._state.metrics.scrapes.labels(str(status)).inc()
             message = f"metrics scrape of the upstream failed: {exc or type(exc).__name__}"
@@ -252,10 +271,12 @@ class HttpRelay:
             request.headers.items(), ids=ids, client_addr=request.remote, scheme=request.scheme
         )
         await self._continue(request)
-        body: bytes | AsyncIterator[bytes] | None = None
+        body: Body = None
         if request.body_exists:
-            body = self._body(ex)
-            if self._tagger is not None:
+            body = self._arrived(ex)
+            if body is None:
+                body = self._body(ex)
+            if self._tagger is not None and not isinstance(body, bytes):
                 body, headers = await self._tagged(body, headers, ids.upstream)
         sent = time.monotonic()
         # The upstream call runs in a task of its own, so a hang-up that cancels this handler
@@ -301,9 +322,25 @@ class HttpRelay:
             headers = [(n, v) for n, v in headers if n.lower() != "content-length"]
         return sent, headers
 
+    def _arrived(self, ex: _Exchange) -> bytes | None:
+        """The whole body if it has all arrived already (a small request usually comes in one
+        packet with its head), else None: then it is streamed up as it arrives. Sent as bytes,
+        it goes out with the head in one write, and can be sent again if a reused upstream
+        connection turns out closed (``proxy.upstream``). Not for a tagging adapter, which
+        rewrites the body as it streams."""
+        content = ex.request.content
+        if self._tagger is not None or not content.is_eof() or content.exception() is not None:
+            return None
+        body = content.read_nowait()
+        limit = self._config.max_body_size
+        if limit is not None and len(body) > limit:
+            raise BodyTooLarge(f"request body exceeds {limit} bytes")
+        ex.call.bytes_in += len(body)
+        return body
+
     async def _body(self, ex: _Exchange) -> AsyncIterator[bytes]:
         """The client's body as it arrives, cut at ``--max-body-size`` (413) or when it stalls
-        for ``--body-timeout`` (408). aiohttp's upstream request wraps what this raises in its
+        for ``--body-timeout`` (408). The upstream request wraps what this raises in its
         own error, so the reason is kept on the exchange too."""
         limit = self._config.max_body_size
         try:
@@ -319,38 +356,23 @@ class HttpRelay:
             ex.body_error = exc
             raise
 
-    async def _send(
-        self,
-        ex: _Exchange,
-        headers: list[tuple[str, str]],
-        body: bytes | AsyncIterator[bytes] | None,
-    ) -> aiohttp.ClientResponse:
-        assert self._session is not None, "HttpRelay.open() was not awaited"
-        url = self._base + ex.request.raw_path
+    async def _send(self, ex: _Exchange, headers: list[tuple[str, str]], body: Body) -> Response:
+        request = ex.request
         try:
-            return await self._session.request(
-                ex.request.method, url, headers=headers, data=body, allow_redirects=False
-            )
-        except aiohttp.ServerTimeoutError as exc:
-            raise UpstreamTimeout(f"upstream {self._base} did not answer in time") from exc
-        except aiohttp.ClientConnectorError as exc:
+            return await self._upstream.request(request.method, request.raw_path, headers, body)
+        except UpstreamUnavailable:
             ex.ending.upstream_open = False  # never reached: nothing to cancel
-            raise UpstreamUnavailable(
-                f"upstream {self._base} is unavailable: {exc.os_error}"
-            ) from exc
-        except aiohttp.ClientError as exc:
-            if ex.body_error is not None:
+            raise
+        except UpstreamBroken as exc:
+            if ex.body_error is not None:  # the client's body failed: its own error says why
                 raise ex.body_error from exc
-            raise UpstreamBroken(
-                f"upstream {self._base} failed: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise
 
-    async def _respond(self, ex: _Exchange, upstream: aiohttp.ClientResponse) -> web.StreamResponse:
+    async def _respond(self, ex: _Exchange, upstream: Response) -> web.StreamResponse:
         request, call = ex.request, ex.call
         assert call.request_id is not None
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in upstream.raw_headers]
-        for name, value in client_response_headers(raw, request_id=call.request_id):
+        for name, value in client_response_headers(upstream.headers, request_id=call.request_id):
             response.headers.add(name, value)
         has_body = request.method != "HEAD" and upstream.status >= 200
         if (
@@ -366,15 +388,9 @@ class HttpRelay:
         except ConnectionResetError as exc:
             raise ClientGone(f"the client left before the response began: {exc}") from exc
         ex.response, call.stage, call.status = response, Stage.STREAMING, upstream.status
-        try:
-            async for chunk in upstream.content.iter_any():
-                try:
-                    await response.write(chunk)
-                except ConnectionResetError as exc:
-                    raise ClientGone(f"the client left mid-response: {exc}") from exc
-                call.bytes_out += len(chunk)
-        except aiohttp.ClientError as exc:
-            raise UpstreamBroken(f"upstream broke off mid-response: {type(exc).__name__}") from exc
+        if not has_body:
+            return response
+        await upstream.stream_to(_ClientSink(request, call, chunked=response.chunked))
         return response
 
     def _prepared(self, ex: _Exchange) -> web.StreamResponse:

@@ -1,0 +1,291 @@
+"""The relay's upstream client (``proxy.upstream``) against scripted raw HTTP/1.1 servers on
+127.0.0.1: keep-alive reuse, a reused connection the upstream had closed, every response framing,
+interim answers, broken and unreadable answers; and, through the proxy, a client that stops
+reading holds the upstream back instead of making the proxy buffer its stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from proxy.errors import UpstreamBroken, UpstreamUnavailable
+from proxy.upstream import Upstream
+from tests.support.proxy_harness import http_url, running_proxy
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class RawServer:
+    """A TCP server on 127.0.0.1 that runs ``script`` for each connection it accepts."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.connections = 0
+        self.url = ""
+        self._server: asyncio.Server | None = None
+        self._writers: list[asyncio.StreamWriter] = []
+        self._scripts: list[asyncio.Task[None]] = []
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.append(writer)
+        task = asyncio.current_task()
+        assert task is not None
+        self._scripts.append(task)
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+            await self.script(reader, writer)
+        writer.close()
+
+    async def __aenter__(self) -> RawServer:
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self._writers:
+            if not writer.is_closing():  # a script still running: end it
+                writer.transport.abort()
+        await asyncio.gather(*self._scripts, return_exceptions=True)
+        await self._server.wait_closed()
+
+
+async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+    """One request: its head and its body (Content-Length or chunked)."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    fields = {
+        line.split(b":", 1)[0].strip().lower(): line.split(b":", 1)[1].strip()
+        for line in head.split(b"\r\n")[1:]
+        if b":" in line
+    }
+    if b"content-length" in fields:
+        return head, await reader.readexactly(int(fields[b"content-length"]))
+    body = b""
+    if fields.get(b"transfer-encoding") == b"chunked":
+        while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+            body += await reader.readexactly(size)
+            await reader.readexactly(2)
+        await reader.readexactly(2)
+    return head, body
+
+
+class Collect:
+    """A sink that keeps what it is given."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+
+    def write(self, chunk: bytes) -> None:
+        self.chunks.append(chunk)
+
+    def full(self) -> bool:
+        return False
+
+    async def drain(self) -> None:
+        return None
+
+
+async def get(upstream: Upstream, target: str = "/", body: bytes | None = None) -> bytes:
+    response = await upstream.request("POST" if body else "GET", target, [], body)
+    sink = Collect()
+    await response.stream_to(sink)
+    response.release()
+    return b"".join(sink.chunks)
+
+
+def ok(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+
+
+async def test_sequential_calls_reuse_one_connection() -> None:
+    async def keep_alive(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            _, body = await read_request(reader)
+            writer.write(ok(b"got " + body))
+
+    async with RawServer(keep_alive) as server:
+        upstream = Upstream(server.url, connect_timeout=5)
+        answers = [await get(upstream, body=b"%d" % i) for i in range(5)]
+        await upstream.close()
+    assert answers == [b"got %d" % i for i in range(5)]
+    assert server.connections == 1
+
+
+async def test_a_reused_connection_closed_before_answering_is_replaced_and_the_call_resent() -> (
+    None
+):
+    bodies: list[bytes] = []
+
+    async def first_closes_early(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        first = server.connections == 1
+        while True:
+            bodies.append((await read_request(r))[1])
+            if first and len(bodies) == 2:  # as when an idle timeout meets the request
+                return
+            w.write(ok(b"answer"))  # no "Connection: close": the client may reuse it
+
+    async with RawServer(first_closes_early) as server:
+        upstream = Upstream(server.url, connect_timeout=5)
+        assert await get(upstream, body=b"one") == b"answer"
+        assert await get(upstream, body=b"two") == b"answer"
+        await upstream.close()
+    assert server.connections == 2
+    assert bodies == [b"one", b"two", b"two"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "body"),
+    [
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",
+         b"abcde"),
+        (b"HTTP/1.1 200 OK\r\n\r\nuntil the end", b"until the end"),
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+         + ok(b"final"), b"final"),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", b""),
+    ],
+    ids=["chunked", "until-close", "interim-answers-skipped", "no-content"],
+)  # fmt: skip
+async def test_every_response_framing_is_read_to_its_end(answer: bytes, body: bytes) -> None:
+    async def scripted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        for i in range(0, len(answer), 7):  # split anywhere, as TCP may
+            writer.write(answer[i : i + 7])
+            await writer.drain()
+            await asyncio.sleep(0)
+
+    async with RawServer(scripted) as server:
+        upstream = Upstream(server.url, connect_timeout=5)
+        assert await get(upstream) == body
+        await upstream.close()
+
+
+async def test_a_head_answer_has_no_body_to_wait_for() -> None:
+    async def head(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        await reader.read()  # no body follows; the connection stays open until the client's close
+
+    async with RawServer(head) as server:
+        upstream = Upstream(server.url, connect_timeout=5)
+        response = await upstream.request("HEAD", "/", [], None)
+        async with asyncio.timeout(5):
+            await response.stream_to(Collect())
+        assert (response.status, response.headers) == (200, [("Content-Length", "1000")])
+        response.release()
+        await upstream.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", b"SPDY/9 200 OK\r\n\r\n"],
+    ids=["cut-short", "not-http"],
+)
+async def test_a_broken_or_unreadable_answer_is_an_error(answer: bytes) -> None:
+    async def broken(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+
+    async with RawServer(broken) as server:
+        upstream = Upstream(server.url, connect_timeout=5)
+        with pytest.raises(UpstreamBroken, match=re.escape(f"upstream {server.url} ")):
+            await get(upstream)
+        await upstream.close()
+
+
+async def test_streamed_request_bodies_are_framed_as_declared_or_chunked() -> None:
+    seen: list[tuple[bytes, bytes]] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            seen.append(await read_request(reader))
+            writer.write(ok(b""))
+
+    async def parts() -> AsyncIterator[bytes]:
+        yield b"one "
+        yield b""
+        yield b"two"
+
+    async with RawServer(record) as server:
+        upstream = Upstream(server.url, connect_timeout=5)
+        for headers in ([], [("Content-Length", "7")]):
+            response = await upstream.request("POST", "/p?q=1", headers, parts())
+            await response.stream_to(Collect())
+            response.release()
+        await upstream.close()
+    (chunked_head, chunked_body), (sized_head, sized_body) = seen
+    assert chunked_head.startswith(b"POST /p?q=1 HTTP/1.1\r\n")
+    assert b"Transfer-Encoding: chunked" in chunked_head and b"Host: 127.0.0.1:" in chunked_head
+    assert b"Content-Length: 7" in sized_head and b"Transfer-Encoding" not in sized_head
+    assert chunked_body == sized_body == b"one two"
+
+
+async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent() -> None:
+    upstream = Upstream("http://127.0.0.1:9", connect_timeout=5)
+    with pytest.raises(ValueError, match="line breaks"):
+        await upstream.request("GET", "/", [("X-A", "1\r\nX-Injected: 1")], None)
+
+
+async def test_a_refused_connection_says_so() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    upstream = Upstream(f"http://127.0.0.1:{port}", connect_timeout=5)
+    with pytest.raises(
+        UpstreamUnavailable, match=re.escape(f"upstream http://127.0.0.1:{port} is unavailable")
+    ) as raised:
+        await upstream.request("GET", "/", [], None)
+    assert isinstance(raised.value.__cause__, ConnectionRefusedError)
+
+
+async def test_a_client_that_stops_reading_holds_the_upstream_back() -> None:
+    """The proxy relays as fast as the client reads: a stalled client stalls the upstream's
+    writes (TCP flow control through the proxy), and the proxy holds only its socket buffers;
+    once the client reads again, the whole body arrives intact."""
+    total, block = 64 << 20, 64 << 10
+    sent = 0
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal sent
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % total)
+        for i in range(total // block):
+            writer.write(bytes([i % 251]) * block)
+            await writer.drain()
+            sent += block
+
+    async with RawServer(flood) as server, running_proxy(server.url) as proxy:
+        host, port = http_url(proxy).removeprefix("http://").split(":")
+        client = socket.create_connection((host, int(port)))
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        client.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        stalled_at = -1
+        while stalled_at != sent:  # the upstream's writes stop when the proxy stops reading
+            stalled_at = sent
+            await asyncio.sleep(0.3)
+        assert 0 < sent < 16 << 20, f"the proxy took {sent} bytes from the upstream"
+
+        def read_all() -> bytes:
+            chunks, size = [], 0
+            with client:
+                while size < total + 4096 and (chunk := client.recv(1 << 20)):
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if (
+                        b"\r\n\r\n" in chunks[0]
+                        and size - chunks[0].index(b"\r\n\r\n") - 4 >= total
+                    ):
+                        break
+            return b"".join(chunks)
+
+        data = await asyncio.to_thread(read_all)
+    body = data.split(b"\r\n\r\n", 1)[1]
+    assert len(body) == total
+    assert all(body[i * block] == i % 251 for i in range(total // block))
