@@ -129,10 +129,16 @@ async def event_latency(address: str, streams: int, events: int) -> list[float]:
 
 
 async def saturate(
-    address: str, streams: int, events: int, clock: Callable[[], Sequence[float]]
+    address: str,
+    streams: int,
+    events: int,
+    clock: Callable[[], Sequence[float]],
+    interval: float = 0.0,
 ) -> tuple[int, float, list[float]]:
     """Open ``streams`` streams of ``events`` events each; the source starts them all at one
-    moment, so what is measured is relaying, not connection setup. Returns the events received,
+    moment, so what is measured is relaying, not connection setup. Each stream's events follow
+    each other as fast as the socket takes them, or ``interval`` seconds apart (paced like
+    tokens: each event then reaches the relay alone). Returns the events received,
     the seconds from that moment to the last one, and how much each of ``clock``'s readings
     (CPU seconds of whatever is measured) grew meanwhile."""
     counted = [0]
@@ -140,7 +146,7 @@ async def saturate(
 
     async def one() -> None:
         conn = await Connection.open(address)
-        head = await conn.get(f"/events?n={events}&interval=0&start={begin:.6f}")
+        head = await conn.get(f"/events?n={events}&interval={interval}&start={begin:.6f}")
         tail = bytearray()
 
         def on_data(data: bytes) -> None:

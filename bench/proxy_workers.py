@@ -10,7 +10,12 @@ source and client together use every core, the machine, not the relay, is the li
 events/s ratio of 2 workers over 1 says nothing about scaling; the relay's CPU per event still
 does (it is what a pod pays per token).
 
-Run: ``.venv/bin/python -m bench.proxy_workers`` (``--streams 64,256 --events 60000``).
+``--interval S`` paces each stream's events S seconds apart, as an engine streams tokens: each
+event then reaches the relay alone (a saturating source lets events coalesce into one read), so
+CPU per event is what a relay pays per token; events/s is then the source's pace, not a limit.
+
+Run: ``.venv/bin/python -m bench.proxy_workers`` (``--streams 64,256 --events 60000``;
+``--interval 0.02`` for paced streams).
 """
 
 from __future__ import annotations
@@ -29,14 +34,19 @@ from tests.support.processes import REPO, Process, children, spawn
 
 
 async def measure(
-    address: str, relay: list[int], sources: list[int], streams: int, events: int
+    address: str,
+    relay: list[int],
+    sources: list[int],
+    streams: int,
+    events: int,
+    interval: float = 0.0,
 ) -> dict[str, float]:
     """Events/s, and CPU ms per 1000 events of the relay, the source and the client."""
 
     def clock() -> list[float]:
         return [cpu_of(relay), cpu_of(sources), time.process_time()]
 
-    count, elapsed, spent = await saturate(address, streams, events // streams, clock)
+    count, elapsed, spent = await saturate(address, streams, events // streams, clock, interval)
     per_k = [1e6 * cpu / count for cpu in spent]
     return {"rate": count / elapsed, "relay": per_k[0], "source": per_k[1],
             "client": per_k[2], "busy": sum(spent) / elapsed}  # fmt: skip
@@ -68,6 +78,8 @@ async def main() -> None:
     parser.add_argument("--events", type=int, default=60000, help="events per measurement")
     parser.add_argument("--sources", type=int, default=2, help="source processes")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per path")
+    parser.add_argument("--interval", type=float, default=0.0,
+                        help="seconds between a stream's events (0: at once)")  # fmt: skip
     args = parser.parse_args()
     work = REPO / ".demo" / "bench-proxy-workers"
     print(f"{os.cpu_count()} cores; {args.sources} source processes", flush=True)
@@ -91,9 +103,10 @@ async def main() -> None:
             results: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
             for _ in range(args.rounds):  # alternate, so drift on a shared machine hits all
                 for name, (target, relay) in paths.items():
-                    results[name].append(
-                        await measure(target, relay, source_pids, streams, args.events)
+                    result = await measure(
+                        target, relay, source_pids, streams, args.events, args.interval
                     )
+                    results[name].append(result)
             report(streams, results)
 
 
