@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 
 from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
 from proxy.config import Config
-from proxy.headers import SERVER_HEADER
+from proxy.http.headers import SERVER_HEADER
 from proxy.state import ServerState
 
 

@@ -2,9 +2,9 @@
 
 A call ends once, whichever comes first: the client hangs up (a closed connection, a cancelled
 gRPC call, its deadline), the proxy stops it (``--max-request-duration``, shutdown), or the
-upstream answers in full. The protocol adapters (``proxy.http``, ``proxy.grpc``) say *when*
-each step below happens and *how* their upstream call closes; :class:`CallEnding` (one per call)
-decides the rest, the same way for both:
+upstream answers in full. The protocol adapters (``proxy.http.relay``, ``proxy.grpc.relay``)
+say *when* each step below happens and *how* their upstream call closes; :class:`CallEnding`
+(one per call) decides the rest, the same way for both:
 
 1. :meth:`CallEnding.stop`: record why the call ends (reason, outcome ``cancelled``, the moment
    it was seen; a client that left before anything was sent gets the adapter's "gone" status),

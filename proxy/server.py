@@ -25,12 +25,12 @@ from prometheus_client import CollectorRegistry
 
 from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.vocabulary import Reason
-from proxy.adapters import open_grpc_adapter, open_http_adapter
 from proxy.admin import AdminListener
-from proxy.cancel import Canceller
+from proxy.cancel.canceller import Canceller
+from proxy.cancel.choice import open_grpc_adapter, open_http_adapter
 from proxy.config import Config
-from proxy.grpc import GrpcRelay
-from proxy.http_listener import HttpListener
+from proxy.grpc.relay import GrpcRelay
+from proxy.http.listener import HttpListener
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
 from proxy.vocabulary import Protocol

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hangup_contract.vocabulary import Reason
-from proxy.cancel import Canceller
+from proxy.cancel.canceller import Canceller
 from proxy.config import Config
 from proxy.errors import Overloaded
 from proxy.metrics import ProxyMetrics

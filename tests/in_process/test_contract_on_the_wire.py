@@ -10,7 +10,7 @@ from tritonclient.utils import InferenceServerException
 
 from hangup_contract import request_id
 from hangup_contract.vocabulary import Reason
-from proxy.cancel_http import HangupCancelAdapter
+from proxy.cancel.http import HangupCancelAdapter
 from proxy.vocabulary import CancelResult
 from tests.support.gateway import LONG, MODEL, Gateway
 from tests.support.triton_io import Stream, cancel_id_of, inputs

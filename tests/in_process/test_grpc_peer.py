@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from proxy import grpc_peer
-from proxy.grpc_peer import (
+from proxy.grpc import peer as grpc_peer
+from proxy.grpc.peer import (
     Endpoint,
     Liveness,
     Socket,

@@ -22,11 +22,11 @@ from prometheus_client import CollectorRegistry
 
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.vocabulary import Reason
-from proxy.cancel import Canceller
+from proxy.cancel.canceller import Canceller
+from proxy.cancel.grpc import GrpcCancelAdapter
 from proxy.config import Config
-from proxy.grpc import GrpcRelay
-from proxy.grpc_cancel import GrpcCancelAdapter
-from proxy.grpc_peer import can_tell_disconnects
+from proxy.grpc.peer import can_tell_disconnects
+from proxy.grpc.relay import GrpcRelay
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
 from proxy.vocabulary import Protocol

@@ -14,8 +14,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from hangup_contract.vocabulary import Reason
-from proxy.cancel import Canceller
-from proxy.cancel_http import HangupCancelAdapter
+from proxy.cancel.canceller import Canceller
+from proxy.cancel.http import HangupCancelAdapter
 from proxy.metrics import ProxyMetrics
 from proxy.vocabulary import CancelResult, Protocol
 from tests.support.proxy_harness import http_url, raw_request, running_proxy

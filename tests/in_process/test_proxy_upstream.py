@@ -1,4 +1,4 @@
-"""The relay's upstream client (``proxy.upstream``) against scripted raw HTTP/1.1 servers on
+"""The relay's upstream client (``proxy.upstream.client``) against scripted raw HTTP/1.1 servers on
 127.0.0.1: keep-alive reuse, a reused connection the upstream had closed, every response framing,
 interim answers, broken and unreadable answers; and, through the proxy, a client that stops
 reading holds the upstream back instead of making the proxy buffer its stream.
@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from proxy.errors import UpstreamBroken, UpstreamUnavailable
-from proxy.upstream import Upstream
+from proxy.upstream.client import Upstream
 from tests.support.proxy_harness import http_url, running_proxy
 
 QUIET_S = 0.5  # seconds without a block getting out that count as a stalled upstream

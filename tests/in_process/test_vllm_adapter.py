@@ -11,8 +11,8 @@ import pytest
 from aiohttp import web
 
 from hangup_contract.vocabulary import Reason
-from proxy.adapters import open_grpc_adapter, open_http_adapter
-from proxy.cancel_servers import VllmAbortAdapter
+from proxy.cancel.choice import open_grpc_adapter, open_http_adapter
+from proxy.cancel.servers import VllmAbortAdapter
 from proxy.config import AdapterName, build_config
 from proxy.errors import CancelAttemptFailed
 from proxy.vocabulary import CancelResult

@@ -25,7 +25,7 @@ import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
-from proxy.grpc_peer import can_tell_disconnects
+from proxy.grpc.peer import can_tell_disconnects
 from tests.support.gateway import LONG, MODEL
 from tests.support.processes import Process, child_env, spawn
 from tests.support.scrape import metric_sum
@@ -149,7 +149,7 @@ def test_stop_stream_with_cancel_requests_aborts_every_request(stack: Stack) -> 
         assert error is None, error
         started.add(result.get_response().id)
     # The client stays up: one that cancels and drops its connection at once may well be
-    # counted as a disconnect (see proxy/grpc_peer.py).
+    # counted as a disconnect (see proxy/grpc/peer.py).
     stream.client.stop_stream(cancel_requests=True)
     try:
         poll_until(
@@ -309,7 +309,7 @@ async def test_a_status_the_upstream_sends_before_reading_the_request_reaches_th
 ) -> None:
     # The gateway answers an unknown method at once, while the proxy may still be writing the
     # request upstream; grpc.aio then stamped the proxy's upstream call INTERNAL over the real
-    # status (up to 60 % of such calls did, before proxy/grpc_status.py).
+    # status (up to 60 % of such calls did, before proxy/grpc/status.py).
     async with grpc.aio.insecure_channel(stack.target) as channel:
         method = channel.unary_unary("/inference.GRPCInferenceService/NoSuchMethod")
         gate = asyncio.Semaphore(32)

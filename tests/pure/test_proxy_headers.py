@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.errors import BadRequestId
-from proxy.headers import (
+from proxy.http.headers import (
     RequestIds,
     choose_request_ids,
     client_response_headers,

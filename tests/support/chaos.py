@@ -51,7 +51,7 @@ import grpc
 
 from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.tensors import decode_bytes_tensor
-from proxy.grpc_status import StatusWatch
+from proxy.grpc.status import StatusWatch
 from tests.support.faults import Pod
 from tests.support.grpc_fuzz import STREAM, infer_request
 from tests.support.scrape import scrape_async, total

@@ -27,7 +27,7 @@ from grpc_health.v1 import health_pb2
 
 from gateway_server.grpc.protos import inference_pb2 as pb
 from hangup_contract.protos import cancellation_pb2
-from proxy.grpc_status import StatusWatch
+from proxy.grpc.status import StatusWatch
 from tests.support.stack import MODEL, TOKEN
 
 INFERENCE = "/inference.GRPCInferenceService/"

@@ -26,7 +26,7 @@ import json
 import logging
 
 from hangup_contract.vocabulary import Reason
-from proxy.cancel_http import HttpCancelAdapter
+from proxy.cancel.http import HttpCancelAdapter
 from proxy.errors import CancelAttemptFailed
 from proxy.vocabulary import CancelResult
 

@@ -9,7 +9,7 @@ only shuts down its write side looks the same to the transport and is treated as
 README, "Half-closed connections").
 
 Per call: admit (limits) → choose ids → stream the body up → relay the response chunk by chunk
-as it arrives (no batching of SSE events) → release. The upstream side is ``proxy.upstream``:
+as it arrives (no batching of SSE events) → release. The upstream side is ``proxy.upstream.client``:
 each chunk the upstream sends is written to the client's transport in the callback that parsed
 it (:class:`_ClientSink`), so no task runs per event; the handler waits for the body's end.
 How the call ends (the reason, the explicit cancel by request id, closing the upstream once
@@ -17,7 +17,7 @@ the cancel is answered or ``--stream-close-grace`` passed, the one log line) is
 ``proxy.lifecycle``'s, shared with gRPC; this module says when: the upstream call runs in a task
 of its own so that it outlives the handler's cancellation, and a hang-up while it is open is seen
 in the server's ``connection_lost`` callback itself, a turn of the event loop before the
-handler's cancellation arrives (``proxy.http_listener``). Errors the proxy makes itself are
+handler's cancellation arrives (``proxy.http.listener``). Errors the proxy makes itself are
 ``ProxyError`` responses (JSON, OpenAI-style ``{"error": {...}}``) while nothing has been sent
 yet; after that the only honest signal is to close the client connection without the final
 chunk, so a truncated response never looks complete.
@@ -36,7 +36,7 @@ from aiohttp import web
 
 from hangup_contract.runtime.connections import BodyStalled, body_chunks
 from hangup_contract.vocabulary import Reason
-from proxy.cancel import TagsRequests
+from proxy.cancel.canceller import TagsRequests
 from proxy.errors import (
     BadTarget,
     BodyTimeout,
@@ -50,18 +50,18 @@ from proxy.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
-from proxy.headers import (
+from proxy.http.headers import (
     REQUEST_ID,
     SERVER_HEADER,
     choose_request_ids,
     client_response_headers,
     upstream_request_headers,
 )
+from proxy.http.logs import log_call
+from proxy.http.tagging import TAG_LIMIT, tag_body
 from proxy.lifecycle import CallEnding
-from proxy.logs import log_call
 from proxy.state import Call, ServerState
-from proxy.tagging import TAG_LIMIT, tag_body
-from proxy.upstream import Body, Response, Upstream
+from proxy.upstream.client import Body, Response, Upstream
 from proxy.vocabulary import Outcome, Protocol, Stage
 
 log = logging.getLogger("hangup.proxy.http")
@@ -326,7 +326,7 @@ class HttpRelay:
         """The whole body if it has all arrived already (a small request usually comes in one
         packet with its head), else None: then it is streamed up as it arrives. Sent as bytes,
         it goes out with the head in one write, and can be sent again if a reused upstream
-        connection turns out closed (``proxy.upstream``). Not for a tagging adapter, which
+        connection turns out closed (``proxy.upstream.client``). Not for a tagging adapter, which
         rewrites the body as it streams."""
         content = ex.request.content
         if self._tagger is not None or not content.is_eof() or content.exception() is not None:

@@ -3,7 +3,7 @@
 - ``hangup``: HTTP ``POST /v2/requests/{id}/cancel`` (the contract); gRPC
   ``hangup.v1.Cancellation/Cancel``.
 - ``vllm``: close the stream (vLLM aborts on disconnect); with ``--vllm-abort-endpoint`` also
-  ``POST /abort_requests`` (``proxy.cancel_servers``).
+  ``POST /abort_requests`` (``proxy.cancel.servers``).
 - ``sglang``: the id in the body's ``rid``, then ``POST /abort_request``.
 - ``none``: close the stream.
 
@@ -14,11 +14,11 @@ token as a bearer token.
 
 from __future__ import annotations
 
-from proxy.cancel import CancelAdapter, NoCancelAdapter
-from proxy.cancel_http import HangupCancelAdapter
-from proxy.cancel_servers import SglangAbortAdapter, VllmAbortAdapter
+from proxy.cancel.canceller import CancelAdapter, NoCancelAdapter
+from proxy.cancel.grpc import GrpcCancelAdapter
+from proxy.cancel.http import HangupCancelAdapter
+from proxy.cancel.servers import SglangAbortAdapter, VllmAbortAdapter
 from proxy.config import AdapterName, Config
-from proxy.grpc_cancel import GrpcCancelAdapter
 
 
 def open_http_adapter(config: Config) -> CancelAdapter:

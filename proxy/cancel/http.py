@@ -5,7 +5,7 @@ no relayed call uses, the first attempt written in the callback that saw the han
 connection replaced once, a spare connection kept ready. An adapter says which POST cancels an id
 and what an answer means. ``HangupCancelAdapter`` speaks the cancel contract:
 ``POST {base}/v2/requests/{id}/cancel`` with ``{"reason"}`` (``hangup_contract.cancel``); the
-adapters for other servers are in ``proxy.cancel_servers``. ``h11`` frames the request and parses
+adapters for other servers are in ``proxy.cancel.servers``. ``h11`` frames the request and parses
 the answer (status line, headers, a body framed by Content-Length, chunked encoding or the end of
 the connection; interim 1xx answers skipped); this module does the I/O around it.
 

@@ -10,9 +10,9 @@ from typing import Any
 from aiohttp import web
 
 from hangup_contract.runtime.connections import LimitedServer, counted_in
-from proxy.headers import SERVER_HEADER
-from proxy.http import HttpRelay
-from proxy.logs import server_logger
+from proxy.http.headers import SERVER_HEADER
+from proxy.http.logs import server_logger
+from proxy.http.relay import HttpRelay
 from proxy.state import ServerState
 
 _CLOSE_TIMEOUT = 5.0  # seconds for handlers still running at close (the drain came first)

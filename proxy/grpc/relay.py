@@ -44,12 +44,12 @@ import grpc
 from hangup_contract.runtime.connections import grpc_server_options
 from hangup_contract.vocabulary import Reason
 from proxy.errors import BadRequestId, ClientGone, Overloaded
-from proxy.grpc_metadata import Metadata, client_metadata, relayable, upstream_metadata
-from proxy.grpc_peer import Liveness, can_tell_disconnects, connection_liveness
-from proxy.grpc_status import StatusWatch
-from proxy.headers import RequestIds, choose_request_ids
+from proxy.grpc.metadata import Metadata, client_metadata, relayable, upstream_metadata
+from proxy.grpc.peer import Liveness, can_tell_disconnects, connection_liveness
+from proxy.grpc.status import StatusWatch
+from proxy.http.headers import RequestIds, choose_request_ids
+from proxy.http.logs import log_call
 from proxy.lifecycle import CallEnding
-from proxy.logs import log_call
 from proxy.state import Call, ServerState
 from proxy.vocabulary import Outcome, Protocol, Stage
 
