@@ -7,6 +7,8 @@ percent-encoded: a cancel may name one request of a gRPC stream by an alias that
 client's own request id (``<call id>:<id>``), which can hold any character.
 
 Both sides encode and parse here; every parse error is a ``ValueError`` naming the problem.
+A reader that needs only the answer's state (the proxy) uses :func:`answer_state`, which
+accepts phases and fields it does not know: a newer gateway may send them.
 """
 
 from __future__ import annotations
@@ -71,16 +73,8 @@ class CancelAnswer:
     @classmethod
     def from_json(cls, body: bytes | str) -> CancelAnswer:
         """Parse an answer. Raises ``ValueError`` naming what is missing or wrong."""
-        try:
-            parsed: Any = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"cancel answer is not valid JSON: {exc}") from exc
-        if not isinstance(parsed, dict):
-            raise ValueError("cancel answer must be a JSON object")
-        raw_state = parsed.get("state")
-        if not isinstance(raw_state, str) or raw_state not in set(CancelState):
-            raise ValueError(f"cancel answer has no known state: {raw_state!r}")
-        state = CancelState(raw_state)
+        parsed = _answer_object(body)
+        state = _state_of(parsed)
         phase = parsed.get("phase")
         if phase is not None and (not isinstance(phase, str) or phase not in set(Phase)):
             raise ValueError(f"cancel answer has no known phase: {phase!r}")
@@ -93,3 +87,33 @@ class CancelAnswer:
             phase=Phase(phase) if phase is not None else None,
             generated_tokens=tokens,
         )
+
+
+def answer_state(body: bytes | str) -> CancelState:
+    """The state a cancel answer names, whatever else it carries: a ``phase`` this side does not
+    know (it must still be a string) and fields it does not know are accepted. Raises
+    ``ValueError`` for a body that is not a JSON object, a state that is not known, or a phase
+    that is not a string."""
+    parsed = _answer_object(body)
+    state = _state_of(parsed)
+    phase = parsed.get("phase")
+    if phase is not None and not isinstance(phase, str):
+        raise ValueError(f"cancel answer's phase is not a string: {phase!r}")
+    return state
+
+
+def _answer_object(body: bytes | str) -> dict[str, Any]:
+    try:
+        parsed: Any = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cancel answer is not valid JSON: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise ValueError("cancel answer must be a JSON object")
+    return parsed
+
+
+def _state_of(parsed: dict[str, Any]) -> CancelState:
+    raw_state = parsed.get("state")
+    if not isinstance(raw_state, str) or raw_state not in set(CancelState):
+        raise ValueError(f"cancel answer has no known state: {raw_state!r}")
+    return CancelState(raw_state)

@@ -16,10 +16,10 @@ carries the HTTP status and outcome of a call it ends.
     └── UpstreamError                5xx    upstream_error
         ├── UpstreamUnavailable      503    the upstream refused the connection (down)
         ├── UpstreamBroken           502    the upstream broke off or answered garbage
+        │   └── StaleConnection             a connection closed before any byte of the answer
+        │                                   (a reused one is resent on a fresh connection once)
         ├── UpstreamTimeout          504    no connection within --upstream-connect-timeout
         └── CancelAttemptFailed             one cancel attempt failed; retried until its deadline
-            ├── StaleConnection             a reused keep-alive connection the server had closed
-            └── BadResponse                 the cancel endpoint's answer was not HTTP/1.1
     hangup_contract.runtime.options.ConfigError (ValueError): bad flags or environment, raised
     before serving (one class for both processes)
 
@@ -102,14 +102,11 @@ class UpstreamTimeout(UpstreamError):
     status = 504
 
 
+class StaleConnection(UpstreamBroken):
+    """The connection ended before any byte of the answer (the server had closed it)."""
+
+
 class CancelAttemptFailed(UpstreamError):
     """One cancel attempt failed in a way another attempt may fix (the cancel endpoint is down,
-    slow or overloaded): the canceller retries until the cancel's deadline."""
-
-
-class StaleConnection(CancelAttemptFailed):
-    """The connection ended before any response arrived (the server had closed it)."""
-
-
-class BadResponse(CancelAttemptFailed):
-    """The response could not be read as HTTP/1.1."""
+    slow, overloaded, or answered what is not HTTP/1.1): the canceller retries until the
+    cancel's deadline."""

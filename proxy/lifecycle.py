@@ -25,13 +25,10 @@ import time
 from collections.abc import Callable
 
 from hangup_contract.vocabulary import Reason
+from proxy.cancel.seams import CancelTask, Submit
 from proxy.metrics import ProxyMetrics
 from proxy.state import Call
-from proxy.vocabulary import CancelResult, Outcome
-
-CancelTask = asyncio.Task[CancelResult | None]
-Submit = Callable[[str, Reason, float], CancelTask]
-"""``submit(request_id, reason, detected_at)``: start the explicit cancel of one upstream call."""
+from proxy.vocabulary import Outcome
 
 PROXY_STOPPED = frozenset({Reason.SHUTDOWN, Reason.PROXY_TIMEOUT})
 """Reasons the proxy ends a call for itself (not counted as client disconnects)."""

@@ -1,10 +1,10 @@
-"""Explicit upstream cancel calls: the adapter seam and the canceller that drives it.
+"""Explicit upstream cancel calls: the canceller that drives the adapters.
 
-A ``CancelAdapter`` makes *one attempt* to cancel an upstream call by id and says what came of
-it, or raises ``CancelAttemptFailed`` when another attempt may do better (the endpoint is down,
-slow or overloaded). ``hangup`` speaks the cancel contract (``hangup_contract.cancel``); ``none``
-makes no call at all (the relay still closes the upstream stream). Other upstreams' cancel APIs
-plug in as new adapters.
+A ``CancelAdapter`` (``proxy.cancel.seams``) makes *one attempt* to cancel an upstream call by
+id and says what came of it, or raises ``CancelAttemptFailed`` when another attempt may do
+better (the endpoint is down, slow or overloaded). ``hangup`` speaks the cancel contract
+(``hangup_contract.cancel``); ``none`` makes no call at all (the relay still closes the
+upstream stream). Other upstreams' cancel APIs plug in as new adapters.
 
 The ``Canceller`` owns every cancel in flight. ``submit`` starts one as its own task, so the
 handler that detected the hang-up can be cancelled or return without taking the cancel with it
@@ -27,72 +27,15 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import Protocol as Interface
-from typing import runtime_checkable
+from collections.abc import Mapping
 
 from hangup_contract.vocabulary import Reason
+from proxy.cancel.seams import CancelAdapter, CancelTask, SendsNow, Submit
 from proxy.errors import CancelAttemptFailed
 from proxy.metrics import ProxyMetrics
 from proxy.vocabulary import CancelResult, Protocol
 
 log = logging.getLogger("hangup.proxy.cancel")
-
-CancelTask = asyncio.Task[CancelResult | None]
-
-
-class CancelAdapter(Interface):
-    """How the proxy asks one kind of upstream to cancel a call by id."""
-
-    @property
-    def name(self) -> str:
-        """The ``adapter`` label value."""
-        ...
-
-    @property
-    def calls_upstream(self) -> bool:
-        """False when the adapter makes no call (nothing is counted for it)."""
-        ...
-
-    async def cancel(self, request_id: str, reason: Reason) -> CancelResult:
-        """One attempt; raises ``CancelAttemptFailed`` when retrying may help."""
-        ...
-
-    async def close(self) -> None: ...
-
-
-@runtime_checkable
-class SendsNow(Interface):
-    """An adapter that can put an attempt on the wire before returning (no event-loop turn)."""
-
-    def send_now(self, request_id: str, reason: Reason) -> asyncio.Task[CancelResult] | None:
-        """Start one attempt now, its answer read by the task; None when it cannot start now."""
-        ...
-
-
-@runtime_checkable
-class TagsRequests(Interface):
-    """An adapter whose upstream takes a call's id from the request body, not from a header."""
-
-    def tag_body(self, body: bytes, request_id: str) -> bytes:
-        """``body`` carrying ``request_id``; raises ``ValueError`` saying why it cannot."""
-        ...
-
-
-class NoCancelAdapter:
-    """No cancel call: the upstream learns of a hang-up only from its closed stream
-    (``--cancel-adapter none``, and ``vllm`` without its abort endpoint)."""
-
-    calls_upstream = False
-
-    def __init__(self, name: str = "none") -> None:
-        self.name = name
-
-    async def cancel(self, request_id: str, reason: Reason) -> CancelResult:
-        return CancelResult.OK
-
-    async def close(self) -> None:
-        return None
 
 
 class Canceller:
@@ -119,7 +62,7 @@ class Canceller:
         self._backoff = backoff
         self._backoff_max = backoff_max
         self._slots = _Slots(concurrency)
-        self._tasks: set[asyncio.Task[CancelResult | None]] = set()
+        self._tasks: set[CancelTask] = set()
 
     def submit(
         self,
@@ -127,7 +70,7 @@ class Canceller:
         reason: Reason,
         detected_at: float,
         protocol: Protocol = Protocol.HTTP,
-    ) -> asyncio.Task[CancelResult | None]:
+    ) -> CancelTask:
         """Start cancelling ``request_id``; the task's result is the outcome (None: no call).
 
         When a slot is free and the adapter has a connection ready, the first attempt's request
@@ -143,7 +86,7 @@ class Canceller:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def submitter(self, protocol: Protocol) -> Callable[[str, Reason, float], CancelTask]:
+    def submitter(self, protocol: Protocol) -> Submit:
         """``submit`` for ``protocol``'s calls."""
         return lambda request_id, reason, detected_at: self.submit(
             request_id, reason, detected_at, protocol

@@ -14,24 +14,38 @@ token as a bearer token.
 
 from __future__ import annotations
 
-from proxy.cancel.canceller import CancelAdapter, NoCancelAdapter
 from proxy.cancel.grpc import GrpcCancelAdapter
-from proxy.cancel.http import HangupCancelAdapter
-from proxy.cancel.servers import SglangAbortAdapter, VllmAbortAdapter
+from proxy.cancel.http import HangupCancel, HttpCancelAdapter
+from proxy.cancel.seams import CancelAdapter, CancelCall, NoCancelAdapter, TagsRequests
+from proxy.cancel.servers import SglangAbort, VllmAbort
 from proxy.config import AdapterName, Config
 
 
 def open_http_adapter(config: Config) -> CancelAdapter:
     """The adapter the HTTP listener's calls are cancelled with."""
+    call = _http_call(config)
+    if call is None:
+        return NoCancelAdapter(config.cancel_adapter.value)
+    return HttpCancelAdapter(
+        call, config.cancel_base_url, config.cancel_token, config.cancel_attempt_timeout
+    )
+
+
+def _http_call(config: Config) -> CancelCall | None:
     name = config.cancel_adapter
-    args = (config.cancel_base_url, config.cancel_token, config.cancel_attempt_timeout)
     if name is AdapterName.HANGUP:
-        return HangupCancelAdapter(*args)
+        return HangupCancel()
     if name is AdapterName.SGLANG:
-        return SglangAbortAdapter(*args)
+        return SglangAbort()
     if name is AdapterName.VLLM and config.vllm_abort_endpoint:
-        return VllmAbortAdapter(*args)
-    return NoCancelAdapter(name.value)
+        return VllmAbort()
+    return None
+
+
+def body_tagger(adapter: CancelAdapter) -> TagsRequests | None:
+    """What writes a call's id into the request body, when ``adapter``'s upstream reads it there."""
+    hooks = adapter.call if isinstance(adapter, HttpCancelAdapter) else adapter
+    return hooks if isinstance(hooks, TagsRequests) else None
 
 
 def open_grpc_adapter(config: Config) -> CancelAdapter:

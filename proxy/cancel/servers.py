@@ -13,7 +13,7 @@ closed stream) and the cancel token as a bearer token. vLLM answers 200 whether 
 running, so ``ok`` means "asked", not "was running"; a 404 means the endpoint is missing.
 
 ``sglang``. SGLang ignores ``X-Request-Id`` and takes the id from the body's ``rid`` field; the
-proxy writes it there (``tag_body``), then cancels with ``POST /abort_request``
+proxy writes it there (``SglangAbort.tag_body``), then cancels with ``POST /abort_request``
 ``{"rid": ..., "abort_all": false}``. SGLang aborts every request whose rid *starts with* the
 given one (so the ``_<i>`` children of ``n > 1`` go too), so the rid is the upstream id followed
 by ``~``, a character ids never contain (``hangup_contract.request_id``): no live rid is then a
@@ -26,7 +26,6 @@ import json
 import logging
 
 from hangup_contract.vocabulary import Reason
-from proxy.cancel.http import HttpCancelAdapter
 from proxy.errors import CancelAttemptFailed
 from proxy.vocabulary import CancelResult
 
@@ -56,16 +55,17 @@ def _common_result(server: str, status: int, text: str) -> CancelResult:
     return CancelResult.OK
 
 
-class VllmAbortAdapter(HttpCancelAdapter):
-    """``POST {base}/abort_requests`` with the engine request ids vLLM gave the call."""
+class VllmAbort:
+    """``POST {base}/abort_requests`` with the engine request ids vLLM gave the call (a
+    ``CancelCall``)."""
 
     name = "vllm"
 
-    def _call(self, request_id: str, reason: Reason) -> tuple[str, bytes]:
+    def request(self, request_id: str, reason: Reason) -> tuple[str, bytes]:
         body = {"request_ids": vllm_request_ids(request_id)}
         return VLLM_ABORT_PATH, json.dumps(body).encode()
 
-    def _result(self, status: int, text: str) -> CancelResult:
+    def result(self, status: int, text: str) -> CancelResult:
         if status == 404:
             log.warning(
                 "vLLM has no %s (the server runs without VLLM_SERVER_DEV_MODE=1): turn "
@@ -76,17 +76,17 @@ class VllmAbortAdapter(HttpCancelAdapter):
         return _common_result("vLLM", status, text)
 
 
-class SglangAbortAdapter(HttpCancelAdapter):
-    """``POST {base}/abort_request`` with ``{"rid", "abort_all": false}``; writes the rid into
-    each JSON request body it relays (``TagsRequests``)."""
+class SglangAbort:
+    """``POST {base}/abort_request`` with ``{"rid", "abort_all": false}`` (a ``CancelCall``);
+    writes the rid into each JSON request body it relays (``TagsRequests``)."""
 
     name = "sglang"
 
-    def _call(self, request_id: str, reason: Reason) -> tuple[str, bytes]:
+    def request(self, request_id: str, reason: Reason) -> tuple[str, bytes]:
         body = {"rid": sglang_rid(request_id), "abort_all": False}
         return SGLANG_ABORT_PATH, json.dumps(body).encode()
 
-    def _result(self, status: int, text: str) -> CancelResult:
+    def result(self, status: int, text: str) -> CancelResult:
         return _common_result("SGLang", status, text)
 
     @staticmethod

@@ -36,7 +36,7 @@ from aiohttp import web
 
 from hangup_contract.runtime.connections import BodyStalled, body_chunks
 from hangup_contract.vocabulary import Reason
-from proxy.cancel.canceller import TagsRequests
+from proxy.cancel.choice import body_tagger
 from proxy.errors import (
     BadTarget,
     BodyTimeout,
@@ -61,7 +61,8 @@ from proxy.http.logs import log_call
 from proxy.http.tagging import TAG_LIMIT, tag_body
 from proxy.lifecycle import CallEnding
 from proxy.state import Call, ServerState
-from proxy.upstream.client import Body, Response, Upstream
+from proxy.upstream.client import Client
+from proxy.upstream.connection import Body, Response
 from proxy.vocabulary import Outcome, Protocol, Stage
 
 log = logging.getLogger("hangup.proxy.http")
@@ -126,9 +127,8 @@ class HttpRelay:
         self._state = state
         self._config = state.config
         self._base = state.config.upstream_http.rstrip("/")
-        adapter = state.canceller.adapters[Protocol.HTTP]
-        self._tagger = adapter if isinstance(adapter, TagsRequests) else None
-        self._upstream = Upstream(self._base, connect_timeout=self._config.upstream_connect_timeout)
+        self._tagger = body_tagger(state.canceller.adapters[Protocol.HTTP])
+        self._upstream = Client(self._base, connect_timeout=self._config.upstream_connect_timeout)
         # Calls whose upstream call is open, by the aiohttp protocol of their client connection.
         self._relaying: dict[object, _Exchange] = {}
 

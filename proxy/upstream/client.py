@@ -1,146 +1,101 @@
-"""The relay's HTTP/1.1 client: keep-alive connections to the upstream, bodies relayed by callback.
+"""The proxy's HTTP/1.1 client: keep-alive connections to one server, for relayed calls and for
+cancel calls alike (each user has its own instance, so its own pool).
 
-Why not a general client (aiohttp's did this job before): its response body is a stream that a
-coroutine reads, so every event the upstream writes costs a future, a task step and an async
-generator turn before it is written on. Profiled at 256 saturating streams that was about 40 %
-of the relay's CPU per event (docs/benchmarks.md). Here the parser (``httptools``: llhttp, in
-C) calls back with each body chunk and the chunk is handed to the response's :class:`Sink` in
-that same callback, so no task runs per event. The caller's task wakes only when the body ends,
-the upstream breaks off, or the sink is full; then reading from the upstream stops until the sink
-has drained (back-pressure reaches the upstream as TCP flow control, as with any proxy).
+How a call goes: :meth:`Client.request` takes an idle connection (or opens one), writes the
+request at once and awaits the answer's head; :meth:`Client.send_now` writes it on an idle
+connection before it returns (no turn of the event loop: a hang-up's cancel leaves in the
+callback that saw the hang-up) or says there is none. The answer's body then goes to a sink as
+it arrives, or is read whole (:class:`proxy.upstream.connection.Response`).
 
-One exchange per connection at a time, no pipelining. Idle connections are kept last in, first
-out, at most ``MAX_IDLE``, for ``KEEPALIVE_S`` seconds; one the upstream closes leaves the pool
-at once. A request on a reused connection that ends before any byte of its answer is sent again
-once on a fresh connection when its body can be resent (none, or bytes): the upstream closed the
-connection as the request went out, and has not seen it.
+The pool. Idle connections are reused last in, first out, at most ``max_idle``; one the server
+closes leaves the pool at once (the connection sees the close); with ``idle_ttl`` set, one idle
+longer is closed instead of reused (the relay's 60 s: shorter than the gateway's 75 s idle
+timeout, so the proxy closes first). A request on a reused connection that ends before any byte
+of its answer (``StaleConnection``: the server closed it as the request went out, and has not
+seen it) is sent again once on a fresh connection when its body can be (none, or bytes).
+``keep_spare``: once it has made a call, the client keeps one connection open and idle (servers
+close idle ones: uvicorn after 5 s), opened in the background when the last one closes, at most
+once a second, so a hang-up does not wait for a connect.
 
-Framing. Requests: bytes with their own ``Content-Length`` (replacing any the caller gives); a
-streamed body with the ``Content-Length`` the caller names, else chunked; a ``Host`` field unless
-the caller gives one. Responses: framed by ``Content-Length``, chunked encoding, or the end of
-the connection; interim 1xx answers are skipped; an answer to ``HEAD`` has no body (and its
-connection is not reused: the parser cannot be told to expect none).
-
-Errors are the proxy's own (``proxy.errors``), with messages that name the upstream:
-``UpstreamTimeout`` (no connection within the connect timeout), ``UpstreamUnavailable`` (refused,
-unreachable, TLS: the request was never sent), ``UpstreamBroken`` (the connection ended early,
-the answer could not be read, or the request body failed: then ``__cause__`` is what the body
-raised). A header value with a line break is a ``ValueError``, raised before anything is sent.
+Errors are the proxy's own (``proxy.errors``), with messages that name the server:
+``UpstreamTimeout`` (no connection within the connect timeout), ``UpstreamUnavailable``
+(refused, unreachable, TLS: the request was never sent), ``UpstreamBroken`` (the connection
+ended early, the answer could not be read, or the request body failed: then ``__cause__`` is
+what the body raised). A header value with a line break is a ``ValueError``, raised before
+anything is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import ssl
 import time
-from collections.abc import AsyncIterator
-from typing import Protocol, cast
+from collections.abc import Awaitable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import httptools
+from proxy.errors import StaleConnection, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from proxy.upstream.connection import Body, Connection, Response, request_head
 
-from proxy.errors import UpstreamBroken, UpstreamTimeout, UpstreamUnavailable
+log = logging.getLogger("hangup.proxy.upstream")
 
-MAX_IDLE = 1024  # idle keep-alive connections kept for later calls
-KEEPALIVE_S = 60.0  # an idle connection older than this is closed, not reused
-_PENDING_LIMIT = 64 * 1024  # body bytes held before a sink is attached (then reading pauses)
-_NO_BODY = frozenset({204, 304})
+_SPARE_EVERY = 1.0  # seconds between two spare connections opened (a server that closes at once)
 
 
-class _Stale(UpstreamBroken):
-    """A reused connection ended before any byte of the answer."""
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a client's calls go: ``http(s)://host[:port][/prefix]``."""
 
+    host: str
+    port: int
+    tls: bool
+    netloc: str
+    prefix: str
 
-class Sink(Protocol):
-    """Where a response body goes, chunk by chunk, as it arrives."""
+    @property
+    def name(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.netloc}"
 
-    def write(self, chunk: bytes) -> None:
-        """Take one chunk (called from the connection's callback: must not block)."""
-
-    def full(self) -> bool:
-        """True when the sink can take no more for now: reading from the upstream pauses."""
-
-    async def drain(self) -> None:
-        """Return once the sink can take more; raise to end the relay."""
-
-
-Body = bytes | AsyncIterator[bytes] | None
-
-
-class Response:
-    """One upstream answer: its head, and its body for :meth:`stream_to` or :meth:`read`."""
-
-    def __init__(self, connection: _Connection, status: int, reason: str,
-                 headers: list[tuple[str, str]]) -> None:  # fmt: skip
-        self._connection = connection
-        self.status = status
-        self.reason = reason
-        self.headers = headers
-        self._done = False  # released or closed: the connection is no longer this answer's
-
-    async def stream_to(self, sink: Sink) -> None:
-        """Hand the body to ``sink`` as it arrives; return once it has all arrived.
-
-        Raises ``UpstreamBroken`` if the upstream breaks off first, and whatever ``sink.drain``
-        raises. Cancelling the caller leaves the connection open: :meth:`close` it.
-        """
-        await self._connection.relay(sink)
-
-    async def read(self, limit: int) -> bytes:
-        """The whole body; ``ValueError`` if it is larger than ``limit`` bytes."""
-        collected = _Collected(limit)
-        await self.stream_to(collected)
-        return b"".join(collected.chunks)
-
-    def release(self) -> None:
-        """Done with this answer: its connection goes back to the pool if it can be reused.
-        Once released or closed, neither does anything more (the connection may be serving
-        another call by then)."""
-        if not self._done:
-            self._done = True
-            self._connection.finish()
-
-    def close(self) -> None:
-        """Drop the connection (the upstream sees it end), unless already released or closed."""
-        if not self._done:
-            self._done = True
-            self._connection.abandon()
-
-
-class _Collected:
-    def __init__(self, limit: int) -> None:
-        self.chunks: list[bytes] = []
-        self._size, self._limit = 0, limit
-
-    def write(self, chunk: bytes) -> None:
-        self._size += len(chunk)
-        if self._size <= self._limit:
-            self.chunks.append(chunk)
-
-    def full(self) -> bool:
-        return self._size > self._limit
-
-    async def drain(self) -> None:
-        raise ValueError(f"the answer is larger than {self._limit} bytes")
-
-
-class Upstream:
-    """Keep-alive HTTP/1.1 connections to ``base_url`` (``http(s)://host[:port][/prefix]``)."""
-
-    def __init__(self, base_url: str, *, connect_timeout: float) -> None:
-        parts = urlsplit(base_url.rstrip("/"))
+    @classmethod
+    def parse(cls, url: str, what: str = "upstream") -> Origin:
+        """Raises ``ValueError`` naming ``what`` the URL was for."""
+        parts = urlsplit(url.rstrip("/"))
         if parts.scheme not in {"http", "https"} or not parts.hostname:
-            raise ValueError(f"upstream URL must be http(s)://host[:port]: {base_url!r}")
-        self._tls = ssl.create_default_context() if parts.scheme == "https" else None
-        self._host = parts.hostname
-        self._port = parts.port or (443 if self._tls else 80)
-        self._netloc = parts.netloc
-        self.name = f"{parts.scheme}://{parts.netloc}"
-        self._prefix = parts.path
+            raise ValueError(f"{what} URL must be http(s)://host[:port][/path]: {url!r}")
+        tls = parts.scheme == "https"
+        return cls(
+            parts.hostname, parts.port or (443 if tls else 80), tls, parts.netloc, parts.path
+        )
+
+
+class Client:
+    """Keep-alive HTTP/1.1 connections to one origin (the pool rules in the module docstring)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float,
+        max_idle: int = 1024,
+        idle_ttl: float | None = 60.0,
+        keep_spare: bool = False,
+        what: str = "upstream",
+    ) -> None:
+        self.origin = Origin.parse(base_url, what)
+        self.name = self.origin.name
+        self._tls = ssl.create_default_context() if self.origin.tls else None
         self._connect_timeout = connect_timeout
-        self._idle: list[_Connection] = []
-        self._open: set[_Connection] = set()
+        self._max_idle = max_idle
+        self._idle_ttl = idle_ttl
+        self._keep_spare = keep_spare
+        self._idle: list[Connection] = []
+        self._open: set[Connection] = set()
+        self._used = False
+        self._closed = False
+        self._spare: asyncio.Task[None] | None = None
+        self._spare_at = -_SPARE_EVERY
 
     async def request(
         self, method: str, target: str, headers: list[tuple[str, str]], body: Body
@@ -148,60 +103,128 @@ class Upstream:
         """Send one request; return once the answer's head has arrived.
 
         ``target`` is the path and query (the URL's prefix goes before it). Raises
-        ``UpstreamError``s (``proxy.errors``); cancelling drops the connection.
+        ``UpstreamError``s; cancelling drops the connection.
         """
-        head, chunked = _request_head(method, self._prefix + target, self._netloc, headers, body)
+        head, chunked = request_head(method, self.origin.prefix + target, self.origin.netloc,
+                                     headers, body)  # fmt: skip
+        self._used = True
         connection = self._take()
-        for _ in range(2):  # a stale reused connection: once more on a fresh one
-            reused = connection is not None
-            if connection is None:
-                connection = await self._connect()
-            try:
-                return await connection.exchange(head, body, chunked, head_only=method == "HEAD")
-            except _Stale:
-                connection.abandon()
-                if not reused or not isinstance(body, bytes | None):
-                    raise
-            except BaseException:
-                connection.abandon()
-                raise
-            connection = None
-        raise AssertionError("unreachable: the second attempt is on a fresh connection")
+        reused = connection is not None
+        if connection is None:
+            connection = await self._connect()
+        return await self._answer(connection, head, body, chunked, method, reused=reused)
+
+    def send_now(
+        self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None
+    ) -> Awaitable[Response] | None:
+        """Write one request now on an idle connection; await the result for the answer's head
+        (resent once on a fresh connection if that one turns out closed). None when no
+        connection is idle: then :meth:`request`."""
+        self._used = True
+        connection = self._take()
+        if connection is None:
+            return None
+        head, _ = request_head(method, self.origin.prefix + target, self.origin.netloc,
+                               headers, body)  # fmt: skip
+        try:
+            sent = connection.send(head, body, False, head_only=method == "HEAD")
+        except StaleConnection:
+            connection.abandon()
+            return None
+        return self._answered(connection, sent, head, body, method, reused=True)
 
     async def close(self) -> None:
-        """Drop every connection, idle or busy."""
+        """Drop every connection, idle or busy, and open no more spares."""
+        self._closed = True
+        if self._spare is not None:
+            self._spare.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._spare
         for connection in list(self._open):
             connection.abandon()
         self._idle.clear()
 
-    def _take(self) -> _Connection | None:
+    async def _answer(
+        self, connection: Connection, head: bytes, body: Body, chunked: bool, method: str,
+        *, reused: bool,
+    ) -> Response:  # fmt: skip
+        try:
+            sent = connection.send(head, body, chunked, head_only=method == "HEAD")
+        except BaseException:
+            connection.abandon()
+            raise
+        return await self._answered(connection, sent, head, body, method, reused=reused)
+
+    async def _answered(
+        self, connection: Connection, sent: asyncio.Future[Response], head: bytes, body: Body,
+        method: str, *, reused: bool,
+    ) -> Response:  # fmt: skip
+        try:
+            return await sent
+        except StaleConnection:
+            connection.abandon()
+            if not reused or not isinstance(body, bytes | None):
+                raise
+        except BaseException:
+            connection.abandon()
+            raise
+        fresh = await self._connect()  # once: a fresh connection is not stale
+        return await self._answer(fresh, head, body, False, method, reused=False)
+
+    def _take(self) -> Connection | None:
         now = time.monotonic()
         while self._idle:
             connection = self._idle.pop()
-            if now - connection.idle_since < KEEPALIVE_S:
+            if self._idle_ttl is None or now - connection.idle_since < self._idle_ttl:
                 return connection
             connection.abandon()
         return None
 
-    def _put(self, connection: _Connection) -> None:
+    def put(self, connection: Connection) -> None:
         """``connection`` finished an exchange and can take another."""
         connection.idle_since = time.monotonic()
         self._idle.append(connection)
-        if len(self._idle) > MAX_IDLE:
+        if len(self._idle) > self._max_idle:
             self._idle.pop(0).abandon()
 
-    def _gone(self, connection: _Connection) -> None:
+    def gone(self, connection: Connection) -> None:
         self._open.discard(connection)
         with contextlib.suppress(ValueError):
             self._idle.remove(connection)
+        self._keep_warm()
 
-    async def _connect(self) -> _Connection:
+    def _keep_warm(self) -> None:
+        """With ``keep_spare``: open a connection in the background when none is idle."""
+        if not self._keep_spare or self._closed or not self._used or self._idle:
+            return
+        if self._spare is not None and not self._spare.done():
+            return
+        delay = max(0.0, self._spare_at + _SPARE_EVERY - time.monotonic())
+        self._spare = asyncio.get_running_loop().create_task(self._open_spare(delay))
+
+    async def _open_spare(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        if self._idle or self._closed:
+            return
+        self._spare_at = time.monotonic()
+        try:
+            connection = await self._connect()
+        except UpstreamError as exc:
+            log.debug("no spare connection to %s: %s", self.name, exc)
+            return
+        if self._closed:
+            connection.abandon()
+        else:
+            self.put(connection)
+
+    async def _connect(self) -> Connection:
         loop = asyncio.get_running_loop()
-        server_hostname = self._host if self._tls else None
+        origin = self.origin
+        server_hostname = origin.host if self._tls else None
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, connection = await loop.create_connection(
-                    lambda: _Connection(self), self._host, self._port,
+                    lambda: Connection(self), origin.host, origin.port,
                     ssl=self._tls, server_hostname=server_hostname,
                 )  # fmt: skip
         except TimeoutError as exc:
@@ -211,260 +234,3 @@ class Upstream:
             raise UpstreamUnavailable(f"upstream {self.name} is unavailable: {why}") from exc
         self._open.add(connection)
         return connection
-
-
-def _request_head(
-    method: str, target: str, netloc: str, headers: list[tuple[str, str]], body: Body
-) -> tuple[bytes, bool]:
-    """The request's head, and whether its body goes chunked."""
-    lines = [f"{method} {target} HTTP/1.1"]
-    names = set()
-    sized = isinstance(body, bytes)  # its length is written below, whatever the caller says
-    for name, value in headers:
-        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-            raise ValueError(f"header {name!r}: line breaks are not allowed")
-        lowered = name.lower()
-        if sized and lowered == "content-length":
-            continue
-        names.add(lowered)
-        lines.append(f"{name}: {value}")
-    if "host" not in names:
-        lines.append(f"Host: {netloc}")
-    chunked = body is not None and not isinstance(body, bytes) and "content-length" not in names
-    if isinstance(body, bytes):
-        lines.append(f"Content-Length: {len(body)}")
-    elif chunked:
-        lines.append("Transfer-Encoding: chunked")
-    elif body is None and method in {"POST", "PUT", "PATCH"} and "content-length" not in names:
-        lines.append("Content-Length: 0")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
-    return head, chunked
-
-
-class _Connection(asyncio.Protocol):
-    """One connection and its parser; the state of the exchange in progress."""
-
-    def __init__(self, pool: Upstream) -> None:
-        self._pool = pool
-        self.name = pool.name
-        self._parser = httptools.HttpResponseParser(self)
-        self._transport: asyncio.Transport | None = None
-        self._closed = False
-        self._write_ready: asyncio.Future[None] | None = None  # set while writing is paused
-        self.idle_since = 0.0
-        self._begin(head_only=False)
-
-    def _begin(self, *, head_only: bool) -> None:
-        self._head_only = head_only
-        self._head: asyncio.Future[Response] | None = None
-        self._received = False
-        self._status_text = b""
-        self._fields: list[tuple[bytes, bytes]] = []
-        self._delimited_by_close = False
-        self._headers_done = False
-        self._complete = False
-        self._keep_alive = False  # read at the answer's end (the parser forgets it after)
-        self._error: BaseException | None = None
-        self._sink: Sink | None = None
-        self._pending: list[bytes] = []
-        self._pending_size = 0
-        self._paused = False
-        self._waiter: asyncio.Future[None] | None = None
-        self._body_task: asyncio.Task[None] | None = None
-        self._body_sent = False
-
-    # --- the exchange, driven by the caller ---------------------------------------------------
-
-    async def exchange(
-        self, head: bytes, body: Body, chunked: bool, *, head_only: bool
-    ) -> Response:
-        if self._closed or self._transport is None:
-            raise _Stale("the connection had closed")
-        self._begin(head_only=head_only)
-        loop = asyncio.get_running_loop()
-        self._head = loop.create_future()
-        if isinstance(body, bytes) or body is None:
-            self._transport.write(head + body if body else head)
-            self._body_sent = True
-        else:
-            self._transport.write(head)
-            self._body_task = loop.create_task(self._send_body(body, chunked))
-        return await self._head
-
-    async def _send_body(self, body: AsyncIterator[bytes], chunked: bool) -> None:
-        try:
-            async for chunk in body:
-                if not chunk or self._closed:
-                    continue
-                assert self._transport is not None
-                self._transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk)
-                if self._write_ready is not None:
-                    await self._write_ready
-            if chunked and not self._closed:
-                assert self._transport is not None
-                self._transport.write(b"0\r\n\r\n")
-            self._body_sent = True
-        except Exception as exc:
-            error = UpstreamBroken(f"upstream {self.name}: the request body failed: {exc!r}")
-            error.__cause__ = exc
-            self._fail(error)
-            self.abandon()
-
-    async def relay(self, sink: Sink) -> None:
-        self._sink = sink
-        pending, self._pending, self._pending_size = self._pending, [], 0
-        for chunk in pending:
-            sink.write(chunk)
-        loop = asyncio.get_running_loop()
-        while True:
-            if self._error is not None:
-                raise self._error
-            if self._complete:
-                return
-            if self._paused or sink.full():
-                await sink.drain()
-                self._resume()
-                continue
-            self._waiter = loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-
-    def finish(self) -> None:
-        """The caller is done: reuse the connection if the exchange ended cleanly."""
-        reusable = (
-            self._complete
-            and self._error is None
-            and self._body_sent
-            and not self._head_only
-            and not self._closed
-            and self._keep_alive
-        )
-        if reusable:
-            self._sink, self._head = None, None
-            self._resume()
-            self._pool._put(self)
-        else:
-            self.abandon()
-
-    def abandon(self) -> None:
-        if self._body_task is not None and not self._body_task.done():
-            self._body_task.cancel()
-        if self._transport is not None and not self._closed:
-            self._closed = True
-            self._transport.close()
-        self._pool._gone(self)
-
-    def _fail(self, error: BaseException) -> None:
-        if self._error is not None or self._complete:
-            return
-        self._error = error
-        if self._head is not None and not self._head.done():
-            self._head.set_exception(error)
-            self._head.exception()  # retrieved here too: the caller may have been cancelled
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    def _resume(self) -> None:
-        if self._paused:
-            self._paused = False
-            if self._transport is not None and not self._closed:
-                self._transport.resume_reading()
-
-    def _pause(self) -> None:
-        if not self._paused and self._transport is not None:
-            self._paused = True
-            self._transport.pause_reading()
-            self._wake()
-
-    # --- asyncio.Protocol ---------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not subclasses of asyncio's, but have its interface
-        self._transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        if self._head is None:  # nothing was asked: the upstream is confused
-            self.abandon()
-            return
-        self._received = True
-        try:
-            self._parser.feed_data(data)
-        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
-            self._fail(UpstreamBroken(f"upstream {self.name} answered what is not HTTP/1.1: {exc}"))
-            self.abandon()
-
-    def eof_received(self) -> bool:
-        if self._headers_done and self._delimited_by_close:
-            self.on_message_complete()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._closed = True
-        self._pool._gone(self)
-        if self._write_ready is not None and not self._write_ready.done():
-            self._write_ready.set_result(None)
-        if self._head is not None and not self._complete:
-            why = f": {exc}" if exc else ""
-            error = UpstreamBroken if self._received else _Stale
-            self._fail(error(f"upstream {self.name} broke off before answering in full{why}"))
-
-    def pause_writing(self) -> None:
-        self._write_ready = asyncio.get_running_loop().create_future()
-
-    def resume_writing(self) -> None:
-        if self._write_ready is not None and not self._write_ready.done():
-            self._write_ready.set_result(None)
-        self._write_ready = None
-
-    # --- httptools callbacks ------------------------------------------------------------------
-
-    def on_status(self, status: bytes) -> None:
-        self._status_text += status
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._fields.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        status = self._parser.get_status_code()
-        if 100 <= status < 200 and status != 101:  # interim: the real answer follows
-            self._status_text, self._fields = b"", []
-            return
-        self._headers_done = True
-        framed = any(
-            n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self._fields
-        )
-        no_body = self._head_only or status in _NO_BODY or status == 101
-        self._delimited_by_close = not framed and not no_body
-        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in self._fields]
-        response = Response(self, status, self._status_text.decode("latin-1"), headers)
-        if no_body:
-            self._complete = True
-        assert self._head is not None
-        if not self._head.done():
-            self._head.set_result(response)
-
-    def on_body(self, body: bytes) -> None:
-        if self._complete:
-            return
-        sink = self._sink
-        if sink is None:
-            self._pending.append(body)
-            self._pending_size += len(body)
-            if self._pending_size > _PENDING_LIMIT:
-                self._pause()
-            return
-        sink.write(body)
-        if sink.full():
-            self._pause()
-
-    def on_message_complete(self) -> None:
-        if not self._headers_done or self._complete:
-            return
-        self._complete = True
-        self._keep_alive = self._parser.should_keep_alive()
-        self._wake()

@@ -10,7 +10,7 @@ from tritonclient.utils import InferenceServerException
 
 from hangup_contract import request_id
 from hangup_contract.vocabulary import Reason
-from proxy.cancel.http import HangupCancelAdapter
+from proxy.cancel.http import HangupCancel, HttpCancelAdapter
 from proxy.vocabulary import CancelResult
 from tests.support.gateway import LONG, MODEL, Gateway
 from tests.support.triton_io import Stream, cancel_id_of, inputs
@@ -25,7 +25,7 @@ async def test_the_proxy_cancels_a_stream_request_by_an_alias_of_any_characters(
     assert error is None, error
     alias = cancel_id_of(first)
     assert alias.endswith(":req/1 ?#%")
-    adapter = HangupCancelAdapter(gateway.url, gateway.token, attempt_timeout=5.0)
+    adapter = HttpCancelAdapter(HangupCancel(), gateway.url, gateway.token, attempt_timeout=5.0)
     try:
         assert await adapter.cancel(alias, Reason.EXPLICIT) is CancelResult.OK
         while error is None:  # responses already on their way come first

@@ -1,6 +1,6 @@
-"""The hangup cancel adapter's own HTTP/1.1 client against a raw loopback endpoint that answers
-with exact bytes: keep-alive reuse, a reused connection the server had closed, the framings a
-server may answer with, and answers that are not HTTP at all.
+"""The hangup cancel adapter, on the proxy's HTTP/1.1 client, against a raw loopback endpoint
+that answers with exact bytes: keep-alive reuse, a reused connection the server had closed, the
+framings a server may answer with, and answers that are not HTTP at all.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from prometheus_client import CollectorRegistry
 
 from hangup_contract.vocabulary import Reason
 from proxy.cancel.canceller import Canceller
-from proxy.cancel.http import HangupCancelAdapter
+from proxy.cancel.http import HangupCancel, HttpCancelAdapter
 from proxy.metrics import ProxyMetrics
 from proxy.vocabulary import CancelResult, Protocol
+from tests.support.raw_http import RawServer, read_request
 from tests.support.waiting import wait_until
 
 CANCELLED = b'{"request_id": "x", "state": "cancelled", "phase": "decode"}'
@@ -39,47 +40,47 @@ class RawEndpoint:
 
     script: deque[bytes | None] = field(default_factory=deque)
     close_after: bool = False  # close each connection after its answer (an idle timeout)
-    connections: int = 0
     requests: list[tuple[str, dict[str, str], bytes]] = field(default_factory=list)
-    port: int = 0
+    server: RawServer | None = None
+
+    @property
+    def connections(self) -> int:
+        assert self.server is not None
+        return self.server.connections
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.port
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while not reader.at_eof():
-                try:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                except asyncio.IncompleteReadError:
-                    return
-                lines = head.decode("latin-1").split("\r\n")
-                headers = {
-                    k.strip().lower(): v.strip()
-                    for k, _, v in (line.partition(":") for line in lines[1:] if line)
-                }
-                body = await reader.readexactly(int(headers.get("content-length", "0")))
-                self.requests.append((lines[0], headers, body))
-                answer = self.script.popleft() if self.script else _plain()
-                if answer is None:
-                    return
-                writer.write(answer)
-                await writer.drain()
-                if self.close_after or _ends_connection(answer):
-                    return
-        finally:
-            writer.close()
+        while True:
+            head, body = await read_request(reader)
+            lines = head.decode("latin-1").split("\r\n")
+            headers = {
+                k.strip().lower(): v.strip()
+                for k, _, v in (line.partition(":") for line in lines[1:] if line)
+            }
+            self.requests.append((lines[0], headers, body))
+            answer = self.script.popleft() if self.script else _plain()
+            if answer is None:
+                return
+            writer.write(answer)
+            await writer.drain()
+            if self.close_after or _ends_connection(answer):
+                return
 
 
 @pytest.fixture
 async def endpoint() -> AsyncIterator[RawEndpoint]:
     raw = RawEndpoint()
-    server = await asyncio.start_server(raw.serve, "127.0.0.1", 0)
-    raw.port = server.sockets[0].getsockname()[1]
-    async with server:
+    async with RawServer(raw.serve) as server:
+        raw.server = server
         yield raw
 
 
 def _canceller(raw: RawEndpoint, deadline: float = 5.0) -> Canceller:
-    adapter = HangupCancelAdapter(f"http://127.0.0.1:{raw.port}/base", "tok", 1.0)
+    adapter = HttpCancelAdapter(HangupCancel(), f"http://127.0.0.1:{raw.port}/base", "tok", 1.0)
     return Canceller(
         {Protocol.HTTP: adapter},
         ProxyMetrics(CollectorRegistry()),
@@ -147,7 +148,7 @@ async def test_a_connection_is_kept_ready_after_the_server_closes_idle_ones(
     endpoint.close_after = True
     canceller = _canceller(endpoint)
     adapter = canceller.adapters[Protocol.HTTP]
-    assert isinstance(adapter, HangupCancelAdapter)
+    assert isinstance(adapter, HttpCancelAdapter)
     try:
         assert await _cancel(canceller, "id-1") is CancelResult.OK
         # The spare, opened once the first one is seen closed.

@@ -1,4 +1,4 @@
-"""The relay's upstream client (``proxy.upstream.client``) against scripted raw HTTP/1.1 servers on
+"""The proxy's HTTP/1.1 client (``proxy.upstream.client``) against scripted raw HTTP/1.1 servers on
 127.0.0.1: keep-alive reuse, a reused connection the upstream had closed, every response framing,
 interim answers, broken and unreadable answers; and, through the proxy, a client that stops
 reading holds the upstream back instead of making the proxy buffer its stream.
@@ -7,74 +7,18 @@ reading holds the upstream back instead of making the proxy buffer its stream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import pytest
 
 from proxy.errors import UpstreamBroken, UpstreamUnavailable
-from proxy.upstream.client import Upstream
+from proxy.upstream.client import Client
 from tests.support.proxy_harness import http_url, running_proxy
+from tests.support.raw_http import RawServer, ok, read_request
 
 QUIET_S = 0.5  # seconds without a block getting out that count as a stalled upstream
-Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-class RawServer:
-    """A TCP server on 127.0.0.1 that runs ``script`` for each connection it accepts."""
-
-    def __init__(self, script: Script) -> None:
-        self.script = script
-        self.connections = 0
-        self.url = ""
-        self._server: asyncio.Server | None = None
-        self._writers: list[asyncio.StreamWriter] = []
-        self._scripts: list[asyncio.Task[None]] = []
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        self._writers.append(writer)
-        task = asyncio.current_task()
-        assert task is not None
-        self._scripts.append(task)
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-            await self.script(reader, writer)
-        writer.close()
-
-    async def __aenter__(self) -> RawServer:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in self._writers:
-            if not writer.is_closing():  # a script still running: end it
-                writer.transport.abort()
-        await asyncio.gather(*self._scripts, return_exceptions=True)
-        await self._server.wait_closed()
-
-
-async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
-    """One request: its head and its body (Content-Length or chunked)."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    fields = {
-        line.split(b":", 1)[0].strip().lower(): line.split(b":", 1)[1].strip()
-        for line in head.split(b"\r\n")[1:]
-        if b":" in line
-    }
-    if b"content-length" in fields:
-        return head, await reader.readexactly(int(fields[b"content-length"]))
-    body = b""
-    if fields.get(b"transfer-encoding") == b"chunked":
-        while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
-            body += await reader.readexactly(size)
-            await reader.readexactly(2)
-        await reader.readexactly(2)
-    return head, body
 
 
 class Collect:
@@ -93,16 +37,12 @@ class Collect:
         return None
 
 
-async def get(upstream: Upstream, target: str = "/", body: bytes | None = None) -> bytes:
+async def get(upstream: Client, target: str = "/", body: bytes | None = None) -> bytes:
     response = await upstream.request("POST" if body else "GET", target, [], body)
     sink = Collect()
     await response.stream_to(sink)
     response.release()
     return b"".join(sink.chunks)
-
-
-def ok(body: bytes) -> bytes:
-    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
 
 
 async def test_sequential_calls_reuse_one_connection() -> None:
@@ -112,7 +52,7 @@ async def test_sequential_calls_reuse_one_connection() -> None:
             writer.write(ok(b"got " + body))
 
     async with RawServer(keep_alive) as server:
-        upstream = Upstream(server.url, connect_timeout=5)
+        upstream = Client(server.url, connect_timeout=5)
         answers = [await get(upstream, body=b"%d" % i) for i in range(5)]
         await upstream.close()
     assert answers == [b"got %d" % i for i in range(5)]
@@ -133,7 +73,7 @@ async def test_a_reused_connection_closed_before_answering_is_replaced_and_the_c
             w.write(ok(b"answer"))  # no "Connection: close": the client may reuse it
 
     async with RawServer(first_closes_early) as server:
-        upstream = Upstream(server.url, connect_timeout=5)
+        upstream = Client(server.url, connect_timeout=5)
         assert await get(upstream, body=b"one") == b"answer"
         assert await get(upstream, body=b"two") == b"answer"
         await upstream.close()
@@ -161,7 +101,7 @@ async def test_every_response_framing_is_read_to_its_end(answer: bytes, body: by
             await writer.drain()
 
     async with RawServer(scripted) as server:
-        upstream = Upstream(server.url, connect_timeout=5)
+        upstream = Client(server.url, connect_timeout=5)
         assert await get(upstream) == body
         await upstream.close()
 
@@ -173,7 +113,7 @@ async def test_a_head_answer_has_no_body_to_wait_for() -> None:
         await reader.read()  # no body follows; the connection stays open until the client's close
 
     async with RawServer(head) as server:
-        upstream = Upstream(server.url, connect_timeout=5)
+        upstream = Client(server.url, connect_timeout=5)
         response = await upstream.request("HEAD", "/", [], None)
         async with asyncio.timeout(5):
             await response.stream_to(Collect())
@@ -194,7 +134,7 @@ async def test_a_broken_or_unreadable_answer_is_an_error(answer: bytes) -> None:
         await writer.drain()
 
     async with RawServer(broken) as server:
-        upstream = Upstream(server.url, connect_timeout=5)
+        upstream = Client(server.url, connect_timeout=5)
         with pytest.raises(UpstreamBroken, match=re.escape(f"upstream {server.url} ")):
             await get(upstream)
         await upstream.close()
@@ -214,7 +154,7 @@ async def test_streamed_request_bodies_are_framed_as_declared_or_chunked() -> No
         yield b"two"
 
     async with RawServer(record) as server:
-        upstream = Upstream(server.url, connect_timeout=5)
+        upstream = Client(server.url, connect_timeout=5)
         for headers in ([], [("Content-Length", "7")]):
             response = await upstream.request("POST", "/p?q=1", headers, parts())
             await response.stream_to(Collect())
@@ -228,7 +168,7 @@ async def test_streamed_request_bodies_are_framed_as_declared_or_chunked() -> No
 
 
 async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent() -> None:
-    upstream = Upstream("http://127.0.0.1:9", connect_timeout=5)
+    upstream = Client("http://127.0.0.1:9", connect_timeout=5)
     with pytest.raises(ValueError, match="line breaks"):
         await upstream.request("GET", "/", [("X-A", "1\r\nX-Injected: 1")], None)
 
@@ -237,7 +177,7 @@ async def test_a_refused_connection_says_so() -> None:
     with socket.socket() as unused:
         unused.bind(("127.0.0.1", 0))
         port = unused.getsockname()[1]
-    upstream = Upstream(f"http://127.0.0.1:{port}", connect_timeout=5)
+    upstream = Client(f"http://127.0.0.1:{port}", connect_timeout=5)
     with pytest.raises(
         UpstreamUnavailable, match=re.escape(f"upstream http://127.0.0.1:{port} is unavailable")
     ) as raised:

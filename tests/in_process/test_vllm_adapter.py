@@ -12,7 +12,8 @@ from aiohttp import web
 
 from hangup_contract.vocabulary import Reason
 from proxy.cancel.choice import open_grpc_adapter, open_http_adapter
-from proxy.cancel.servers import VllmAbortAdapter
+from proxy.cancel.http import HttpCancelAdapter
+from proxy.cancel.servers import VllmAbort
 from proxy.config import AdapterName, build_config
 from proxy.errors import CancelAttemptFailed
 from proxy.vocabulary import CancelResult
@@ -54,7 +55,7 @@ async def endpoint() -> AsyncIterator[AbortEndpoint]:
 
 
 async def test_the_abort_names_the_engine_ids_vllm_gave_the_call(endpoint: AbortEndpoint) -> None:
-    adapter = VllmAbortAdapter(endpoint.url, "tok", attempt_timeout=5.0)
+    adapter = HttpCancelAdapter(VllmAbort(), endpoint.url, "tok", attempt_timeout=5.0)
     try:
         assert await adapter.cancel("abc123", Reason.CLIENT_DISCONNECT) is CancelResult.OK
     finally:
@@ -74,7 +75,7 @@ async def test_what_vllms_answers_mean(
     """404: the server runs without VLLM_SERVER_DEV_MODE (retrying cannot help); 5xx and 429
     are worth another attempt."""
     endpoint.status = status
-    adapter = VllmAbortAdapter(endpoint.url, None, attempt_timeout=5.0)
+    adapter = HttpCancelAdapter(VllmAbort(), endpoint.url, None, attempt_timeout=5.0)
     try:
         if expected is None:
             with pytest.raises(CancelAttemptFailed, match=str(status)):

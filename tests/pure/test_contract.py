@@ -18,6 +18,7 @@ import pytest
 from hangup_contract import request_id
 from hangup_contract.cancel import (
     CancelAnswer,
+    answer_state,
     cancel_path,
     encode_request,
     parse_request,
@@ -89,6 +90,34 @@ def test_cancel_answers_survive_json(answer: CancelAnswer) -> None:
 def test_a_bad_cancel_answer_names_its_problem(text: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         CancelAnswer.from_json(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "state"),
+    [
+        ('{"state": "cancelled", "phase": "transfer", "kv_blocks": 7}', CancelState.CANCELLED),
+        ('{"state": "finished", "generated_tokens": "many", "new": {}}', CancelState.FINISHED),
+    ],
+)
+def test_the_state_is_read_past_phases_and_fields_this_side_does_not_know(
+    text: str, state: CancelState
+) -> None:
+    """An older proxy beside a newer gateway still counts a cancel by its state (DESIGN: sides
+    of the contract accept phases and answer fields they do not know)."""
+    assert answer_state(text) is state
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[]", "must be a JSON object"),
+        ('{"state": "gone"}', "no known state: 'gone'"),
+        ('{"state": "cancelled", "phase": 3}', "phase is not a string"),
+    ],
+)
+def test_an_answer_without_a_known_state_is_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        answer_state(text)
 
 
 def test_the_cancel_path_carries_any_id_as_one_path_segment() -> None:
