@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway_server.engine.sim import SimConfig
-from gateway_server.engine.table import EngineName, engine_kind
-from gateway_server.engine.vllm_options import VLLM_OPTIONS, VllmOptions
+from gateway_server.engine.table import ENGINES, EngineName, engine_kind
+from gateway_server.engine.vllm_options import VllmOptions
 from hangup_contract.runtime.connections import ConnectionLimits
 from hangup_contract.runtime.files import read_secret
 from hangup_contract.runtime.options import ConfigError, Option, OptionTable, one_of
@@ -88,32 +88,7 @@ _OPTIONS = (
     Option("--max-connections", int, "open HTTP client connections (0: no limit)"),
     Option("--tombstone-ttl", float, "seconds a cancel for an unknown id waits for its request"),
     Option("--log-level", str, "DEBUG, INFO, WARNING or ERROR"),
-    Option("--sim-slots", int, "batch slots", group="sim", field="slots"),
-    Option("--sim-max-model-len", int, "context length", group="sim", field="max_model_len"),
-    Option("--sim-step-base", float, "seconds per step", group="sim", field="step_base_s"),
-    Option(
-        "--sim-step-per-seq",
-        float,
-        "seconds per step per running sequence",
-        group="sim",
-        field="step_per_seq_s",
-    ),
-    Option(
-        "--sim-prefill-per-token",
-        float,
-        "seconds per prompt token",
-        group="sim",
-        field="prefill_per_token_s",
-    ),
-    Option(
-        "--sim-prefill-chunk",
-        int,
-        "prompt tokens prefilled per step",
-        group="sim",
-        field="prefill_chunk_tokens",
-    ),
-    Option("--seed", int, "seed of the simulated engine's text", group="sim"),
-    *VLLM_OPTIONS,
+    *(option for kind in ENGINES.values() for option in kind.options),
 )
 
 _TABLE = OptionTable(
@@ -122,7 +97,7 @@ _TABLE = OptionTable(
     "workers, with a cancel API. `hangup-gateway make-tiny-model DIR` writes a tiny model.",
     env_prefix=ENV_PREFIX,
     options=_OPTIONS,
-    groups={"sim": "simulated engine (--engine sim)", "vllm": "vLLM engine (--engine vllm)"},
+    groups={name: f"{kind.about} (--engine {name})" for name, kind in ENGINES.items()},
 )
 
 
@@ -139,11 +114,8 @@ def from_args(
         top["cancel_token"] = read_secret(token_file, "--cancel-token-file")
     if isinstance(top.get("log_level"), str):
         top["log_level"] = str(top["log_level"]).upper()
-    config = GatewayConfig(
-        **top,  # type: ignore[arg-type]
-        sim=SimConfig(**values["sim"]),  # type: ignore[arg-type]
-        vllm=VllmOptions(**values["vllm"]),  # type: ignore[arg-type]
-    )
+    settings = {name: kind.settings(**values[name]) for name, kind in ENGINES.items()}
+    config = GatewayConfig(**top, **settings)  # type: ignore[arg-type]
     validate(config)
     return config
 

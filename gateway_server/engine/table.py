@@ -2,8 +2,10 @@
 
 Adding an engine: a module that implements :class:`~.base.Engine`, a member of
 :class:`EngineName` and its row here (how its workers are built, what model name it serves when
-``--model`` is not given). The row's factory imports its module when an engine whose import is
-heavy (vLLM: seconds and much memory) is asked for, and only then.
+``--model`` is not given, its flags). The row's factory imports its module when an engine whose
+import is heavy (vLLM: seconds and much memory) is asked for, and only then. An engine with
+flags also has its settings as a field of :class:`~gateway_server.config.GatewayConfig` named
+as the engine (``config.sim``, ``config.vllm``), built from its flags' values.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from gateway_server.engine.base import Engine
-from gateway_server.engine.sim import SimulatedEngine
+from gateway_server.engine.sim import SimConfig, SimulatedEngine
+from gateway_server.engine.sim_options import SIM_OPTIONS
+from gateway_server.engine.vllm_options import VLLM_OPTIONS, VllmOptions
+from hangup_contract.runtime.options import Option
 
 if TYPE_CHECKING:
     from gateway_server.config import GatewayConfig
@@ -35,6 +40,12 @@ class EngineKind:
     Raises EngineError when they cannot be built (a missing package, too few devices)."""
     default_model: str | None
     """The model name served without ``--model``; None: ``--model`` is required."""
+    about: str
+    """What it is, in ``--help``'s title of its flags."""
+    settings: Callable[..., object]
+    """Its settings from its flags' values (by field name)."""
+    options: tuple[Option, ...]
+    """Its flags; each one's ``group`` is the engine's name."""
 
 
 def _simulated(config: GatewayConfig, indices: Sequence[int]) -> list[Engine]:
@@ -50,8 +61,10 @@ def _vllm(config: GatewayConfig, indices: Sequence[int]) -> list[Engine]:
 
 
 ENGINES: Mapping[EngineName, EngineKind] = {
-    EngineName.SIM: EngineKind(_simulated, default_model="hangup-sim"),
-    EngineName.VLLM: EngineKind(_vllm, default_model=None),
+    EngineName.SIM: EngineKind(
+        _simulated, "hangup-sim", "simulated engine", SimConfig, SIM_OPTIONS
+    ),
+    EngineName.VLLM: EngineKind(_vllm, None, "vLLM engine", VllmOptions, VLLM_OPTIONS),
 }
 
 
