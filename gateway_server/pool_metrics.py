@@ -20,7 +20,7 @@ one), ``num_gpu_blocks`` summed, ``engine="0"`` as a vLLM server with one engine
 The values are the per-worker load the gateway reads at every scrape anyway
 (``hangup_gateway_engine_*``): vLLM's scheduler statistics for ``vllm``, the simulation's
 queue and held tokens for ``sim``. vLLM's own exporter is not used: it runs per engine, and
-the gateway exports none of vLLM's families (see ``gateway_server.siblings``).
+the gateway exports none of vLLM's families (see ``gateway_server.siblings.metrics``).
 
 ``vllm:lora_requests_info`` is not exported: the gateway serves no LoRA adapters.
 """
