@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway_server.engine.sim import SimConfig
-from gateway_server.engine.vllm_options import VLLM_OPTIONS, VllmOptions
+from gateway_server.engine.table import ENGINES, EngineName, engine_kind
+from gateway_server.engine.vllm_options import VllmOptions
 from hangup_contract.runtime.connections import ConnectionLimits
 from hangup_contract.runtime.files import read_secret
 from hangup_contract.runtime.options import ConfigError, Option, OptionTable, one_of
 
 ENV_PREFIX = "HANGUP_GATEWAY_"
-DEFAULT_SIM_MODEL = "hangup-sim"
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +25,7 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
-    engine: str = "sim"
+    engine: EngineName = EngineName.SIM
     model: str | None = None
     served_model_name: str | None = None
     workers: int = 1
@@ -55,22 +55,28 @@ class GatewayConfig:
         """The name clients use in ``model`` fields."""
         if self.served_model_name:
             return self.served_model_name
-        if self.engine == "sim":
-            return self.model or DEFAULT_SIM_MODEL
-        assert self.model is not None
-        return self.model
+        name = self.model or engine_kind(self.engine).default_model
+        assert name is not None  # validate() requires --model then
+        return name
+
+
+def _engine_name(value: str) -> EngineName:
+    return EngineName(one_of(*EngineName)(value))
 
 
 _OPTIONS = (
     Option("--host", str, "address the listeners bind to"),
     Option("--http-port", int, "HTTP listener port (0: ephemeral)"),
     Option("--grpc-port", int, "gRPC listener port (0: ephemeral)"),
-    Option("--engine", one_of("sim", "vllm"), "sim (simulated) or vllm"),
+    Option("--engine", _engine_name, f"the workers' engine: {' or '.join(EngineName)}"),
     Option("--model", str, "model path or name (vllm)"),
     Option("--served-model-name", str, "the name clients use in 'model' fields"),
     Option("--workers", int, "engine workers"),
-    Option("--api-processes", int, "processes serving the API (sharing the ports and the "
-           "workers; at most --workers)"),
+    Option(
+        "--api-processes",
+        int,
+        "processes serving the API (sharing the ports and the workers; at most --workers)",
+    ),
     Option("--cancel-token-file", Path, "file holding the bearer token the cancel API requires"),
     Option("--drain-timeout", float, "seconds calls may finish after SIGTERM"),
     Option("--ready-file", Path, "write the listener map here once serving"),
@@ -82,18 +88,8 @@ _OPTIONS = (
     Option("--max-connections", int, "open HTTP client connections (0: no limit)"),
     Option("--tombstone-ttl", float, "seconds a cancel for an unknown id waits for its request"),
     Option("--log-level", str, "DEBUG, INFO, WARNING or ERROR"),
-    Option("--sim-slots", int, "batch slots", group="sim", field="slots"),
-    Option("--sim-max-model-len", int, "context length", group="sim", field="max_model_len"),
-    Option("--sim-step-base", float, "seconds per step", group="sim", field="step_base_s"),
-    Option("--sim-step-per-seq", float, "seconds per step per running sequence", group="sim",
-           field="step_per_seq_s"),
-    Option("--sim-prefill-per-token", float, "seconds per prompt token", group="sim",
-           field="prefill_per_token_s"),
-    Option("--sim-prefill-chunk", int, "prompt tokens prefilled per step", group="sim",
-           field="prefill_chunk_tokens"),
-    Option("--seed", int, "seed of the simulated engine's text", group="sim"),
-    *VLLM_OPTIONS,
-)  # fmt: skip
+    *(option for kind in ENGINES.values() for option in kind.options),
+)
 
 _TABLE = OptionTable(
     prog="hangup-gateway",
@@ -101,7 +97,7 @@ _TABLE = OptionTable(
     "workers, with a cancel API. `hangup-gateway make-tiny-model DIR` writes a tiny model.",
     env_prefix=ENV_PREFIX,
     options=_OPTIONS,
-    groups={"sim": "simulated engine (--engine sim)", "vllm": "vLLM engine (--engine vllm)"},
+    groups={name: f"{kind.about} (--engine {name})" for name, kind in ENGINES.items()},
 )
 
 
@@ -118,18 +114,15 @@ def from_args(
         top["cancel_token"] = read_secret(token_file, "--cancel-token-file")
     if isinstance(top.get("log_level"), str):
         top["log_level"] = str(top["log_level"]).upper()
-    config = GatewayConfig(
-        **top,  # type: ignore[arg-type]
-        sim=SimConfig(**values["sim"]),  # type: ignore[arg-type]
-        vllm=VllmOptions(**values["vllm"]),  # type: ignore[arg-type]
-    )
+    settings = {name: kind.settings(**values[name]) for name, kind in ENGINES.items()}
+    config = GatewayConfig(**top, **settings)  # type: ignore[arg-type]
     validate(config)
     return config
 
 
 def validate(config: GatewayConfig) -> None:
-    if config.engine == "vllm" and not config.model:
-        raise ConfigError("--engine vllm needs --model (a local path or a model name)")
+    if engine_kind(config.engine).default_model is None and not config.model:
+        raise ConfigError(f"--engine {config.engine} needs --model (a local path or a model name)")
     if config.workers < 1:
         raise ConfigError("--workers must be at least 1")
     if not 1 <= config.api_processes <= config.workers:
@@ -141,8 +134,13 @@ def validate(config: GatewayConfig) -> None:
         port = getattr(config, name)
         if not 0 <= port <= 65535:
             raise ConfigError(f"--{name.replace('_', '-')} must be between 0 and 65535")
-    for name in ("drain_timeout", "header_timeout", "idle_timeout", "max_connections",
-                 "body_timeout"):  # fmt: skip
+    for name in (
+        "drain_timeout",
+        "header_timeout",
+        "idle_timeout",
+        "max_connections",
+        "body_timeout",
+    ):
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
     if config.max_body_bytes < 1024:

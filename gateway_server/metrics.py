@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway_server.engine.pool import EnginePool
 from gateway_server.vocabulary import Outcome, Protocol
 from hangup_contract.vocabulary import Phase, Reason
 
@@ -142,6 +143,26 @@ class WorkerLoad:
     block_size: int
 
 
+def worker_loads(pool: EnginePool) -> list[WorkerLoad]:
+    """Every worker's load in ``pool``, read now."""
+    loads = []
+    for worker in pool.workers:
+        engine = worker.engine
+        load = engine.load()
+        loads.append(
+            WorkerLoad(
+                worker.name,
+                engine.alive,
+                load.running,
+                load.waiting,
+                load.kv_cache_usage,
+                load.kv_cache_blocks,
+                load.block_size,
+            )
+        )
+    return loads
+
+
 class EngineLoadCollector(Collector):
     """Per-worker engine load: running / waiting requests, KV-cache usage, whether it is up."""
 
@@ -150,21 +171,25 @@ class EngineLoadCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         running = GaugeMetricFamily(
-            "hangup_gateway_engine_running_requests", "Requests the engine is running.",
+            "hangup_gateway_engine_running_requests",
+            "Requests the engine is running.",
             labels=["worker"],
-        )  # fmt: skip
+        )
         waiting = GaugeMetricFamily(
-            "hangup_gateway_engine_waiting_requests", "Requests waiting for an engine slot.",
+            "hangup_gateway_engine_waiting_requests",
+            "Requests waiting for an engine slot.",
             labels=["worker"],
-        )  # fmt: skip
+        )
         kv = GaugeMetricFamily(
-            "hangup_gateway_engine_kv_cache_usage_ratio", "Share of the KV cache in use (0-1).",
+            "hangup_gateway_engine_kv_cache_usage_ratio",
+            "Share of the KV cache in use (0-1).",
             labels=["worker"],
-        )  # fmt: skip
+        )
         blocks = GaugeMetricFamily(
-            "hangup_gateway_engine_kv_cache_blocks", "Blocks the KV cache holds (0 while unknown).",
+            "hangup_gateway_engine_kv_cache_blocks",
+            "Blocks the KV cache holds (0 while unknown).",
             labels=["worker"],
-        )  # fmt: skip
+        )
         up = GaugeMetricFamily(
             "hangup_gateway_worker_up", "1 while the engine worker is alive.", labels=["worker"]
         )

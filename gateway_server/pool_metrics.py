@@ -20,7 +20,7 @@ one), ``num_gpu_blocks`` summed, ``engine="0"`` as a vLLM server with one engine
 The values are the per-worker load the gateway reads at every scrape anyway
 (``hangup_gateway_engine_*``): vLLM's scheduler statistics for ``vllm``, the simulation's
 queue and held tokens for ``sim``. vLLM's own exporter is not used: it runs per engine, and
-the gateway exports none of vLLM's families (see ``gateway_server.siblings``).
+the gateway exports none of vLLM's families (see ``gateway_server.siblings.metrics``).
 
 ``vllm:lora_requests_info`` is not exported: the gateway serves no LoRA adapters.
 """
@@ -61,19 +61,29 @@ def protocol_families(model: str, loads: list[WorkerLoad]) -> list[Metric]:
         return family
 
     families = [
-        gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
-              sum(load.running for load in up)),
-        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-              sum(load.waiting for load in up)),
-        gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-              used / blocks if blocks else 0.0),
-    ]  # fmt: skip
+        gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            sum(load.running for load in up),
+        ),
+        gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            sum(load.waiting for load in up),
+        ),
+        gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            used / blocks if blocks else 0.0,
+        ),
+    ]
     block_size = next((load.block_size for load in up if load.block_size), 0)
     if blocks and block_size:  # known once an engine has started
         info = GaugeMetricFamily(
-            "vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
             labels=["block_size", "engine", "num_gpu_blocks"],
-        )  # fmt: skip
+        )
         info.add_metric([str(block_size), ENGINE, str(blocks)], 1.0)
         families.append(info)
     return families

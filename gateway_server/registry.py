@@ -254,6 +254,29 @@ class CallRegistry:
     def calls(self) -> Iterator[Call]:
         return iter(list(self._live.values()))
 
+    def phases_in_flight(self) -> Iterator[tuple[str, Phase]]:
+        """The model and phase of every engine request in flight here."""
+        for call in self.calls():
+            for request in list(call.requests.values()):
+                yield call.model, request.phase()
+
+    def describe(self) -> list[dict[str, object]]:
+        """The calls in flight here, as ``GET /v2/requests`` lists them."""
+        now = self._clock()
+        return [
+            {
+                "request_id": call.call_id,
+                "model": call.model,
+                "protocol": call.protocol.value,
+                "phase": call.phase().value,
+                "age_s": round(now - call.started, 3),
+                "generated_tokens": call.generated_tokens,
+                "engine_requests": len(call.requests),
+                "cancelling": call.cancel_reason.value if call.cancel_reason else None,
+            }
+            for call in self.calls()
+        ]
+
     def __len__(self) -> int:
         return len(self._live)
 

@@ -1,11 +1,11 @@
 """The gateway process: ``GatewayConfig → GatewayServer``, from start to graceful shutdown.
 
 Start: start the engine workers (a worker that fails makes start raise, naming it), build the
-registry, service and metrics, listen on HTTP (and gRPC when that layer is present), then write
-the ready file. The process (:func:`serve`) freezes its start-up heap before it says it is ready,
-as vLLM's own server does: with vLLM, torch and transformers imported it holds over half a million
-objects, and a full collection over them stopped every stream for about 0.36 s on a 2-core
-machine.
+registry, service and metrics, with the scope the process count gives (:mod:`.scope`), listen on
+HTTP and gRPC, then write the ready file. The process (:func:`serve`) freezes its start-up heap
+before it says it is ready, as vLLM's own server does: with vLLM, torch and transformers
+imported it holds over half a million objects, and a full collection over them stopped every
+stream for about 0.36 s on a 2-core machine.
 
 Shutdown (first SIGTERM/SIGINT), in this order:
   1. draining: ``/v2/health/ready`` answers 503, new generation requests get 503;
@@ -24,22 +24,27 @@ import gc
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
-from importlib import import_module
-from typing import Any
+from functools import partial
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from gateway_server.config import GatewayConfig
 from gateway_server.engine.base import Engine
 from gateway_server.engine.pool import EnginePool
-from gateway_server.engine.sim import SimulatedEngine
+from gateway_server.engine.table import build_engines
+from gateway_server.grpc.server import GrpcServerHandle, start_grpc_server
 from gateway_server.http.app import build_app
-from gateway_server.metrics import EngineLoadCollector, GatewayMetrics, InflightCollector
+from gateway_server.metrics import (
+    EngineLoadCollector,
+    GatewayMetrics,
+    InflightCollector,
+    worker_loads,
+)
 from gateway_server.pool_metrics import PoolProtocolCollector
 from gateway_server.processes import ApiProcess
 from gateway_server.registry import CallRegistry
+from gateway_server.scope import Scope, SingleProcess
 from gateway_server.service import GenerationService, ModelInfo
 from gateway_server.siblings import Siblings
 from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
@@ -51,23 +56,14 @@ from hangup_contract.vocabulary import Reason
 log = logging.getLogger("hangup.gateway")
 
 
-def build_engines(config: GatewayConfig, indices: range | None = None) -> list[Engine]:
-    """The engine workers (only those of ``indices``, an API process's share, when given)."""
-    if config.engine == "sim":
-        return [SimulatedEngine(config.sim) for _ in indices or range(config.workers)]
-    # Imported only when asked for: importing vLLM takes seconds and a lot of memory.
-    vllm_engine: Any = import_module("gateway_server.engine.vllm")
-    engines: list[Engine] = vllm_engine.build_vllm_engines(
-        config.model, config.vllm, config.workers, indices
-    )
-    return engines
-
-
 class GatewayServer:
     def __init__(
-        self, config: GatewayConfig, engines: list[Engine] | None = None,
-        registry: CollectorRegistry | None = None, api_process: ApiProcess | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        config: GatewayConfig,
+        engines: list[Engine] | None = None,
+        registry: CollectorRegistry | None = None,
+        api_process: ApiProcess | None = None,
+    ) -> None:
         self.config = config
         self.metrics_registry = registry or CollectorRegistry()
         share = None if api_process is None else api_process.workers(config.workers)
@@ -77,13 +73,34 @@ class GatewayServer:
         self.metrics = GatewayMetrics(self.metrics_registry, [config.model_name])
         self.registry = CallRegistry(self.metrics, tombstone_ttl=config.tombstone_ttl)
         self.api_process = api_process
-        self.siblings: Siblings | None = None
+        self.scope = self._scope()
         self.service: GenerationService | None = None
         self.listeners: dict[str, str | None] = {}
         self._runner: LimitedAppRunner | None = None
-        self._grpc: Any = None
+        self._grpc: GrpcServerHandle | None = None
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
+
+    def _scope(self) -> Scope:
+        """The whole gateway in this process, or this API process as one of several."""
+        model = self.config.model_name
+        loads = partial(worker_loads, self.pool)
+        live = (
+            InflightCollector([model], self.registry.phases_in_flight),
+            EngineLoadCollector(loads),
+        )
+        if self.api_process is None:
+            pool = PoolProtocolCollector(model, loads)
+            return SingleProcess(self.registry, self.metrics_registry, live, pool)
+        return Siblings(
+            self.api_process,
+            self.registry,
+            self.metrics,
+            live,
+            loads,
+            tombstone_ttl=self.config.tombstone_ttl,
+            model=model,
+        )
 
     async def start(self, *, freeze_heap: bool = False) -> dict[str, str | None]:
         """Start engines and listeners; returns ``{"http": "host:port", "grpc": ...}``.
@@ -94,59 +111,56 @@ class GatewayServer:
         cfg = self.config
         await self.pool.start()
         model = ModelInfo(cfg.model_name, self.pool.workers[0].engine.max_model_len)
-        service = GenerationService(self.pool, self.registry, self.metrics, model)
-        self.service = service
-        live = (InflightCollector([model.name], service.phases_in_flight),
-                EngineLoadCollector(service.worker_loads))  # fmt: skip
-        if self.api_process is None:
-            pool = PoolProtocolCollector(model.name, service.worker_loads)
-            for collector in (*live, pool):
-                self.metrics_registry.register(collector)
-            exposition = registry_exposition(self.metrics_registry)
-            pool_registry = CollectorRegistry(auto_describe=False)
-            pool_registry.register(pool)
-            pool_exposition = registry_exposition(pool_registry)
-        else:
-            self.siblings = Siblings(self.api_process, self.registry, self.metrics, live,
-                                     tombstone_ttl=cfg.tombstone_ttl, model=model.name)  # fmt: skip
-            self.siblings.describe_calls = service.describe_calls
-            self.siblings.worker_loads = service.worker_loads
-            service.siblings = self.siblings
-            await self.siblings.start()
-            exposition = self.siblings.exposition
-            pool_exposition = self.siblings.pool_exposition
-        app = build_app(service, exposition, pool_metrics=pool_exposition,
-                        cancel_token=cfg.cancel_token,
-                        max_body_bytes=cfg.max_body_bytes,
-                        body_timeout=cfg.body_timeout)  # fmt: skip
+        self.service = GenerationService(
+            self.pool, self.registry, self.metrics, model, self.scope.directory
+        )
+        await self.scope.start()
+        http = await self._start_http(self.service)
+        self._grpc = await start_grpc_server(self.service, cfg)
+        self.listeners = {"http": http, "grpc": f"{cfg.host}:{self._grpc.port}"}
+        if freeze_heap:
+            freeze_startup_heap()
+        if cfg.ready_file is not None:
+            write_ready_file(cfg.ready_file, self.listeners)
+        log_event(
+            log,
+            "serving",
+            **self.listeners,
+            model=model.name,
+            engine=cfg.engine,
+            workers=cfg.workers,
+        )
+        return self.listeners
+
+    async def _start_http(self, service: GenerationService) -> str:
+        """Listen on HTTP (with siblings, on the port they share); returns ``host:port``."""
+        cfg = self.config
+        app = build_app(
+            service,
+            self.scope.exposition,
+            pool_metrics=self.scope.pool_exposition,
+            cancel_token=cfg.cancel_token,
+            max_body_bytes=cfg.max_body_bytes,
+            body_timeout=cfg.body_timeout,
+        )
         self._runner = LimitedAppRunner(
-            app, limits=cfg.connection_limits, listener="http",
+            app,
+            limits=cfg.connection_limits,
+            listener="http",
             on_close=counted_in(self.metrics.connections_closed, "http"),
-            server_header="hangup-gateway", handler_cancellation=True, access_log=None,
+            server_header="hangup-gateway",
+            handler_cancellation=True,
+            access_log=None,
             shutdown_timeout=5.0,
-            max_line_size=cfg.max_header_bytes, max_field_size=cfg.max_header_bytes,
-        )  # fmt: skip
+            max_line_size=cfg.max_header_bytes,
+            max_field_size=cfg.max_header_bytes,
+        )
         await self._runner.setup()
         shared = self.api_process is not None  # siblings listen on the same port
         site = web.TCPSite(self._runner, cfg.host, cfg.http_port, reuse_port=shared or None)
         await site.start()
         host, port = self._runner.addresses[0][:2]
-        self.listeners = {"http": f"{host}:{port}", "grpc": await self._start_grpc(service)}
-        if freeze_heap:
-            freeze_startup_heap()
-        if cfg.ready_file is not None:
-            write_ready_file(cfg.ready_file, self.listeners)
-        log_event(log, "serving", **self.listeners, model=model.name, engine=cfg.engine,
-                  workers=cfg.workers)  # fmt: skip
-        return self.listeners
-
-    async def _start_grpc(self, service: GenerationService) -> str | None:
-        try:
-            grpc_layer: Any = import_module("gateway_server.grpc.server")
-        except ModuleNotFoundError:
-            return None  # gRPC layer not part of this build
-        self._grpc = await grpc_layer.start_grpc_server(service, self.config)
-        return f"{self.config.host}:{self._grpc.port}"
+        return f"{host}:{port}"
 
     def request_stop(self) -> None:
         """First call: drain gracefully. Second call: stop waiting for calls to finish."""
@@ -171,10 +185,13 @@ class GatewayServer:
         remaining = len(self.registry)
         if remaining:
             log_event(log, "draining", calls=remaining, timeout_s=self.config.drain_timeout)
-            waiters = [asyncio.ensure_future(self.registry.wait_idle()),
-                       asyncio.ensure_future(self._force.wait())]  # fmt: skip
-            await asyncio.wait(waiters, timeout=self.config.drain_timeout,
-                               return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            waiters = [
+                asyncio.ensure_future(self.registry.wait_idle()),
+                asyncio.ensure_future(self._force.wait()),
+            ]
+            await asyncio.wait(
+                waiters, timeout=self.config.drain_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
             for waiter in waiters:
                 waiter.cancel()
         cancelled = await self.registry.cancel_all(Reason.SHUTDOWN)
@@ -184,8 +201,7 @@ class GatewayServer:
             await self._grpc.stop(grace=1.0)
         await self._runner.cleanup()
         await self.pool.shutdown()
-        if self.siblings is not None:
-            await self.siblings.close()
+        await self.scope.close()
         log_event(log, "stopped")
 
 
@@ -199,8 +215,12 @@ def freeze_startup_heap() -> None:
     started = time.perf_counter()
     gc.collect()
     gc.freeze()
-    log_event(log, "startup_heap_frozen", objects=gc.get_freeze_count(),
-              ms=round((time.perf_counter() - started) * 1e3, 1))  # fmt: skip
+    log_event(
+        log,
+        "startup_heap_frozen",
+        objects=gc.get_freeze_count(),
+        ms=round((time.perf_counter() - started) * 1e3, 1),
+    )
 
 
 async def serve(config: GatewayConfig, api_process: ApiProcess | None = None) -> None:
@@ -219,10 +239,3 @@ async def serve(config: GatewayConfig, api_process: ApiProcess | None = None) ->
     finally:
         if watching is not None:
             watching.cancel()
-
-
-def registry_exposition(registry: CollectorRegistry) -> Callable[[], Awaitable[bytes]]:
-    async def exposition() -> bytes:
-        return generate_latest(registry)
-
-    return exposition

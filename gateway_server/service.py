@@ -20,11 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
 
 from gateway_server.engine.base import (
     Engine,
@@ -45,15 +44,13 @@ from gateway_server.errors import (
     RequestCancelled,
     Unavailable,
 )
-from gateway_server.metrics import GatewayMetrics, WorkerLoad
+from gateway_server.metrics import GatewayMetrics
 from gateway_server.registry import Call, CallRegistry, EngineCall
+from gateway_server.scope import CallDirectory, LocalDirectory
 from gateway_server.vocabulary import Outcome, Protocol
 from hangup_contract.cancel import CancelAnswer
 from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import Phase, Reason
-
-if TYPE_CHECKING:
-    from gateway_server.siblings import Siblings
 
 log = logging.getLogger("hangup.gateway")
 
@@ -66,15 +63,21 @@ class ModelInfo:
 
 class GenerationService:
     def __init__(
-        self, pool: EnginePool, registry: CallRegistry, metrics: GatewayMetrics, model: ModelInfo
+        self,
+        pool: EnginePool,
+        registry: CallRegistry,
+        metrics: GatewayMetrics,
+        model: ModelInfo,
+        directory: CallDirectory | None = None,
     ) -> None:
+        """``directory``: where ids are claimed, cancelled and listed gateway-wide (default:
+        this process is the gateway; see :mod:`gateway_server.scope`)."""
         self.pool = pool
         self.registry = registry
         self.metrics = metrics
         self.model = model
+        self.directory = directory or LocalDirectory(registry)
         self.draining = False
-        self.siblings: Siblings | None = None
-        """Set with ``--api-processes`` > 1: ids are claimed and cancelled gateway-wide."""
         # Every call runs the one served model (``call`` checks it): the per-token series are
         # bound once, as a labels() lookup costs more than the update it leads to.
         self._tokens = metrics.generated_tokens.labels(model.name)
@@ -106,37 +109,23 @@ class GenerationService:
             raise Unavailable("the gateway is shutting down")
         try:
             call = self.registry.open(call_id, model, protocol)
-            if self.siblings is not None:
-                await self._claim(call_id, partial(self.registry.close, call, remember=False))
+            await self._claim(call_id, partial(self.registry.close, call, remember=False))
         except CancelledBeforeArrival as exc:
             self.metrics.requests.labels(model, protocol.value, Outcome.CANCELLED.value).inc()
             self.metrics.cancellations.labels(model, exc.reason.value, Phase.QUEUED.value).inc()
-            _log_end(
-                call_id,
-                call_id,
-                model,
-                protocol,
-                Outcome.CANCELLED,
-                exc.reason,
-                Phase.QUEUED,
-                0,
-                0,
-                0.0,
-            )
+            _log_end(call_id, call_id, model, protocol, Outcome.CANCELLED, exc.reason, Phase.QUEUED)
             raise
         try:
             yield call
         finally:
             self.registry.close(call)
-            if self.siblings is not None:
-                self.siblings.release(call_id, call.generated_tokens)
+            self.directory.release(call_id, call.generated_tokens)
 
     async def _claim(self, request_id: str, undo: Callable[[], None]) -> None:
-        """Claim an id opened here across the API processes; ``undo`` the local open when
-        refused (a duplicate elsewhere, or a cancel that came first)."""
-        assert self.siblings is not None
+        """Claim an id opened here gateway-wide; ``undo`` the local open when refused (a
+        duplicate elsewhere, or a cancel that came first)."""
         try:
-            await self.siblings.claim(request_id)
+            await self.directory.claim(request_id)
         except GatewayError:
             undo()
             raise
@@ -168,15 +157,11 @@ class GenerationService:
 
         Shielded: a cancel caller that hangs up must not leave an abort half done.
         """
-        if self.siblings is not None:
-            return await asyncio.shield(self.siblings.cancel(request_id, reason))
-        return await asyncio.shield(self.registry.cancel(request_id, reason))
+        return await asyncio.shield(self.directory.cancel(request_id, reason))
 
     async def all_calls(self) -> list[dict[str, object]]:
         """Every call in flight in the gateway (each API process's, with ``--api-processes``)."""
-        if self.siblings is not None:
-            return await self.siblings.all_calls()
-        return self.describe_calls()
+        return await self.directory.all_calls()
 
     def record_rejected(self, model: str | None, protocol: Protocol) -> None:
         """Count a request refused before it ran (bad input, unknown model, duplicate id)."""
@@ -200,7 +185,7 @@ class GenerationService:
         request = EngineCall(call.next_engine_request_id(), worker, alias)
         try:
             self.registry.attach(call, request)
-            if alias is not None and self.siblings is not None:
+            if alias is not None:
                 undo = partial(self.registry.detach, call, request, remember=False)
                 await self._claim(alias, undo)
         except GatewayError:
@@ -231,8 +216,8 @@ class GenerationService:
             await stream.aclose()
             self.pool.release(worker)
             self.registry.detach(call, request)
-            if alias is not None and self.siblings is not None:
-                self.siblings.release(alias, request.generated_tokens)
+            if alias is not None:
+                self.directory.release(alias, request.generated_tokens)
             self._record_end(call, request, book)
 
     def _count_tokens(self, call: Call, request: EngineCall, book: _Books, n: int) -> None:
@@ -259,40 +244,17 @@ class GenerationService:
             m.wasted_tokens.labels(call.model).inc(request.generated_tokens)
         duration = time.perf_counter() - book.started
         _log_end(
-            request.alias or request.engine_request_id, call.call_id, call.model, call.protocol,
-            outcome, reason, phase, book.prompt_tokens, request.generated_tokens, duration,
-        )  # fmt: skip
-
-    # -- reading ---------------------------------------------------------------------------
-
-    def phases_in_flight(self) -> Iterator[tuple[str, Phase]]:
-        for call in self.registry.calls():
-            for request in list(call.requests.values()):
-                yield call.model, request.phase()
-
-    def worker_loads(self) -> Iterator[WorkerLoad]:
-        for worker in self.pool.workers:
-            load = worker.engine.load()
-            yield WorkerLoad(
-                worker.name, worker.engine.alive, load.running, load.waiting, load.kv_cache_usage,
-                load.kv_cache_blocks, load.block_size,
-            )  # fmt: skip
-
-    def describe_calls(self) -> list[dict[str, object]]:
-        now = time.monotonic()
-        return [
-            {
-                "request_id": call.call_id,
-                "model": call.model,
-                "protocol": call.protocol.value,
-                "phase": call.phase().value,
-                "age_s": round(now - call.started, 3),
-                "generated_tokens": call.generated_tokens,
-                "engine_requests": len(call.requests),
-                "cancelling": call.cancel_reason.value if call.cancel_reason else None,
-            }
-            for call in self.registry.calls()
-        ]
+            request.alias or request.engine_request_id,
+            call.call_id,
+            call.model,
+            call.protocol,
+            outcome,
+            reason,
+            phase,
+            book.prompt_tokens,
+            request.generated_tokens,
+            duration,
+        )
 
 
 @dataclass(slots=True)
@@ -304,14 +266,28 @@ class _Books:
 
 
 def _log_end(
-    request_id: str, call_id: str, model: str, protocol: Protocol, outcome: Outcome,
-    reason: Reason | None, phase: Phase | None, prompt_tokens: int, generated: int,
-    duration: float,
-) -> None:  # fmt: skip
+    request_id: str,
+    call_id: str,
+    model: str,
+    protocol: Protocol,
+    outcome: Outcome,
+    reason: Reason | None,
+    phase: Phase | None,
+    prompt_tokens: int = 0,
+    generated: int = 0,
+    duration: float = 0.0,
+) -> None:
     log_event(
-        log, "request_end", request_id=request_id, call_id=call_id, model=model,
-        protocol=protocol.value, outcome=outcome.value,
-        reason=reason.value if reason else None, phase=phase.value if phase else None,
-        prompt_tokens=prompt_tokens, generated_tokens=generated,
+        log,
+        "request_end",
+        request_id=request_id,
+        call_id=call_id,
+        model=model,
+        protocol=protocol.value,
+        outcome=outcome.value,
+        reason=reason.value if reason else None,
+        phase=phase.value if phase else None,
+        prompt_tokens=prompt_tokens,
+        generated_tokens=generated,
         duration_s=round(duration, 6),
-    )  # fmt: skip
+    )

@@ -38,7 +38,10 @@ class Reason(enum.StrEnum):
 
 
 class Phase(enum.StrEnum):
-    """Where an engine request is: waiting for a slot, reading its prompt, or generating."""
+    """Where an engine request is: waiting for a slot, reading its prompt, or generating.
+
+    Members in order of progress (``rank``): a new phase goes where it falls in that order,
+    and every label set, listing and answer that names phases takes it from here."""
 
     QUEUED = "queued"
     PREFILL = "prefill"
@@ -46,11 +49,11 @@ class Phase(enum.StrEnum):
 
     @property
     def rank(self) -> int:
-        """Order of progress: queued < prefill < decode."""
-        return _PHASE_ORDER.index(self)
+        """Order of progress: the member's position (queued < prefill < decode)."""
+        return _PHASE_RANK[self]
 
 
-_PHASE_ORDER = (Phase.QUEUED, Phase.PREFILL, Phase.DECODE)
+_PHASE_RANK = {phase: rank for rank, phase in enumerate(Phase)}
 
 
 class CancelState(enum.StrEnum):

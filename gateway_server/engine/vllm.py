@@ -37,9 +37,9 @@ KV-cache usage. Running is capped by the requests this engine has in flight and 
 count as waiting, so a request still being tokenized counts too.
 
 Workers and devices. :func:`build_vllm_engines` gives each worker its own GPUs when GPUs exist
-(:mod:`.vllm_devices`). Workers start one after another, off the event loop: the device variable
-is process-wide while a core is spawned. Scheduler statistics reach the gateway through a stat
-logger (:mod:`.vllm_stats`).
+(:mod:`.devices`; what vLLM sees: :mod:`.vllm_devices`). Workers start one after another, off
+the event loop: the device variable is process-wide while a core is spawned. Scheduler
+statistics reach the gateway through a stat logger (:mod:`.vllm_stats`).
 
 Failures. A worker that fails to start raises :class:`~.base.EngineError` naming the worker and
 the model. When an engine core dies later, vLLM's monitor marks the client dead; every request
@@ -74,7 +74,8 @@ from gateway_server.engine.base import (
     SamplingParams,
     TokenChunk,
 )
-from gateway_server.engine.vllm_devices import DevicePin, device_env, device_groups, visible_devices
+from gateway_server.engine.devices import DevicePin, device_env, device_groups
+from gateway_server.engine.vllm_devices import visible_devices
 from gateway_server.engine.vllm_options import VllmOptions
 from gateway_server.engine.vllm_stats import (
     SchedulerSnapshot,

@@ -55,7 +55,12 @@ VLLM_OPTIONS = (
     Option("--enforce-eager", parse_bool, "skip graph capture and compilation", group="vllm"),
     Option("--max-num-batched-tokens", int, "token budget of one engine step", group="vllm"),
     Option("--kv-cache-memory-bytes", int, "KV-cache size per worker", group="vllm"),
-    Option("--enable-prefix-caching", parse_bool, "reuse KV blocks of shared prefixes",
-           group="vllm", negatable=True),
-)  # fmt: skip
+    Option(
+        "--enable-prefix-caching",
+        parse_bool,
+        "reuse KV blocks of shared prefixes",
+        group="vllm",
+        negatable=True,
+    ),
+)
 """The vLLM engine's options, each named as in ``vllm serve`` and ``AsyncEngineArgs``."""

@@ -44,9 +44,12 @@ def stat_logger_factory(snapshot: SchedulerSnapshot) -> Any:
             pass  # none of vLLM's metrics: the gateway exports its own
 
         def record(
-            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
             engine_idx: int = 0,
-        ) -> None:  # fmt: skip
+        ) -> None:
             if scheduler_stats is None:
                 return
             snapshot.running = scheduler_stats.num_running_reqs

@@ -65,9 +65,11 @@ class InvalidMessagesAreInvalidArgument(grpc.aio.ServerInterceptor):  # type: ig
             return handler
         decode = handler.request_deserializer
         for kind, streaming_requests in (
-            ("unary_unary", False), ("unary_stream", False),
-            ("stream_unary", True), ("stream_stream", True),
-        ):  # fmt: skip
+            ("unary_unary", False),
+            ("unary_stream", False),
+            ("stream_unary", True),
+            ("stream_stream", True),
+        ):
             if (behaviour := getattr(handler, kind)) is not None:
                 wrapped = _wrap(behaviour, decode, streaming_requests)
                 return handler._replace(request_deserializer=None, **{kind: wrapped})

@@ -64,8 +64,9 @@ def _statuses(generation: bool, request_type: Any = None) -> Callable[[Handler[R
                 return await handler(self, request, context)
             except GatewayError as exc:
                 if generation and refused(exc):
-                    self.service.record_rejected(getattr(request, "model_name", None),
-                                                 Protocol.KSERVE_GRPC)  # fmt: skip
+                    self.service.record_rejected(
+                        getattr(request, "model_name", None), Protocol.KSERVE_GRPC
+                    )
                 await context.abort(status_of(exc), exc.message)
                 raise AssertionError("context.abort returns by raising") from exc
             except RequestCancelled as exc:

@@ -162,8 +162,11 @@ class StreamSession:
         try:
             async with state.lock:
                 if state.epoch != epoch:
-                    self._error(request, RequestCancelled(Reason.EXPLICIT), "an earlier request "
-                                "of its sequence was cancelled")  # fmt: skip
+                    self._error(
+                        request,
+                        RequestCancelled(Reason.EXPLICIT),
+                        "an earlier request of its sequence was cancelled",
+                    )
                     return
                 await self._guarded(request, text, params, state)
         finally:

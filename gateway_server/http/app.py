@@ -41,9 +41,14 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def build_app(
-    service: GenerationService, metrics: Exposition, *, pool_metrics: Exposition,
-    cancel_token: str | None, max_body_bytes: int, body_timeout: float,
-) -> web.Application:  # fmt: skip
+    service: GenerationService,
+    metrics: Exposition,
+    *,
+    pool_metrics: Exposition,
+    cancel_token: str | None,
+    max_body_bytes: int,
+    body_timeout: float,
+) -> web.Application:
     """``metrics``: the whole of ``/metrics``; ``pool_metrics``: ``/metrics/pool``, only the
     Endpoint Picker's gauges (``gateway_server.pool_metrics``), cheap enough to scrape every
     50 ms."""

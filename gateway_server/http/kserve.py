@@ -75,31 +75,37 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return web.json_response({"name": "hangup", "version": __version__,
-                              "extensions": ["generate", "hangup_cancel"]})  # fmt: skip
+    return web.json_response(
+        {"name": "hangup", "version": __version__, "extensions": ["generate", "hangup_cancel"]}
+    )
 
 
 async def model_metadata(request: web.Request) -> web.Response:
     service = _service(request)
     service.check_model(request.match_info["model"])
-    return web.json_response({
-        "name": service.model.name, "versions": [MODEL_VERSION], "platform": "hangup",
-        "inputs": [
-            {"name": "text_input", "datatype": "BYTES", "shape": [1]},
-            {"name": "stream", "datatype": "BOOL", "shape": [1]},
-            {"name": "sampling_parameters", "datatype": "BYTES", "shape": [1]},
-            {"name": "exclude_input_in_output", "datatype": "BOOL", "shape": [1]},
-        ],
-        "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}],
-    })  # fmt: skip
+    return web.json_response(
+        {
+            "name": service.model.name,
+            "versions": [MODEL_VERSION],
+            "platform": "hangup",
+            "inputs": [
+                {"name": "text_input", "datatype": "BYTES", "shape": [1]},
+                {"name": "stream", "datatype": "BOOL", "shape": [1]},
+                {"name": "sampling_parameters", "datatype": "BYTES", "shape": [1]},
+                {"name": "exclude_input_in_output", "datatype": "BOOL", "shape": [1]},
+            ],
+            "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}],
+        }
+    )
 
 
 async def model_ready(request: web.Request) -> web.Response:
     service = _service(request)
     service.check_model(request.match_info["model"])
     is_ready = service.ready
-    return web.json_response({"name": service.model.name, "ready": is_ready},
-                             status=200 if is_ready else 503)  # fmt: skip
+    return web.json_response(
+        {"name": service.model.name, "ready": is_ready}, status=200 if is_ready else 503
+    )
 
 
 def _sampling_body(body: dict[str, Any]) -> dict[str, Any]:
@@ -156,9 +162,13 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
     if "id" in body:
         head["id"] = str(body["id"])
     async with service.call(call_id, model, Protocol.KSERVE_HTTP) as call:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                               "Cache-Control": "no-cache",
-                                               REQUEST_ID_HEADER: call_id})  # fmt: skip
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                REQUEST_ID_HEADER: call_id,
+            }
+        )
         await response.prepare(request)
         try:
             async with aclosing(service.generate(call, prompt, params)) as chunks:

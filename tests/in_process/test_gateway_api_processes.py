@@ -18,7 +18,7 @@ import pytest
 import tritonclient.grpc.aio as triton
 
 from gateway_server.engine.sim import SimConfig
-from gateway_server.siblings import home_of
+from gateway_server.siblings import Siblings, home_of
 from tests.support.gateway import LONG, MODEL, Gateway, running_api_processes
 from tests.support.scrape import parse, total
 from tests.support.triton_io import Stream, cancel_id_of
@@ -147,8 +147,8 @@ async def test_a_cancel_finds_its_request_while_the_home_is_down(tmp_path: Path)
     async with running_api_processes(tmp_path, 3, sim=SIM) as (owner, other, home):
         rid = id_with_home(2, "homeless")
         resp = await start_stream(owner, rid)
-        assert home.server.siblings is not None
-        await home.server.siblings.close()  # its socket is gone: as while it restarts
+        assert isinstance(home.server.scope, Siblings)
+        await home.server.scope.close()  # its socket is gone: as while it restarts
         status, body = await other.cancel(rid, "explicit")
         assert status == 200 and body["state"] == "cancelled"  # asked every sibling instead
         await read_events(resp)

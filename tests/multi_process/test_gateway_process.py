@@ -36,6 +36,7 @@ def test_environment_configures_and_flags_win(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--engine", "vllm"], "--engine vllm needs --model"),
+        (["--engine", "tgi"], "--engine='tgi': expected sim or vllm"),
         (["--cancel-token-file", "/nonexistent/token"], "--cancel-token-file /nonexistent/token"),
         (["--workers", "0"], "--workers must be at least 1"),
     ],
@@ -47,6 +48,20 @@ def test_bad_configuration_exits_with_a_clear_message(args: list[str], message: 
     )  # fmt: skip
     assert done.returncode != 0
     assert message in done.stderr
+
+
+def test_a_missing_grpc_package_stops_the_gateway_instead_of_serving_without_grpc() -> None:
+    """A broken install (grpcio absent) must not leave a gateway that answers HTTP with no gRPC
+    listener: it exits at once, naming the package."""
+    code = (
+        "import sys; sys.modules['grpc'] = None; from gateway_server.cli import main; "
+        "main(['--http-port', '0', '--grpc-port', '0'])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=child_env(), cwd=REPO, capture_output=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert b"grpc" in done.stderr
 
 
 def test_cancel_token_file_protects_the_cancel_api(tmp_path: Path) -> None:

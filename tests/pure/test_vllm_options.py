@@ -8,7 +8,7 @@ import pytest
 
 from gateway_server.config import from_args
 from gateway_server.engine.base import EngineError
-from gateway_server.engine.vllm_devices import DevicePin, device_env, device_groups
+from gateway_server.engine.devices import DevicePin, device_env, device_groups
 from gateway_server.engine.vllm_options import VllmOptions
 
 

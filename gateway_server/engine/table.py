@@ -1,0 +1,78 @@
+"""The engines the gateway can run: ``--engine NAME`` picks a row of :data:`ENGINES`.
+
+Adding an engine: a module that implements :class:`~.base.Engine`, a member of
+:class:`EngineName` and its row here (how its workers are built, what model name it serves when
+``--model`` is not given, its flags). The row's factory imports its module when an engine whose
+import is heavy (vLLM: seconds and much memory) is asked for, and only then. An engine with
+flags also has its settings as a field of :class:`~gateway_server.config.GatewayConfig` named
+as the engine (``config.sim``, ``config.vllm``), built from its flags' values.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from gateway_server.engine.base import Engine
+from gateway_server.engine.sim import SimConfig, SimulatedEngine
+from gateway_server.engine.sim_options import SIM_OPTIONS
+from gateway_server.engine.vllm_options import VLLM_OPTIONS, VllmOptions
+from hangup_contract.runtime.options import Option
+
+if TYPE_CHECKING:
+    from gateway_server.config import GatewayConfig
+
+
+class EngineName(enum.StrEnum):
+    """``--engine``'s values."""
+
+    SIM = "sim"
+    VLLM = "vllm"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineKind:
+    build: Callable[[GatewayConfig, Sequence[int]], list[Engine]]
+    """The workers of the given gateway-wide indices (an API process's share of them).
+    Raises EngineError when they cannot be built (a missing package, too few devices)."""
+    default_model: str | None
+    """The model name served without ``--model``; None: ``--model`` is required."""
+    about: str
+    """What it is, in ``--help``'s title of its flags."""
+    settings: Callable[..., object]
+    """Its settings from its flags' values (by field name)."""
+    options: tuple[Option, ...]
+    """Its flags; each one's ``group`` is the engine's name."""
+
+
+def _simulated(config: GatewayConfig, indices: Sequence[int]) -> list[Engine]:
+    return [SimulatedEngine(config.sim) for _ in indices]
+
+
+def _vllm(config: GatewayConfig, indices: Sequence[int]) -> list[Engine]:
+    vllm: Any = import_module("gateway_server.engine.vllm")
+    engines: list[Engine] = vllm.build_vllm_engines(
+        config.model, config.vllm, config.workers, indices
+    )
+    return engines
+
+
+ENGINES: Mapping[EngineName, EngineKind] = {
+    EngineName.SIM: EngineKind(
+        _simulated, "hangup-sim", "simulated engine", SimConfig, SIM_OPTIONS
+    ),
+    EngineName.VLLM: EngineKind(_vllm, None, "vLLM engine", VllmOptions, VLLM_OPTIONS),
+}
+
+
+def engine_kind(name: str) -> EngineKind:
+    return ENGINES[EngineName(name)]
+
+
+def build_engines(config: GatewayConfig, indices: Sequence[int] | None = None) -> list[Engine]:
+    """The engine workers (only those of ``indices``, an API process's share, when given)."""
+    kind = engine_kind(config.engine)
+    return kind.build(config, range(config.workers) if indices is None else indices)

@@ -1,0 +1,266 @@
+"""The call directory over the sibling channel: claims, releases, cancels and the listing.
+
+Every request id has a home process, :func:`home_of`; the home's :class:`HomeEntries` say which
+process runs the id, that it ended (with its tokens), or that a cancel came first (a
+tombstone). :class:`SiblingDirectory` is what the service calls (a
+:class:`~gateway_server.scope.CallDirectory`) and what a sibling's questions reach. The rules
+it keeps are the package's (:mod:`gateway_server.siblings`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import zlib
+from collections.abc import Callable
+
+from gateway_server.errors import (
+    CancelledBeforeArrival,
+    DuplicateRequestId,
+    GatewayError,
+    RequestNotFound,
+)
+from gateway_server.metrics import GatewayMetrics
+from gateway_server.registry import CallRegistry, Remembered, not_found
+from gateway_server.siblings.channel import Channel, Message, Op, SiblingUnreachable
+from hangup_contract.cancel import CancelAnswer
+from hangup_contract.runtime.logs import log_event
+from hangup_contract.vocabulary import CancelState, Reason
+
+log = logging.getLogger("hangup.gateway")
+
+CANCEL_WAIT = 30.0  # seconds for a forwarded cancel (the owner waits for its engines' abort)
+
+
+def home_of(request_id: str, processes: int) -> int:
+    """The process whose directory holds ``request_id``'s entry (stable across processes)."""
+    return zlib.crc32(request_id.encode("utf-8", "surrogatepass")) % processes
+
+
+class HomeEntries:
+    """The ids whose home is this process: where each runs, which ended, which were cancelled
+    before they arrived. Bounded like the registry (same TTLs and limit)."""
+
+    def __init__(
+        self,
+        tombstone_ttl: float,
+        finished_ttl: float = 600.0,
+        max_remembered: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.live: dict[str, int] = {}  # id -> owner
+        self.ended = Remembered[int](finished_ttl, max_remembered, clock)
+        self.tombstones = Remembered[Reason](tombstone_ttl, max_remembered, clock)
+
+    def claim(self, request_id: str, owner: int) -> None:
+        """Record that ``owner`` runs ``request_id``. Raises DuplicateRequestId or
+        CancelledBeforeArrival (the tombstone is spent)."""
+        if request_id in self.live:
+            raise DuplicateRequestId(f"request id {request_id!r} is already in flight")
+        reason = self.tombstones.pop(request_id)
+        if reason is not None:
+            raise CancelledBeforeArrival(request_id, reason)
+        self.live[request_id] = owner
+
+    def release(self, request_id: str, owner: int, tokens: int) -> None:
+        if self.live.get(request_id) == owner:
+            del self.live[request_id]
+            self.ended.put(request_id, tokens)
+
+    def forget(self, owner: int) -> None:
+        """``owner`` started afresh: what it ran before died with it."""
+        for request_id in [i for i, o in self.live.items() if o == owner]:
+            del self.live[request_id]
+
+
+class SiblingDirectory:
+    """This process's calls as part of the gateway's: claimed at their homes, cancelled
+    wherever they run, listed with every sibling's."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        registry: CallRegistry,
+        metrics: GatewayMetrics,
+        *,
+        tombstone_ttl: float,
+    ) -> None:
+        self.slot = channel.slot
+        self.count = channel.count
+        self.entries = HomeEntries(tombstone_ttl)
+        self._channel = channel
+        self._registry = registry
+        self._metrics = metrics
+        channel.on(Op.HELLO, self._on_hello)
+        channel.on(Op.CLAIM, self._on_claim)
+        channel.on(Op.RELEASE, self._on_release)
+        channel.on(Op.CALLS, lambda _: {"calls": registry.describe()})
+        channel.on_awaited(Op.CANCEL, self._on_cancel)
+        channel.on_awaited(Op.CANCEL_OWNED, self._on_cancel)
+
+    def home(self, request_id: str) -> int:
+        return home_of(request_id, self.count)
+
+    async def greet(self) -> None:
+        """Say hello (the channel listens already): siblings forget this slot's previous life
+        and send the entries whose home this process is."""
+        for peer, answer in await self._channel.ask_all(Op.HELLO, {"slot": self.slot}):
+            for request_id in answer.get("live", ()):
+                self.entries.live.setdefault(request_id, peer)
+
+    # -- what the service calls ------------------------------------------------------------
+
+    async def claim(self, request_id: str) -> None:
+        """Claim ``request_id`` for this process at its home (it must be open here already).
+        Raises DuplicateRequestId or CancelledBeforeArrival."""
+        home = self.home(request_id)
+        if home == self.slot:
+            self.entries.claim(request_id, self.slot)
+            return
+        try:
+            answer = await self._channel.ask(home, Op.CLAIM, {"id": request_id, "owner": self.slot})
+        except SiblingUnreachable as exc:
+            log_event(
+                log,
+                "claim_unchecked",
+                logging.WARNING,
+                request_id=request_id,
+                home=home,
+                error=str(exc),
+            )
+            return
+        error = answer.get("error")
+        if error == "duplicate":
+            raise DuplicateRequestId(f"request id {request_id!r} is already in flight")
+        if error == "cancelled":
+            raise CancelledBeforeArrival(request_id, Reason.parse(answer["reason"]))
+
+    def release(self, request_id: str, tokens: int) -> None:
+        """``request_id`` ended here after ``tokens`` tokens (its home remembers)."""
+        home = self.home(request_id)
+        if home == self.slot:
+            self.entries.release(request_id, self.slot, tokens)
+        else:
+            fields = {"id": request_id, "owner": self.slot, "tokens": tokens}
+            self._channel.tell(home, Op.RELEASE, fields)
+
+    async def cancel(self, request_id: str, reason: Reason) -> CancelAnswer:
+        """The cancel contract over every process (see :mod:`gateway_server.siblings`)."""
+        answer = await self._registry.cancel_live(request_id, reason)
+        if answer is not None:
+            return answer
+        home = self.home(request_id)
+        if home == self.slot:
+            return await self._cancel_at_home(request_id, reason)
+        try:
+            reply = await self._forward(home, Op.CANCEL, request_id, reason)
+        except SiblingUnreachable as exc:
+            log_event(
+                log,
+                "cancel_home_unreachable",
+                logging.WARNING,
+                request_id=request_id,
+                home=home,
+                error=str(exc),
+            )
+            return await self._cancel_everywhere(request_id, reason)
+        return _answer_of(reply, request_id)
+
+    async def all_calls(self) -> list[dict[str, object]]:
+        calls = self._registry.describe()
+        for _, answer in await self._channel.ask_all(Op.CALLS):
+            calls.extend(answer.get("calls", ()))
+        return calls
+
+    # -- the home's and the owner's side ---------------------------------------------------
+
+    async def _cancel_at_home(self, request_id: str, reason: Reason) -> CancelAnswer:
+        answer = await self._registry.cancel_live(request_id, reason)
+        if answer is not None:
+            return answer
+        owner = self.entries.live.get(request_id)
+        if owner is not None and owner != self.slot:
+            try:
+                reply = await self._forward(owner, Op.CANCEL_OWNED, request_id, reason)
+            except SiblingUnreachable:
+                # The owner died: its calls ended with it.
+                self.entries.release(request_id, owner, 0)
+                return CancelAnswer(request_id, CancelState.FINISHED, None, 0)
+            return _answer_of(reply, request_id)
+        tokens = self.entries.ended.get(request_id)
+        if tokens is not None:
+            return CancelAnswer(request_id, CancelState.FINISHED, None, tokens)
+        finished = self._registry.finished(request_id)
+        if finished is not None:
+            return finished
+        self.entries.tombstones.put(request_id, reason)
+        raise not_found(request_id)
+
+    async def _cancel_owned(self, request_id: str, reason: Reason) -> CancelAnswer:
+        answer = await self._registry.cancel_live(request_id, reason)
+        answer = answer or self._registry.finished(request_id)
+        if answer is None:
+            raise not_found(request_id)
+        return answer
+
+    async def _cancel_everywhere(self, request_id: str, reason: Reason) -> CancelAnswer:
+        """The home is unreachable: ask every sibling; the one running the id cancels it."""
+        fields = {"id": request_id, "reason": reason.value}
+        replies = await self._channel.ask_all(Op.CANCEL_OWNED, fields, CANCEL_WAIT)
+        answers = [_answer_of(r, request_id) for _, r in replies if "answer" in r]
+        here = self._registry.finished(request_id)
+        if here is not None:
+            answers.append(here)
+        if answers:  # a cancelled one first: only one process can have run it
+            return min(answers, key=lambda a: a.state is not CancelState.CANCELLED)
+        self._registry.leave_tombstone(request_id, reason)
+        raise not_found(request_id)
+
+    async def _forward(self, slot: int, op: Op, request_id: str, reason: Reason) -> Message:
+        """Ask sibling ``slot`` to cancel, timed (one hop). Raises SiblingUnreachable."""
+        started = time.perf_counter()
+        try:
+            fields = {"id": request_id, "reason": reason.value}
+            return await self._channel.ask(slot, op, fields, CANCEL_WAIT)
+        finally:
+            self._metrics.cancel_forward.observe(time.perf_counter() - started)
+
+    # -- a sibling's questions -------------------------------------------------------------
+
+    def _on_hello(self, message: Message) -> Message:
+        slot = message["slot"]
+        self.entries.forget(slot)
+        return {"live": [i for i in self._registry.held_ids() if self.home(i) == slot]}
+
+    def _on_claim(self, message: Message) -> Message:
+        try:
+            self.entries.claim(message["id"], message["owner"])
+        except DuplicateRequestId:
+            return {"error": "duplicate"}
+        except CancelledBeforeArrival as exc:
+            return {"error": "cancelled", "reason": exc.reason.value}
+        return {"ok": True}
+
+    def _on_release(self, message: Message) -> None:
+        self.entries.release(message["id"], message["owner"], message["tokens"])
+
+    async def _on_cancel(self, message: Message) -> Message:
+        reason = Reason.parse(message["reason"])
+        act = self._cancel_at_home if message["op"] == Op.CANCEL else self._cancel_owned
+        try:
+            answer = await act(message["id"], reason)
+        except RequestNotFound:
+            return {"error": "not_found"}
+        except Exception as exc:  # an engine failing its abort: the caller answers 500
+            return {"error": str(exc) or type(exc).__name__}
+        return {"answer": answer.to_json()}
+
+
+def _answer_of(reply: Message, request_id: str) -> CancelAnswer:
+    if "answer" in reply:
+        return CancelAnswer.from_json(json.dumps(reply["answer"]))
+    if reply.get("error") == "not_found":
+        raise not_found(request_id)
+    error = reply.get("error")
+    raise GatewayError(f"the API process running {request_id!r} failed the cancel: {error}")
