@@ -8,11 +8,10 @@ cancelled; one that is half-closed, closing or gone belongs to a client that lef
 
 The question goes to the kernel's socket diagnostics (``NETLINK_SOCK_DIAG``, what ``ss`` uses)
 as a dump filtered in the kernel to our port and the client's port. Its cost does not grow with
-the number of sockets (reading ``/proc/net/tcp`` costs ~10 ms per thousand sockets) but with the
-size of the kernel's established-connection hash table, which the dump walks whole: ~0.5 ms
-on the machine of the first gRPC cancel benchmark, 4.5 ms on one with 262,144 buckets (the
-table is sized from the host's memory, so a large GPU node pays more). Callers run it off the
-event loop. Where netlink is unavailable (not Linux, a sandbox), or the peer is not a TCP
+the number of sockets (as reading ``/proc/net/tcp`` does) but with the size of the kernel's
+established-connection hash table, which the dump walks whole: the table is sized from the
+host's memory, so a large GPU node pays more (figures in docs/benchmarks.md). Callers run it
+off the event loop. Where netlink is unavailable (not Linux, a sandbox), or the peer is not a TCP
 address, the answer is "unknown" and the relay falls back to ``grpc_cancelled``. Encoding the
 query and decoding the answer are separate from the socket I/O so they are tested on bytes.
 
