@@ -13,15 +13,17 @@ Run: ``.venv/bin/python -m bench.demo_proxy``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
 from pathlib import Path
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.processes import REPO, Process, spawn
+from tests.support.scrape import scrape_async
+from tests.support.waiting import wait_until
 
 MODEL = "hangup-sim"
 TOKENS_BEFORE_HANGUP = 12
@@ -64,14 +66,12 @@ async def stream_and_hang_up(proxy_url: str) -> tuple[int, float]:
 
 
 async def scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    async with session.get(url + "/metrics") as resp:
-        text = await resp.text()
+    """The nonzero samples of ``url/metrics`` (no buckets or creation times), keyed for print."""
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.value and not s.name.endswith("_created") and "_bucket" not in s.name:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-                out[f"{s.name}{{{labels}}}"] = s.value
+    for (name, labels), value in (await scrape_async(session, url)).items():
+        if value and not name.endswith("_created") and "_bucket" not in name:
+            shown = ",".join(f'{k}="{v}"' for k, v in sorted(labels))
+            out[f"{name}{{{shown}}}"] = value
     return out
 
 
@@ -89,17 +89,18 @@ async def settle(
 ) -> None:
     """Wait (bounded) until the gateway holds nothing and the proxy's cancel call was answered."""
     headers = {"Authorization": f"Bearer {token}"}
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    async def settled() -> bool:
         async with session.get(gateway + "/v2/requests", headers=headers) as resp:
             idle = not (await resp.json())["requests"]
         answered = any(
             k.startswith("hangup_proxy_cancel_calls_total")
             for k in await scrape(session, proxy_admin)
         )
-        if idle and answered:
-            return
-        await asyncio.sleep(0.01)
+        return idle and answered
+
+    with contextlib.suppress(AssertionError):  # bounded: the demo prints what it has
+        await wait_until(settled, 10.0, "the gateway idle and the cancel answered")
 
 
 async def main() -> int:

@@ -32,7 +32,7 @@ import aiohttp
 from bench.gateway_processes import VLLM_ENGINE, front, gateway
 from bench.stats import cpu_of
 from tests.support.processes import REPO
-from tests.support.scrape import parse, total
+from tests.support.scrape import scrape_async, total
 from tests.support.vllm_stack import MODEL as TINY
 from tests.support.vllm_stack import make_tiny_model, vllm_serve_process
 
@@ -55,8 +55,8 @@ def vllm_serve(model: Path, work: Path) -> Iterator[tuple[str, list[int]]]:
 
 
 async def _generated(url: str, name: str) -> float:
-    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
-        return total(parse(await resp.text()), name)
+    async with aiohttp.ClientSession() as session:
+        return total(await scrape_async(session, url), name)
 
 
 def _aiperf(args: argparse.Namespace, url: str, model: Path, out: Path) -> float | None:

@@ -43,7 +43,7 @@ from bench.stats import cpu_of, median_p99
 from gateway_server.processes import METRICS_ENV, SLOT_ENV, SUPERVISOR_ENV
 from gateway_server.siblings import home_of
 from tests.support.processes import REPO, children, spawn
-from tests.support.scrape import Samples, parse, total
+from tests.support.scrape import scrape_async, total
 from tests.support.stack import completion_request
 from tests.support.vllm_stack import MODEL as TINY
 from tests.support.vllm_stack import make_tiny_model, vllm_serve_process
@@ -148,7 +148,7 @@ async def cancels(url: str, running: int, rounds: int) -> dict[str, str]:
     ended: list[float] = []
     ids: list[str] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
-        before = await _scrape(session, url)
+        before = await scrape_async(session, url)
         for r in range(rounds):
             batch = [f"c{time.monotonic_ns()}-{r}-{i}" for i in range(running)]
             tasks = await _running(address, batch)
@@ -158,15 +158,10 @@ async def cancels(url: str, running: int, rounds: int) -> dict[str, str]:
             ids.extend(batch)
         for rid in ids:
             ended.append(await _cancel(session, url, rid, "finished"))
-        after = await _scrape(session, url)
+        after = await scrape_async(session, url)
     name = "hangup_gateway_cancel_forward_seconds_count"
     return {"running: ms p50/p99": median_p99(live), "ended: ms p50/p99": median_p99(ended),
             "forwarded": f"{total(after, name) - total(before, name):.0f}"}  # fmt: skip
-
-
-async def _scrape(session: aiohttp.ClientSession, url: str) -> Samples:
-    async with session.get(url + "/metrics") as resp:
-        return parse(await resp.text())
 
 
 @contextlib.contextmanager

@@ -30,10 +30,10 @@ from bench.grpc_paths import (
     path,
     stubs,
     text_request,
-    wait_for,
 )
 from bench.stats import median_p99
 from tests.support.processes import REPO
+from tests.support.waiting import poll_until
 
 LONG = 4000  # tokens: 40 s at 10 ms a step
 
@@ -93,7 +93,7 @@ async def main() -> None:
             def arrived(url: str = p.gateway_http, n: int = expected) -> bool:
                 return sum(gateway_cancellations(url).values()) >= n
 
-            wait_for(arrived, 30.0, "every cancel to reach the gateway")
+            poll_until(arrived, 30.0, "every cancel to reach the gateway", interval=0.01)
             recorded = gateway_cancellations(p.gateway_http)
         seen = aborts(p.boundary_log)
         measured = [(seen[k], t) for k, t in sent.items() if k in seen]

@@ -20,16 +20,16 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 from gateway_server.grpc.protos import inference_pb2 as pb
 from tests.support.processes import spawn
+from tests.support.scrape import scrape
 
 PATHS = ("direct", "hangup", "envoy")
 MODEL = "hangup-sim"
@@ -203,21 +203,9 @@ def stubs(channel: grpc.aio.Channel) -> tuple[Any, Any]:
 
 def gateway_cancellations(base_url: str) -> dict[str, float]:
     """``hangup_gateway_cancellations_total`` by reason, read from the gateway's ``/metrics``."""
-    with urllib.request.urlopen(f"{base_url}/metrics", timeout=5) as resp:
-        text = resp.read().decode()
     totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "hangup_gateway_cancellations_total" and sample.value:
-                reason = sample.labels["reason"]
-                totals[reason] = totals.get(reason, 0.0) + sample.value
+    for (name, labels), value in scrape(base_url).items():
+        if name == "hangup_gateway_cancellations_total" and value:
+            reason = dict(labels)["reason"]
+            totals[reason] = totals.get(reason, 0.0) + value
     return totals
-
-
-def wait_for(predicate: Callable[[], bool], within: float, what: str) -> None:
-    """Poll ``predicate`` until true; raise TimeoutError naming ``what`` after ``within`` s."""
-    deadline = time.monotonic() + within
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {within}s waiting for {what}")
-        time.sleep(0.01)

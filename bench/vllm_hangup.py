@@ -48,31 +48,39 @@ import aiohttp
 
 from tests.support.envoy import running_envoy
 from tests.support.processes import spawn
+from tests.support.scrape import scrape_async, total
 from tests.support.vllm_stack import ENGINE_ARGS, LONG_PROMPT, MODEL, make_tiny_model, vllm_serve
+from tests.support.waiting import wait_until
 
 DECODE_TOKENS_BEFORE_HANGUP = 20
 MAX_TOKENS = 1500
 PREFILL_MAX_TOKENS = 500  # the long prompt plus this fits the 8192-token context
 POLL_S = 0.003
 VLLM_FRONTS = ("vllm", "vllm+envoy", "vllm+hangup", "vllm+hangup-abort")
+Gauge = tuple[str, tuple[tuple[str, str], ...]]
+Readings = dict[Gauge, float]
 
 
 @dataclass(frozen=True)
 class Gauges:
-    """Where a server's /metrics says what its engine is doing."""
+    """Where a server's /metrics says what its engine is doing: a name and the labels a sample
+    must carry (the samples that do are summed: vLLM labels by model name)."""
 
-    running: str
-    kv: str
-    generated: str
+    running: Gauge
+    kv: Gauge
+    generated: Gauge
 
 
 HANGUP_GAUGES = Gauges(
-    'hangup_gateway_engine_running_requests{worker="0"}',
-    'hangup_gateway_engine_kv_cache_usage_ratio{worker="0"}',
-    f'hangup_gateway_generated_tokens_total{{model="{MODEL}"}}',
+    ("hangup_gateway_engine_running_requests", (("worker", "0"),)),
+    ("hangup_gateway_engine_kv_cache_usage_ratio", (("worker", "0"),)),
+    ("hangup_gateway_generated_tokens_total", (("model", MODEL),)),
 )
-VLLM_GAUGES = Gauges("vllm:num_requests_running", "vllm:kv_cache_usage_perc",
-                     "vllm:generation_tokens_total")  # fmt: skip
+VLLM_GAUGES = Gauges(
+    ("vllm:num_requests_running", ()),
+    ("vllm:kv_cache_usage_perc", ()),
+    ("vllm:generation_tokens_total", ()),
+)
 
 
 @dataclass
@@ -90,27 +98,21 @@ class Result:
     not_aborted: int = 0
 
 
-async def scrape(session: aiohttp.ClientSession, target: Target) -> dict[str, float]:
-    async with session.get(target.metrics_url + "/metrics") as response:
-        text = await response.text()
-    wanted = {target.gauges.running, target.gauges.kv, target.gauges.generated}
-    found: dict[str, float] = {}
-    for line in text.splitlines():
-        key, _, value = line.rpartition(" ")
-        name = key.split("{", 1)[0] if key.startswith("vllm:") else key
-        if name in wanted:
-            found[name] = found.get(name, 0.0) + float(value)  # vllm labels by model name
-    return found
+async def scrape(session: aiohttp.ClientSession, target: Target) -> Readings:
+    samples = await scrape_async(session, target.metrics_url)
+    g = target.gauges
+    return {
+        gauge: total(samples, gauge[0], **dict(gauge[1]))
+        for gauge in (g.running, g.kv, g.generated)
+    }
 
 
-async def wait_idle(session: aiohttp.ClientSession, target: Target) -> dict[str, float]:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+async def wait_idle(session: aiohttp.ClientSession, target: Target) -> Readings:
+    async def idle() -> Readings:
         s = await scrape(session, target)
-        if not s.get(target.gauges.running) and not s.get(target.gauges.kv):
-            return s
-        await asyncio.sleep(POLL_S)
-    raise TimeoutError(f"{target.name}: the engine never went idle")
+        return {} if s[target.gauges.running] or s[target.gauges.kv] else s
+
+    return await wait_until(idle, 120.0, f"{target.name}: the engine to go idle")
 
 
 async def one_hangup(
@@ -125,7 +127,7 @@ async def one_hangup(
             "ignore_eos": True, "temperature": 1.0}  # fmt: skip
     post = asyncio.ensure_future(session.post(target.url + "/v1/completions", json=body))
     events = 0
-    at_hangup: dict[str, float] = {}
+    at_hangup: Readings = {}
     while True:
         if post.done() and post.result().status != 200:
             raise RuntimeError(f"{target.name}: {await post.result().text()}")
@@ -163,8 +165,8 @@ async def one_hangup(
             break
         await asyncio.sleep(POLL_S)
     after = s.get(g.generated, 0.0) - at_hangup.get(g.generated, 0.0)
-    total = s.get(g.generated, 0.0) - before.get(g.generated, 0.0)
-    return after, (freed if total < max_tokens else None)
+    generated = s.get(g.generated, 0.0) - before.get(g.generated, 0.0)
+    return after, (freed if generated < max_tokens else None)
 
 
 async def run_target(target: Target, reps: int) -> dict[str, Result]:
@@ -197,19 +199,14 @@ async def run_target(target: Target, reps: int) -> dict[str, Result]:
 
 async def cancel_to_abort(session: aiohttp.ClientSession, target: Target) -> str:
     """The gateway's own cancel → abort-confirmed histogram, as a mean over the run."""
-    async with session.get(target.metrics_url + "/metrics") as response:
-        text = await response.text()
-    values = {}
-    for line in text.splitlines():
-        for part in ("_sum", "_count"):
-            if line.startswith(f"hangup_gateway_cancel_to_abort_seconds{part}{{"):
-                values[part] = float(line.rpartition(" ")[2])
-    if not values.get("_count"):
+    samples = await scrape_async(session, target.metrics_url)
+    name = "hangup_gateway_cancel_to_abort_seconds"
+    count, seconds = total(samples, f"{name}_count"), total(samples, f"{name}_sum")
+    if not count:
         return "cancel → abort confirmed: no sample"
-    mean_ms = values["_sum"] / values["_count"] * 1000
     return (
-        f"cancel → abort confirmed (gateway histogram): mean {mean_ms:.2f} ms over "
-        f"{values['_count']:.0f} cancels"
+        f"cancel → abort confirmed (gateway histogram): mean {seconds / count * 1000:.2f} ms over "
+        f"{count:.0f} cancels"
     )
 
 

@@ -39,7 +39,9 @@ from pathlib import Path
 import aiohttp
 
 from tests.support.processes import Process, spawn
+from tests.support.scrape import scrape_async, total
 from tests.support.vllm_stack import MODEL, make_tiny_model, vllm_serve
+from tests.support.waiting import wait_until
 
 ENGINE_ARGS = ["--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20)]
 SEQUENTIAL_TOKENS = 400
@@ -99,21 +101,16 @@ async def sequential(url: str, streams: int) -> StreamStats:
 
 
 async def cancellations(session: aiohttp.ClientSession, gateway: str) -> float:
-    async with session.get(gateway + "/metrics") as response:
-        text = await response.text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("hangup_gateway_cancellations_total{")
-               and 'reason="client_disconnect"' in line)  # fmt: skip
+    samples = await scrape_async(session, gateway)
+    return total(samples, "hangup_gateway_cancellations_total", reason="client_disconnect")
 
 
 async def wait_nothing_in_flight(session: aiohttp.ClientSession, gateway: str) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    async def idle() -> bool:
         async with session.get(gateway + "/v2/requests") as response:
-            if not (await response.json())["requests"]:
-                return
-        await asyncio.sleep(0.005)
-    raise TimeoutError("the gateway still has calls in flight after 120 s")
+            return not (await response.json())["requests"]
+
+    await wait_until(idle, 120.0, "the gateway to have no calls in flight")
 
 
 async def hang_up_after_events(proxy: str, events: int) -> None:

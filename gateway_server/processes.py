@@ -36,8 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway_server.config import GatewayConfig
-from hangup_contract.runtime.files import write_ready_file
-from hangup_contract.runtime.supervision import Children, reserve_port
+from hangup_contract.runtime.supervision import Children, reserved_ports
 
 log = logging.getLogger("hangup.gateway.processes")
 
@@ -108,22 +107,21 @@ class Supervisor:
 
     async def serve(self, stop: asyncio.Event, hurry: asyncio.Event) -> None:
         config = self.config
-        http = reserve_port(config.host, config.http_port)
-        grpc = reserve_port(config.host, config.grpc_port)
-        self._ports = (http.getsockname()[1], grpc.getsockname()[1])
-        try:
-            await self.children.start()
-            addresses = {"http": f"{config.host}:{self._ports[0]}",
-                         "grpc": f"{config.host}:{self._ports[1]}"}  # fmt: skip
-            if config.ready_file is not None:
-                write_ready_file(config.ready_file, addresses)
-            fields = {**addresses, "api_processes": config.api_processes}
-            log.info("serving", extra={"fields": fields})
-            await stop.wait()
-            await self.children.drain(hurry, config.drain_timeout + _EXIT_SLACK, _EXIT_SLACK)
-        finally:
-            await self.children.kill_all()
-            http.close()
-            grpc.close()
-            shutil.rmtree(self._dir, ignore_errors=True)
-            log.info("stopped")
+        with reserved_ports(config.host, config.http_port, config.grpc_port) as self._ports:
+            try:
+                addresses = {
+                    "http": f"{config.host}:{self._ports[0]}",
+                    "grpc": f"{config.host}:{self._ports[1]}",
+                }
+                await self.children.serve(
+                    stop,
+                    hurry,
+                    ready_file=config.ready_file,
+                    addresses=addresses,
+                    announce=(log, {**addresses, "api_processes": config.api_processes}),
+                    drain_within=config.drain_timeout + _EXIT_SLACK,
+                    after_hurry=_EXIT_SLACK,
+                )
+            finally:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                log.info("stopped")

@@ -55,10 +55,13 @@ class AdminSite:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         self._runner = LimitedAppRunner(
-            app, limits=config.connection_limits, listener="admin",
-            on_close=counted_in(self._closed, "admin"), server_header=SERVER_HEADER,
+            app,
+            limits=config.connection_limits,
+            listener="admin",
+            on_close=counted_in(self._closed, "admin"),
+            server_header=SERVER_HEADER,
             access_log=None,
-        )  # fmt: skip
+        )
         await self._runner.setup()
         sock = socket.create_server((config.host, config.admin_port))
         await web.SockSite(self._runner, sock).start()
@@ -77,9 +80,11 @@ class AdminListener:
 
     def __init__(self, state: ServerState) -> None:
         self._site = AdminSite(
-            state.config, state.metrics.registry, lambda: not state.draining,
+            state.config,
+            state.metrics.registry,
+            lambda: not state.draining,
             state.metrics.connections_closed,
-        )  # fmt: skip
+        )
 
     async def start(self) -> str:
         return await self._site.start()

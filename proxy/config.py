@@ -189,8 +189,14 @@ def _validate(config: Config) -> None:
     for name in positive:
         if getattr(config, name) <= 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be positive")
-    for name in ("drain_timeout", "max_concurrent_streams", "header_timeout", "idle_timeout",
-                 "max_connections", "body_timeout"):  # fmt: skip
+    for name in (
+        "drain_timeout",
+        "max_concurrent_streams",
+        "header_timeout",
+        "idle_timeout",
+        "max_connections",
+        "body_timeout",
+    ):
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
     if not 1 <= config.workers <= 256:

@@ -14,13 +14,15 @@ say *when* each step below happens and *how* their upstream call closes; :class:
 2. :meth:`CallEnding.close_upstream`: close the upstream call once its cancel is answered, or
    after ``--stream-close-grace`` if that is slower; at once when no cancel is pending. Closing
    first would let the upstream record a bare disconnect instead of the real reason.
-3. :meth:`CallEnding.finish`: count the outcome and write the call's one log line, once its
-   cancel has an answer, so the line carries ``cancel_result`` and ``cancel_ms``.
+3. :meth:`CallEnding.finish`: count the outcome and write the call's one log line
+   (:func:`log_call`: ``msg`` ``call`` with ``Call.record()``), once its cancel has an answer,
+   so the line carries ``cancel_result`` and ``cancel_ms``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 
@@ -29,6 +31,8 @@ from proxy.cancel.seams import CancelTask, Submit
 from proxy.metrics import ProxyMetrics
 from proxy.state import Call
 from proxy.vocabulary import Outcome
+
+CALL_LOGGER = "hangup.proxy.call"
 
 PROXY_STOPPED = frozenset({Reason.SHUTDOWN, Reason.PROXY_TIMEOUT})
 """Reasons the proxy ends a call for itself (not counted as client disconnects)."""
@@ -120,3 +124,8 @@ class CallEnding:
             self._log(call.record())
 
         cancel.add_done_callback(answered)
+
+
+def log_call(fields: dict[str, object]) -> None:
+    """A call's one log record (the shape of ``hangup_contract.runtime.logs``)."""
+    logging.getLogger(CALL_LOGGER).info("call", extra={"fields": fields})

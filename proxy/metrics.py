@@ -10,7 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hangup_contract.vocabulary import Reason
-from proxy.vocabulary import CancelResult, Outcome, Protocol, Stage
+from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
 
 # From 100 µs (a cancel on loopback) up to tens of seconds (a slow first byte from a long queue).
 LATENCY_BUCKETS = (
@@ -55,12 +55,7 @@ class ProxyMetrics:
             ["protocol", "reason"],
             registry=registry,
         )
-        self.connections_closed = Counter(
-            "hangup_proxy_connections_closed",
-            "Client connections the proxy closed or refused to hold, by listener and why.",
-            ["listener", "reason"],
-            registry=registry,
-        )
+        self.connections_closed = connections_closed(registry)
         self._add_timings_and_gauges(registry)
 
     def _add_timings_and_gauges(self, registry: CollectorRegistry) -> None:
@@ -89,19 +84,43 @@ class ProxyMetrics:
             registry=registry,
             multiprocess_mode="livesum",
         )
-        for protocol in Protocol:
+        for protocol in CallProtocol:
             self.inflight.labels(protocol.value)
 
-    def finished(self, protocol: Protocol, outcome: Outcome) -> None:
+    def finished(self, protocol: CallProtocol, outcome: Outcome) -> None:
         self.requests.labels(protocol.value, outcome.value).inc()
 
-    def disconnected(self, protocol: Protocol, stage: Stage) -> None:
+    def disconnected(self, protocol: CallProtocol, stage: Stage) -> None:
         self.client_disconnects.labels(protocol.value, stage.value).inc()
 
-    def cancelled(self, protocol: Protocol, reason: Reason) -> None:
+    def cancelled(self, protocol: CallProtocol, reason: Reason) -> None:
         self.cancel_reasons.labels(protocol.value, reason.value).inc()
 
     def cancel_call(self, adapter: str, result: CancelResult, seconds: float | None) -> None:
         self.cancel_calls.labels(adapter, result.value).inc()
         if seconds is not None:
             self.disconnect_to_cancel.observe(seconds)
+
+
+class SupervisorMetrics:
+    """What the ``--workers`` supervisor exports of its own, beside its workers' metrics summed
+    (``proxy.workers``): the workers serving, their restarts, and the admin listener's closes."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.workers = Gauge("hangup_proxy_workers", "Worker processes serving.", registry=registry)
+        self.restarts = Counter(
+            "hangup_proxy_worker_restarts",
+            "Worker processes that exited and were started again.",
+            registry=registry,
+        )
+        self.connections_closed = connections_closed(registry)
+
+
+def connections_closed(registry: CollectorRegistry) -> Counter:
+    """``hangup_proxy_connections_closed_total{listener, reason}``, on every listener."""
+    return Counter(
+        "hangup_proxy_connections_closed",
+        "Client connections the proxy closed or refused to hold, by listener and why.",
+        ["listener", "reason"],
+        registry=registry,
+    )

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
-from typing import Protocol as Interface
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -33,14 +33,14 @@ from proxy.grpc.relay import GrpcRelay
 from proxy.http.listener import HttpListener
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
-from proxy.vocabulary import Protocol
+from proxy.vocabulary import CallProtocol
 
 log = logging.getLogger("hangup.proxy.server")
 
 _STOP_GRACE = 5.0  # seconds for stopped calls to unwind after their handlers are cancelled
 
 
-class Listener(Interface):
+class Listener(Protocol):
     """One listening socket and what serves it."""
 
     @property
@@ -84,7 +84,10 @@ class Server:
         """Start every listener (inside the running loop); returns the ready-file map."""
         config = self.config
         canceller = Canceller(
-            {Protocol.HTTP: open_http_adapter(config), Protocol.GRPC: open_grpc_adapter(config)},
+            {
+                CallProtocol.HTTP: open_http_adapter(config),
+                CallProtocol.GRPC: open_grpc_adapter(config),
+            },
             self.metrics,
             deadline=config.cancel_deadline,
             backoff=config.cancel_backoff,

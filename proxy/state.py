@@ -12,20 +12,21 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from hangup_contract.vocabulary import Reason
 from proxy.cancel.canceller import Canceller
 from proxy.config import Config
 from proxy.errors import Overloaded
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CancelResult, Outcome, Protocol, Stage
+from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
 
 
 @dataclass(eq=False)
 class Call:
     """One client call relayed upstream; filled in as it goes, logged once when it ends."""
 
-    protocol: Protocol
+    protocol: CallProtocol
     method: str
     path: str
     client_addr: str | None
@@ -70,6 +71,18 @@ class Call:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
         }
+
+
+def interrupter(call: Call, task: asyncio.Task[Any]) -> Callable[[Reason], None]:
+    """``Call.stop`` for ``call`` handled by ``task`` (both listeners use it): the first stop
+    records its reason and cancels the task; a later one does nothing, the call is ending."""
+
+    def stop(reason: Reason) -> None:
+        if call.reason is None:
+            call.reason = reason
+            task.cancel()
+
+    return stop
 
 
 def _ms(start: float | None, end: float | None) -> float | None:

@@ -36,8 +36,8 @@ class Outcome(enum.StrEnum):
     REJECTED = "rejected"  # the proxy refused the call itself (limits, bad input, draining)
 
 
-class Protocol(enum.StrEnum):
-    """Which listener a call came in through (``protocol`` label)."""
+class CallProtocol(enum.StrEnum):
+    """Which listener a call came in through (the ``protocol`` label)."""
 
     HTTP = "http"
     GRPC = "grpc"

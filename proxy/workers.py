@@ -39,14 +39,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 from prometheus_client.registry import Collector
 
-from hangup_contract.runtime.files import write_ready_file
-from hangup_contract.runtime.supervision import Children, reserve_port
+from hangup_contract.runtime.supervision import Children, reserved_ports
 from proxy.admin import AdminSite
 from proxy.config import Config
+from proxy.metrics import SupervisorMetrics
 
 log = logging.getLogger("hangup.proxy.workers")
 
@@ -97,26 +97,31 @@ class Supervisor:
         self.registry = CollectorRegistry()
         workers = MultiProcessCollector(None, path=str(self._dir))  # type: ignore[no-untyped-call]
         self.registry.register(_Summed(workers, self._own))
-        self._live = Gauge("hangup_proxy_workers", "Worker processes serving.",
-                           registry=self._own)  # fmt: skip
-        self._restarts = Counter("hangup_proxy_worker_restarts",
-                                 "Worker processes that exited and were started again.",
-                                 registry=self._own)  # fmt: skip
-        closed = Counter("hangup_proxy_connections_closed", "Client connections the proxy closed "
-                         "or refused to hold, by listener and why.", ["listener", "reason"],
-                         registry=self._own)  # fmt: skip
-        self._admin = AdminSite(config, self.registry, self._ready, closed)
+        self._metrics = SupervisorMetrics(self._own)
+        self._admin = AdminSite(
+            config, self.registry, self._ready, self._metrics.connections_closed
+        )
         self._ports = (0, 0)
-        self.children = Children("worker", config.workers, self._command, self._dir,
-                                 ready_wait=_READY_WAIT, on_change=self._live.set,
-                                 on_exit=self._exited)  # fmt: skip
+        self.children = Children(
+            "worker",
+            config.workers,
+            self._command,
+            self._dir,
+            ready_wait=_READY_WAIT,
+            on_change=self._metrics.workers.set,
+            on_exit=self._exited,
+        )
 
     def _ready(self) -> bool:
         return not self.children.draining and len(self.children.serving) == self.config.workers
 
     def _command(self, slot: int, ready: Path) -> tuple[Sequence[str], Mapping[str, str]]:
-        env = {**os.environ, WORKER_ENV: str(os.getpid()), SLOT_ENV: str(slot),
-               METRICS_ENV: str(self._dir)}  # fmt: skip
+        env = {
+            **os.environ,
+            WORKER_ENV: str(os.getpid()),
+            SLOT_ENV: str(slot),
+            METRICS_ENV: str(self._dir),
+        }
         argv = [
             "-m",
             "proxy",
@@ -130,35 +135,37 @@ class Supervisor:
             "--ready-file",
             str(ready),
         ]
-        return argv, env  # fmt: skip
+        return argv, env
 
     def _exited(self, slot: int, pid: int, code: int | None) -> None:
         mark_process_dead(pid, str(self._dir))  # type: ignore[no-untyped-call]
-        self._restarts.inc()
-        log.warning("worker exited; starting it again", extra={"fields": {
-            "worker": slot, "pid": pid, "exit": code}})  # fmt: skip
+        self._metrics.restarts.inc()
+        log.warning(
+            "worker exited; starting it again",
+            extra={"fields": {"worker": slot, "pid": pid, "exit": code}},
+        )
 
     async def serve(self, stop: asyncio.Event, hurry: asyncio.Event) -> None:
         config = self.config
-        http = reserve_port(config.host, config.http_port)
-        grpc = reserve_port(config.host, config.grpc_port)
-        self._ports = (http.getsockname()[1], grpc.getsockname()[1])
-        try:
-            admin = await self._admin.start()
-            await self.children.start()
-            addresses = {"http": f"{config.host}:{self._ports[0]}",
-                         "grpc": f"{config.host}:{self._ports[1]}", "admin": admin}  # fmt: skip
-            if config.ready_file is not None:
-                write_ready_file(config.ready_file, addresses)
-            log.info("serving", extra={"fields": {"listeners": addresses,
-                                                  "workers": config.workers}})  # fmt: skip
-            await stop.wait()
-            slack = config.cancel_deadline + _EXIT_SLACK
-            await self.children.drain(hurry, config.drain_timeout + slack, slack)
-        finally:
-            await self.children.kill_all()
-            await self._admin.close()
-            http.close()
-            grpc.close()
-            shutil.rmtree(self._dir, ignore_errors=True)
-            log.info("stopped")
+        with reserved_ports(config.host, config.http_port, config.grpc_port) as self._ports:
+            try:
+                admin = await self._admin.start()
+                addresses = {
+                    "http": f"{config.host}:{self._ports[0]}",
+                    "grpc": f"{config.host}:{self._ports[1]}",
+                    "admin": admin,
+                }
+                slack = config.cancel_deadline + _EXIT_SLACK
+                await self.children.serve(
+                    stop,
+                    hurry,
+                    ready_file=config.ready_file,
+                    addresses=addresses,
+                    announce=(log, {"listeners": addresses, "workers": config.workers}),
+                    drain_within=config.drain_timeout + slack,
+                    after_hurry=slack,
+                )
+            finally:
+                await self._admin.close()
+                shutil.rmtree(self._dir, ignore_errors=True)
+                log.info("stopped")

@@ -1,9 +1,10 @@
 """Several processes of one server behind shared ports: what the proxy's ``--workers`` and the
 gateway's ``--api-processes`` have in common.
 
-A supervisor reserves the listening ports (:func:`reserve_port`: bound with ``SO_REUSEPORT``,
-never listening, so port 0 becomes one ephemeral port every child shares), then
-:class:`Children` runs N copies of a command and keeps them running:
+A supervisor reserves the listening ports (:func:`reserved_ports`: bound with
+``SO_REUSEPORT``, never listening, so port 0 becomes one ephemeral port every child shares),
+then :class:`Children` runs N copies of a command and keeps them running, and
+:meth:`Children.serve` is the supervisor's life: start them, announce, wait, drain:
 
 - a child is serving once it wrote its ready file; :meth:`Children.all_serving` waits for every
   child (a child that exits before serving the first time ends the server, naming it);
@@ -32,9 +33,11 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from hangup_contract.runtime.files import write_ready_file
 
 log = logging.getLogger("hangup.supervision")
 
@@ -42,6 +45,13 @@ RESTART_EVERY = 1.0  # seconds between two starts of one slot, at least
 
 Command = Callable[[int, Path], tuple[Sequence[str], Mapping[str, str]]]
 """``(slot, ready file) -> (argv, environment)`` of the child in ``slot``."""
+
+
+@contextlib.contextmanager
+def reserved_ports(host: str, http_port: int, grpc_port: int) -> Iterator[tuple[int, int]]:
+    """The HTTP and gRPC ports every child binds (``reserve_port``), held until the end."""
+    with reserve_port(host, http_port) as http, reserve_port(host, grpc_port) as grpc:
+        yield http.getsockname()[1], grpc.getsockname()[1]
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -92,6 +102,31 @@ class Children:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.what}s not serving within {self._ready_wait:g} s")
             await asyncio.wait(self._keepers, timeout=0.05)
+
+    async def serve(
+        self,
+        stop: asyncio.Event,
+        hurry: asyncio.Event,
+        *,
+        ready_file: Path | None,
+        addresses: Mapping[str, str],
+        announce: tuple[logging.Logger, Mapping[str, object]],
+        drain_within: float,
+        after_hurry: float,
+    ) -> None:
+        """Start every child, write ``addresses`` to the ready file, log ``serving`` (with the
+        logger and fields of ``announce``), wait for ``stop``, then :meth:`drain`; the children
+        that did not exit are killed on the way out, whatever happened."""
+        try:
+            await self.start()
+            if ready_file is not None:
+                write_ready_file(ready_file, addresses)
+            logger, fields = announce
+            logger.info("serving", extra={"fields": dict(fields)})
+            await stop.wait()
+            await self.drain(hurry, drain_within, after_hurry)
+        finally:
+            await self.kill_all()
 
     async def _keep(self, slot: int) -> None:
         first = True

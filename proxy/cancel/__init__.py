@@ -1,4 +1,4 @@
-"""Explicit cancel calls: the ``Canceller`` and the adapter seam (``canceller``), the adapters
-(``http``: hangup's HTTP call and what every one-POST adapter shares; ``servers``: vLLM and
-SGLang; ``grpc``: ``hangup.v1.Cancellation``), and which adapter a configuration picks
-(``choice``)."""
+"""Explicit cancel calls: the seams (``seams``: ``CancelAdapter``, ``SendsNow``, ``TagsRequests``,
+``CancelCall``), the ``Canceller`` that drives the adapters (``canceller``), the adapters
+(``http``: one POST on a client of its own, and hangup's call; ``servers``: vLLM's and SGLang's;
+``grpc``: ``hangup.v1.Cancellation``), and which one a configuration picks (``choice``)."""

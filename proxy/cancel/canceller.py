@@ -33,7 +33,7 @@ from hangup_contract.vocabulary import Reason
 from proxy.cancel.seams import CancelAdapter, CancelTask, SendsNow, Submit
 from proxy.errors import CancelAttemptFailed
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CancelResult, Protocol
+from proxy.vocabulary import CallProtocol, CancelResult
 
 log = logging.getLogger("hangup.proxy.cancel")
 
@@ -48,7 +48,7 @@ class Canceller:
 
     def __init__(
         self,
-        adapters: Mapping[Protocol, CancelAdapter],
+        adapters: Mapping[CallProtocol, CancelAdapter],
         metrics: ProxyMetrics,
         *,
         deadline: float,
@@ -69,7 +69,7 @@ class Canceller:
         request_id: str,
         reason: Reason,
         detected_at: float,
-        protocol: Protocol = Protocol.HTTP,
+        protocol: CallProtocol = CallProtocol.HTTP,
     ) -> CancelTask:
         """Start cancelling ``request_id``; the task's result is the outcome (None: no call).
 
@@ -86,7 +86,7 @@ class Canceller:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def submitter(self, protocol: Protocol) -> Submit:
+    def submitter(self, protocol: CallProtocol) -> Submit:
         """``submit`` for ``protocol``'s calls."""
         return lambda request_id, reason, detected_at: self.submit(
             request_id, reason, detected_at, protocol

@@ -56,8 +56,14 @@ class HttpCancelAdapter:
     ) -> None:
         self.call = call
         self.name = call.name
-        self._client = Client(base_url, connect_timeout=attempt_timeout, max_idle=MAX_IDLE,
-                              idle_ttl=None, keep_spare=True, what="cancel")  # fmt: skip
+        self._client = Client(
+            base_url,
+            connect_timeout=attempt_timeout,
+            max_idle=MAX_IDLE,
+            idle_ttl=None,
+            keep_spare=True,
+            what="cancel",
+        )
         headers = [("Content-Type", "application/json")]
         if token:
             if any(c in token for c in "\r\n"):

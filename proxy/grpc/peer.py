@@ -8,11 +8,10 @@ cancelled; one that is half-closed, closing or gone belongs to a client that lef
 
 The question goes to the kernel's socket diagnostics (``NETLINK_SOCK_DIAG``, what ``ss`` uses)
 as a dump filtered in the kernel to our port and the client's port. Its cost does not grow with
-the number of sockets (reading ``/proc/net/tcp`` costs ~10 ms per thousand sockets) but with the
-size of the kernel's established-connection hash table, which the dump walks whole: ~0.5 ms
-on the machine of the first gRPC cancel benchmark, 4.5 ms on one with 262,144 buckets (the
-table is sized from the host's memory, so a large GPU node pays more). Callers run it off the
-event loop. Where netlink is unavailable (not Linux, a sandbox), or the peer is not a TCP
+the number of sockets (as reading ``/proc/net/tcp`` does) but with the size of the kernel's
+established-connection hash table, which the dump walks whole: the table is sized from the
+host's memory, so a large GPU node pays more (figures in docs/benchmarks.md). Callers run it
+off the event loop. Where netlink is unavailable (not Linux, a sandbox), or the peer is not a TCP
 address, the answer is "unknown" and the relay falls back to ``grpc_cancelled``. Encoding the
 query and decoding the answer are separate from the socket I/O so they are tested on bytes.
 
@@ -152,40 +151,54 @@ def _dump(family: int, local_port: int, peer_port: int) -> list[Socket]:
         return found
 
 
-def connection_liveness(peer: str, local_port: int) -> Liveness:
-    """Whether the client at ``peer`` (a gRPC peer string) is still connected to ``local_port``.
+class PeerWatch:
+    """Asks the kernel whether gRPC clients are still connected; one per listener (the relay
+    holds it), remembering which address family last found a client.
 
-    Asks the kernel (both address families: an IPv4 client of a dual-stack listener is an
-    IPv6 socket); never raises (UNKNOWN when it cannot tell).
+    Called from worker threads (the query is run off the event loop): what it remembers is one
+    int, assigned whole, and a stale value only costs one query in the wrong order.
     """
-    endpoint = parse_peer(peer)
-    if endpoint is None or not hasattr(socket, "AF_NETLINK"):
-        return Liveness.UNKNOWN
-    try:
-        for family in _query_order(endpoint):
-            sockets = _dump(family, local_port, endpoint.port)
-            found = liveness(sockets, endpoint, local_port)
-            if any(sock.remote == endpoint for sock in sockets):
-                _ANSWERED[0] = family
-            if found is Liveness.OPEN:
-                return found
-    except (OSError, struct.error, ValueError):
-        return Liveness.UNKNOWN
-    return Liveness.GONE
+
+    def __init__(self) -> None:
+        self._family = 0  # the family whose query last found a client's socket (0: none yet)
+
+    def liveness(self, peer: str, local_port: int) -> Liveness:
+        """Whether the client at ``peer`` (a gRPC peer string) is still connected to
+        ``local_port``.
+
+        Asks the kernel (both address families: an IPv4 client of a dual-stack listener is an
+        IPv6 socket); never raises (UNKNOWN when it cannot tell).
+        """
+        endpoint = parse_peer(peer)
+        if endpoint is None or not hasattr(socket, "AF_NETLINK"):
+            return Liveness.UNKNOWN
+        try:
+            for family in self._query_order(endpoint):
+                sockets = _dump(family, local_port, endpoint.port)
+                found = liveness(sockets, endpoint, local_port)
+                if any(sock.remote == endpoint for sock in sockets):
+                    self._family = family
+                if found is Liveness.OPEN:
+                    return found
+        except (OSError, struct.error, ValueError):
+            return Liveness.UNKNOWN
+        return Liveness.GONE
+
+    def _query_order(self, endpoint: Endpoint) -> tuple[int, int]:
+        """Which family to ask first: the one that last found a client (a listener's sockets
+        share one: gRPC's are IPv6 sockets even for IPv4 clients of 127.0.0.1), else the
+        client's own. Each query walks the kernel's table, so asking the right family first
+        halves the cost."""
+        first = self._family
+        if not first:
+            ipv6 = isinstance(endpoint.address, ipaddress.IPv6Address)
+            first = socket.AF_INET6 if ipv6 else socket.AF_INET
+        return (first, socket.AF_INET6 if first == socket.AF_INET else socket.AF_INET)
 
 
-_ANSWERED: list[int] = [0]  # the family whose query last found a client's socket (0: none yet)
-
-
-def _query_order(endpoint: Endpoint) -> tuple[int, int]:
-    """Which family to ask first: the one that last found a client (a listener's sockets share
-    one: gRPC's are IPv6 sockets even for IPv4 clients of 127.0.0.1), else the client's own.
-    Each query walks the kernel's table, so asking the right family first halves the cost."""
-    first = _ANSWERED[0]
-    if not first:
-        ipv6 = isinstance(endpoint.address, ipaddress.IPv6Address)
-        first = socket.AF_INET6 if ipv6 else socket.AF_INET
-    return (first, socket.AF_INET6 if first == socket.AF_INET else socket.AF_INET)
+def connection_liveness(peer: str, local_port: int) -> Liveness:
+    """One question, with nothing remembered (``PeerWatch.liveness``)."""
+    return PeerWatch().liveness(peer, local_port)
 
 
 def can_tell_disconnects() -> bool:

@@ -45,13 +45,12 @@ from hangup_contract.runtime.connections import grpc_server_options
 from hangup_contract.vocabulary import Reason
 from proxy.errors import BadRequestId, ClientGone, Overloaded
 from proxy.grpc.metadata import Metadata, client_metadata, relayable, upstream_metadata
-from proxy.grpc.peer import Liveness, can_tell_disconnects, connection_liveness
+from proxy.grpc.peer import Liveness, PeerWatch, can_tell_disconnects
 from proxy.grpc.status import StatusWatch
 from proxy.http.headers import RequestIds, choose_request_ids
-from proxy.http.logs import log_call
-from proxy.lifecycle import CallEnding
-from proxy.state import Call, ServerState
-from proxy.vocabulary import Outcome, Protocol, Stage
+from proxy.lifecycle import CallEnding, log_call
+from proxy.state import Call, ServerState, interrupter
+from proxy.vocabulary import CallProtocol, Outcome, Stage
 
 log = logging.getLogger("hangup.proxy.grpc")
 
@@ -167,10 +166,11 @@ class GrpcRelay:
     def __init__(self, state: ServerState) -> None:
         self._state = state
         self._config = state.config
-        self._submit = state.canceller.submitter(Protocol.GRPC)
+        self._submit = state.canceller.submitter(CallProtocol.GRPC)
         self._server: grpc.aio.Server | None = None
         self._channel: grpc.aio.Channel | None = None
         self._port = 0
+        self._peers = PeerWatch()
 
     @property
     def port(self) -> int:
@@ -184,10 +184,12 @@ class GrpcRelay:
         limit = config.max_body_size
         # gRPC itself refuses a larger request message with RESOURCE_EXHAUSTED.
         server = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", -1 if limit is None else limit),
-                     ("grpc.max_send_message_length", -1),
-                     *grpc_server_options(config.connection_limits)]
-        )  # fmt: skip
+            options=[
+                ("grpc.max_receive_message_length", -1 if limit is None else limit),
+                ("grpc.max_send_message_length", -1),
+                *grpc_server_options(config.connection_limits),
+            ]
+        )
         server.add_generic_rpc_handlers([_RelayHandler(self._handle)])
         self._port = server.add_insecure_port(f"{config.host}:{config.grpc_port}")
         if self._port == 0:
@@ -213,11 +215,15 @@ class GrpcRelay:
             self._channel = None
 
     async def _handle(self, method: str, requests: AsyncIterator[bytes], context: Any) -> None:
-        call = Call(Protocol.GRPC, "POST", method, context.peer())
+        call = Call(CallProtocol.GRPC, "POST", method, context.peer())
         ending = CallEnding(
-            call, self._state.metrics, self._submit, close_grace=self._config.stream_close_grace,
-            gone_status=grpc.StatusCode.CANCELLED.value[0], log=log_call,
-        )  # fmt: skip
+            call,
+            self._state.metrics,
+            self._submit,
+            close_grace=self._config.stream_close_grace,
+            gone_status=grpc.StatusCode.CANCELLED.value[0],
+            log=log_call,
+        )
         metadata = tuple(context.invocation_metadata() or ())
         try:
             ids = choose_request_ids(
@@ -232,7 +238,7 @@ class GrpcRelay:
         call.request_id, call.client_request_id = ids.upstream, ids.client
         task = asyncio.current_task()
         assert task is not None
-        call.stop = lambda reason: self._stop(call, task, reason)
+        call.stop = interrupter(call, task)
         try:
             await self._relay(ending, method, metadata, ids, requests, context)
         finally:
@@ -249,12 +255,6 @@ class GrpcRelay:
         call.outcome, call.error, call.status = Outcome.REJECTED, exc.message, code.value[0]
         context.set_code(code)
         context.set_details(exc.message)
-
-    @staticmethod
-    def _stop(call: Call, task: asyncio.Task[Any], reason: Reason) -> None:
-        if call.reason is None:
-            call.reason = reason
-            task.cancel()
 
     async def _relay(
         self,
@@ -338,7 +338,7 @@ class GrpcRelay:
         """
         if self._deadline_passed(context):
             return Reason.DEADLINE_EXCEEDED
-        liveness = await asyncio.to_thread(connection_liveness, context.peer(), self._port)
+        liveness = await asyncio.to_thread(self._peers.liveness, context.peer(), self._port)
         if liveness is Liveness.GONE or (gone and liveness is Liveness.UNKNOWN):
             return Reason.CLIENT_DISCONNECT
         return Reason.GRPC_CANCELLED

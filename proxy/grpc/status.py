@@ -5,8 +5,8 @@ method it does not serve, ``UNAVAILABLE`` while it drains, ``INVALID_ARGUMENT`` 
 If the proxy's request pump has a write in flight at that moment, gRPC's core fails the write,
 and grpc.aio (1.6x-1.8x) then stamps the call ``INTERNAL "Internal error from Core"`` over the
 status it had already received, so the client would see INTERNAL instead of a status it can act
-on (retry elsewhere, fix the call). Measured through the proxy before this module: up to 60 % of
-calls to a method the gateway does not serve came back INTERNAL.
+on (retry elsewhere, fix the call); how often it happened before this module is in
+docs/benchmarks.md (the protocol fuzz).
 
 :class:`StatusWatch` records every status the call is given (grpc.aio runs a call's done
 callbacks each time it sets one) and returns the first that is not that stamp. It reads the

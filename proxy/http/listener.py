@@ -46,7 +46,6 @@ class HttpListener:
 
     async def start(self) -> str:
         config = self._state.config
-        await self._relay.open()
         server = _Server(
             self._relay,
             limits=config.connection_limits,

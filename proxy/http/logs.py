@@ -1,8 +1,5 @@
-"""The proxy's log records, in the shape both processes write (``hangup_contract.runtime.logs``).
-
-Each relayed call ends in exactly one record (``msg`` ``call``) carrying ``Call.record()``;
-other records (startup, cancel retries, shutdown) are sentences or events of the same shape.
-"""
+"""What aiohttp's HTTP server logs, in the proxy's shape: a request it could not parse is the
+client's fault, a one-line warning (each call's own record is ``proxy.lifecycle.log_call``)."""
 
 from __future__ import annotations
 
@@ -10,7 +7,6 @@ import logging
 
 from aiohttp.http_exceptions import HttpProcessingError
 
-CALL_LOGGER = "hangup.proxy.call"
 SERVER_LOGGER = "hangup.proxy.http.server"  # what aiohttp's HTTP server logs
 
 
@@ -35,7 +31,3 @@ def server_logger() -> logging.Logger:
     if not any(isinstance(f, BadRequestFilter) for f in logger.filters):
         logger.addFilter(BadRequestFilter())
     return logger
-
-
-def log_call(fields: dict[str, object]) -> None:
-    logging.getLogger(CALL_LOGGER).info("call", extra={"fields": fields})

@@ -30,7 +30,6 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from aiohttp import web
 
@@ -57,13 +56,12 @@ from proxy.http.headers import (
     client_response_headers,
     upstream_request_headers,
 )
-from proxy.http.logs import log_call
 from proxy.http.tagging import TAG_LIMIT, tag_body
-from proxy.lifecycle import CallEnding
-from proxy.state import Call, ServerState
+from proxy.lifecycle import CallEnding, log_call
+from proxy.state import Call, ServerState, interrupter
 from proxy.upstream.client import Client
 from proxy.upstream.connection import Body, Response
-from proxy.vocabulary import Outcome, Protocol, Stage
+from proxy.vocabulary import CallProtocol, Outcome, Stage
 
 log = logging.getLogger("hangup.proxy.http")
 
@@ -127,13 +125,10 @@ class HttpRelay:
         self._state = state
         self._config = state.config
         self._base = state.config.upstream_http.rstrip("/")
-        self._tagger = body_tagger(state.canceller.adapters[Protocol.HTTP])
+        self._tagger = body_tagger(state.canceller.adapters[CallProtocol.HTTP])
         self._upstream = Client(self._base, connect_timeout=self._config.upstream_connect_timeout)
         # Calls whose upstream call is open, by the aiohttp protocol of their client connection.
         self._relaying: dict[object, _Exchange] = {}
-
-    async def open(self) -> None:
-        """Nothing to open: upstream connections are made as calls need them."""
 
     async def close(self) -> None:
         await self._upstream.close()
@@ -141,14 +136,19 @@ class HttpRelay:
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.method == "GET" and request.path in self._config.scrape_paths:
             return await self._scrape(request)
-        call = Call(Protocol.HTTP, request.method, request.path_qs, request.remote)
+        call = Call(CallProtocol.HTTP, request.method, request.path_qs, request.remote)
         ending = CallEnding(
-            call, self._state.metrics, self._state.canceller.submitter(Protocol.HTTP),
-            close_grace=self._config.stream_close_grace, gone_status=499, log=log_call,
-        )  # fmt: skip
+            call,
+            self._state.metrics,
+            self._state.canceller.submitter(CallProtocol.HTTP),
+            close_grace=self._config.stream_close_grace,
+            gone_status=499,
+            log=log_call,
+        )
         exchange = _Exchange(request, call, ending)
         task = asyncio.current_task()
-        call.stop = lambda reason: self._stop(call, task, reason)
+        assert task is not None
+        call.stop = interrupter(call, task)
         try:
             self._state.admit(call)
         except Overloaded as exc:
@@ -177,16 +177,20 @@ class HttpRelay:
                     raise
                 upstream.release()
                 status = upstream.status
-                content_type = next((v for n, v in upstream.headers
-                                     if n.lower() == "content-type"), None)  # fmt: skip
+                content_type = next(
+                    (v for n, v in upstream.headers if n.lower() == "content-type"), None
+                )
         except (UpstreamError, ValueError, TimeoutError) as exc:
             status = 504 if isinstance(exc, TimeoutError) else 502
             self._state.metrics.scrapes.labels(str(status)).inc()
             message = f"metrics scrape of the upstream failed: {exc or type(exc).__name__}"
             error = {"error": {"message": message, "type": "proxy_error", "code": status}}
-            return web.Response(status=status, text=json.dumps(error),
-                                content_type="application/json",
-                                headers={"Server": SERVER_HEADER})  # fmt: skip
+            return web.Response(
+                status=status,
+                text=json.dumps(error),
+                content_type="application/json",
+                headers={"Server": SERVER_HEADER},
+            )
         self._state.metrics.scrapes.labels(str(status)).inc()
         response = web.Response(status=status, body=body, headers={"Server": SERVER_HEADER})
         if content_type is not None:
@@ -204,14 +208,6 @@ class HttpRelay:
         ex = self._relaying.pop(protocol, None)
         if ex is not None:
             ex.ending.stop(ex.call.reason or Reason.CLIENT_DISCONNECT)
-
-    @staticmethod
-    def _stop(call: Call, task: asyncio.Task[Any] | None, reason: Reason) -> None:
-        """Interrupt ``call`` (its handler task) with ``reason``: shutdown uses this."""
-        if call.reason is None:
-            call.reason = reason
-        if task is not None:
-            task.cancel()
 
     async def _guarded(self, ex: _Exchange) -> web.StreamResponse:
         """Relay, mapping every way a call can end to its reason (``proxy.lifecycle`` does the
@@ -316,8 +312,11 @@ class HttpRelay:
         limit = self._config.max_body_size or TAG_LIMIT
         sent, untagged = await tag_body(body, self._tagger.tag_body, request_id, limit)
         if untagged is not None:
-            log.warning("request body not tagged with the call's id: %s", untagged,
-                     extra={"fields": {"request_id": request_id}})  # fmt: skip
+            log.warning(
+                "request body not tagged with the call's id: %s",
+                untagged,
+                extra={"fields": {"request_id": request_id}},
+            )
         if isinstance(sent, bytes):  # a new length, sent as Content-Length
             headers = [(n, v) for n, v in headers if n.lower() != "content-length"]
         return sent, headers

@@ -1,1 +1,3 @@
-"""The relay's HTTP/1.1 client: keep-alive connections to the upstream (``client``)."""
+"""The proxy's HTTP/1.1 client (``client``: the pool and a request; ``connection``: one
+connection and its parser), below both its users: the HTTP relay and the cancel adapters, each
+on an instance of its own."""

@@ -105,8 +105,9 @@ class Client:
         ``target`` is the path and query (the URL's prefix goes before it). Raises
         ``UpstreamError``s; cancelling drops the connection.
         """
-        head, chunked = request_head(method, self.origin.prefix + target, self.origin.netloc,
-                                     headers, body)  # fmt: skip
+        head, chunked = request_head(
+            method, self.origin.prefix + target, self.origin.netloc, headers, body
+        )
         self._used = True
         connection = self._take()
         reused = connection is not None
@@ -124,8 +125,9 @@ class Client:
         connection = self._take()
         if connection is None:
             return None
-        head, _ = request_head(method, self.origin.prefix + target, self.origin.netloc,
-                               headers, body)  # fmt: skip
+        head, _ = request_head(
+            method, self.origin.prefix + target, self.origin.netloc, headers, body
+        )
         try:
             sent = connection.send(head, body, False, head_only=method == "HEAD")
         except StaleConnection:
@@ -145,9 +147,15 @@ class Client:
         self._idle.clear()
 
     async def _answer(
-        self, connection: Connection, head: bytes, body: Body, chunked: bool, method: str,
-        *, reused: bool,
-    ) -> Response:  # fmt: skip
+        self,
+        connection: Connection,
+        head: bytes,
+        body: Body,
+        chunked: bool,
+        method: str,
+        *,
+        reused: bool,
+    ) -> Response:
         try:
             sent = connection.send(head, body, chunked, head_only=method == "HEAD")
         except BaseException:
@@ -156,9 +164,15 @@ class Client:
         return await self._answered(connection, sent, head, body, method, reused=reused)
 
     async def _answered(
-        self, connection: Connection, sent: asyncio.Future[Response], head: bytes, body: Body,
-        method: str, *, reused: bool,
-    ) -> Response:  # fmt: skip
+        self,
+        connection: Connection,
+        sent: asyncio.Future[Response],
+        head: bytes,
+        body: Body,
+        method: str,
+        *,
+        reused: bool,
+    ) -> Response:
         try:
             return await sent
         except StaleConnection:
@@ -224,9 +238,12 @@ class Client:
         try:
             async with asyncio.timeout(self._connect_timeout):
                 _, connection = await loop.create_connection(
-                    lambda: Connection(self), origin.host, origin.port,
-                    ssl=self._tls, server_hostname=server_hostname,
-                )  # fmt: skip
+                    lambda: Connection(self),
+                    origin.host,
+                    origin.port,
+                    ssl=self._tls,
+                    server_hostname=server_hostname,
+                )
         except TimeoutError as exc:
             raise UpstreamTimeout(f"upstream {self.name} did not answer in time") from exc
         except OSError as exc:

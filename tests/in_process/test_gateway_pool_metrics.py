@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway_server.engine.sim import SIM_BLOCK_SIZE, SimConfig
-from proxy.http.logs import CALL_LOGGER
+from proxy.lifecycle import CALL_LOGGER
 from proxy.server import Server
 from tests.support.gateway import LONG, MODEL, Gateway, running_api_processes, running_gateway
 from tests.support.proxy_harness import http_url, metric, running_proxy

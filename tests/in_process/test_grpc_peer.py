@@ -14,6 +14,7 @@ from proxy.grpc import peer as grpc_peer
 from proxy.grpc.peer import (
     Endpoint,
     Liveness,
+    PeerWatch,
     Socket,
     connection_liveness,
     decode_replies,
@@ -122,11 +123,11 @@ def test_the_family_that_found_a_client_is_asked_first_next_time(
         asked.append(family)
         return [mapped] if family == socket.AF_INET6 else []
 
-    monkeypatch.setattr(grpc_peer, "_ANSWERED", [0])
+    watch = PeerWatch()
     monkeypatch.setattr(grpc_peer, "_dump", dump)
     monkeypatch.setattr(grpc_peer.socket, "AF_NETLINK", 16, raising=False)
-    assert connection_liveness("ipv4:127.0.0.1:40000", 8081) is Liveness.OPEN
+    assert watch.liveness("ipv4:127.0.0.1:40000", 8081) is Liveness.OPEN
     assert asked == [socket.AF_INET, socket.AF_INET6]
     asked.clear()
-    assert connection_liveness("ipv4:127.0.0.1:40000", 8081) is Liveness.OPEN
+    assert watch.liveness("ipv4:127.0.0.1:40000", 8081) is Liveness.OPEN
     assert asked == [socket.AF_INET6]

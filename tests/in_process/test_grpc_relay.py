@@ -29,7 +29,7 @@ from proxy.grpc.peer import can_tell_disconnects
 from proxy.grpc.relay import GrpcRelay
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
-from proxy.vocabulary import Protocol
+from proxy.vocabulary import CallProtocol
 from tests.support.processes import child_env
 from tests.support.waiting import wait_until
 
@@ -140,7 +140,7 @@ async def _stack(upstream: ScriptedUpstream, **options: Any) -> tuple[GrpcRelay,
     metrics = ProxyMetrics(registry)
     adapter = GrpcCancelAdapter(config.upstream_grpc, None, config.cancel_attempt_timeout)
     canceller = Canceller(
-        {Protocol.GRPC: adapter}, metrics, deadline=5.0, backoff=0.05, backoff_max=0.5,
+        {CallProtocol.GRPC: adapter}, metrics, deadline=5.0, backoff=0.05, backoff_max=0.5,
         concurrency=8,
     )  # fmt: skip
     state = ServerState(config, metrics, canceller)

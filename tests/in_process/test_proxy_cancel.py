@@ -17,7 +17,7 @@ from hangup_contract.vocabulary import Reason
 from proxy.cancel.canceller import Canceller
 from proxy.cancel.http import HangupCancel, HttpCancelAdapter
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CancelResult, Protocol
+from proxy.vocabulary import CallProtocol, CancelResult
 from tests.support.proxy_harness import http_url, raw_request, running_proxy
 from tests.support.scripted_upstream import ScriptedUpstream
 
@@ -28,7 +28,7 @@ def _canceller(
     metrics = ProxyMetrics(CollectorRegistry())
     adapter = HttpCancelAdapter(HangupCancel(), url, "tok", attempt)
     return Canceller(
-        {Protocol.HTTP: adapter}, metrics, deadline=deadline, backoff=0.01, backoff_max=0.05,
+        {CallProtocol.HTTP: adapter}, metrics, deadline=deadline, backoff=0.01, backoff_max=0.05,
         concurrency=concurrency,
     )  # fmt: skip
 

@@ -19,7 +19,7 @@ from hangup_contract.vocabulary import Reason
 from proxy.cancel.canceller import Canceller
 from proxy.cancel.http import HangupCancel, HttpCancelAdapter
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CancelResult, Protocol
+from proxy.vocabulary import CallProtocol, CancelResult
 from tests.support.raw_http import RawServer, read_request
 from tests.support.waiting import wait_until
 
@@ -82,7 +82,7 @@ async def endpoint() -> AsyncIterator[RawEndpoint]:
 def _canceller(raw: RawEndpoint, deadline: float = 5.0) -> Canceller:
     adapter = HttpCancelAdapter(HangupCancel(), f"http://127.0.0.1:{raw.port}/base", "tok", 1.0)
     return Canceller(
-        {Protocol.HTTP: adapter},
+        {CallProtocol.HTTP: adapter},
         ProxyMetrics(CollectorRegistry()),
         deadline=deadline,
         backoff=0.01,
@@ -147,7 +147,7 @@ async def test_a_connection_is_kept_ready_after_the_server_closes_idle_ones(
     """Servers close idle keep-alive connections; the next hang-up should not wait for a connect."""
     endpoint.close_after = True
     canceller = _canceller(endpoint)
-    adapter = canceller.adapters[Protocol.HTTP]
+    adapter = canceller.adapters[CallProtocol.HTTP]
     assert isinstance(adapter, HttpCancelAdapter)
     try:
         assert await _cancel(canceller, "id-1") is CancelResult.OK

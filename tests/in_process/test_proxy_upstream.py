@@ -185,6 +185,44 @@ async def test_a_refused_connection_says_so() -> None:
     assert isinstance(raised.value.__cause__, ConnectionRefusedError)
 
 
+def _read_head(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+async def test_send_now_writes_the_request_before_it_returns() -> None:
+    """What a hang-up's cancel relies on: the request is on the wire when ``send_now`` returns,
+    with no turn of the event loop in between (the server here reads it with a blocking call
+    from the loop's own thread, so nothing else can run first)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        client = Client(f"http://127.0.0.1:{port}", connect_timeout=5)
+        first = asyncio.ensure_future(get(client))  # opens the connection send_now reuses
+        accepted, _ = await asyncio.to_thread(listener.accept)
+        with accepted:
+            accepted.settimeout(5)
+            await asyncio.to_thread(_read_head, accepted)
+            accepted.sendall(ok(b"one"))
+            assert await first == b"one"
+            sent = client.send_now("POST", "/cancel", [], b"{}")
+            assert sent is not None
+            head = _read_head(accepted)  # blocks the loop: only what send_now wrote is there
+            assert head.startswith(b"POST /cancel HTTP/1.1\r\n")
+            accepted.sendall(ok(b"two"))
+            response = await sent
+            assert await response.read(100) == b"two"
+            response.release()
+        await client.close()
+    assert (
+        Client(f"http://127.0.0.1:{port}", connect_timeout=5).send_now("GET", "/", [], None) is None
+    )
+
+
 async def test_a_client_that_stops_reading_holds_the_upstream_back() -> None:
     """The proxy relays as fast as the client reads: a stalled client stalls the upstream's
     writes (TCP flow control through the proxy), and the proxy holds only its socket buffers;

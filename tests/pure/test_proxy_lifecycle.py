@@ -17,7 +17,7 @@ from hangup_contract.vocabulary import Reason
 from proxy.lifecycle import CallEnding
 from proxy.metrics import ProxyMetrics
 from proxy.state import Call
-from proxy.vocabulary import CancelResult, Outcome, Protocol, Stage
+from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
 from tests.support.waiting import run_ready_callbacks
 
 GRACE = 0.05
@@ -32,7 +32,7 @@ class Scripted:
         self.answers: list[asyncio.Future[CancelResult | None]] = []
         self.closes = 0
         self.lines: list[dict[str, object]] = []
-        self.call = Call(Protocol.HTTP, "POST", "/v1/completions", "127.0.0.1")
+        self.call = Call(CallProtocol.HTTP, "POST", "/v1/completions", "127.0.0.1")
         self.call.request_id = "call-1"
         self.ending = CallEnding(
             self.call, ProxyMetrics(self.registry), self.submit, close_grace=grace,
