@@ -33,8 +33,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway_server.config import GatewayConfig
 from gateway_server.engine.base import Engine
-from gateway_server.engine.pool import EnginePool
+from gateway_server.engine.pool import EngineFactory, EnginePool, RestartPolicy
 from gateway_server.engine.sim import SimulatedEngine
+from gateway_server.health import LoopWatchdog, liveness
 from gateway_server.http.app import build_app
 from gateway_server.metrics import EngineLoadCollector, GatewayMetrics, InflightCollector
 from gateway_server.pool_metrics import PoolProtocolCollector
@@ -51,16 +52,20 @@ from hangup_contract.vocabulary import Reason
 log = logging.getLogger("hangup.gateway")
 
 
-def build_engines(config: GatewayConfig, indices: range | None = None) -> list[Engine]:
-    """The engine workers (only those of ``indices``, an API process's share, when given)."""
+def engine_factory(config: GatewayConfig) -> EngineFactory:
+    """Makes the engine of worker *i* (a new one each call: at start, and when one died)."""
     if config.engine == "sim":
-        return [SimulatedEngine(config.sim) for _ in indices or range(config.workers)]
+        return lambda index: SimulatedEngine(config.sim)
     # Imported only when asked for: importing vLLM takes seconds and a lot of memory.
     vllm_engine: Any = import_module("gateway_server.engine.vllm")
-    engines: list[Engine] = vllm_engine.build_vllm_engines(
-        config.model, config.vllm, config.workers, indices
+    factory: EngineFactory = vllm_engine.vllm_engine_factory(
+        config.model, config.vllm, config.workers
     )
-    return engines
+    return factory
+
+
+def restart_policy(config: GatewayConfig) -> RestartPolicy:
+    return RestartPolicy(config.engine_restart_backoff, config.engine_restart_backoff_max)
 
 
 class GatewayServer:
@@ -71,10 +76,17 @@ class GatewayServer:
         self.config = config
         self.metrics_registry = registry or CollectorRegistry()
         share = None if api_process is None else api_process.workers(config.workers)
-        if engines is None:
-            engines = build_engines(config, share)
-        self.pool = EnginePool(engines, share.start if share else 0)
+        factory = None
+        if engines is None:  # the gateway's own: restarted when they die
+            factory = engine_factory(config)
+            engines = [factory(i) for i in share or range(config.workers)]
         self.metrics = GatewayMetrics(self.metrics_registry, [config.model_name])
+        self.pool = EnginePool(
+            engines, share.start if share else 0, factory=factory,
+            policy=restart_policy(config), on_restart=self.metrics.count_engine_restart,
+        )  # fmt: skip
+        self.metrics.create_worker_series(w.name for w in self.pool.workers)
+        self.watchdog = LoopWatchdog(config.loop_stall_limit)
         self.registry = CallRegistry(self.metrics, tombstone_ttl=config.tombstone_ttl)
         self.api_process = api_process
         self.siblings: Siblings | None = None
@@ -95,6 +107,8 @@ class GatewayServer:
         await self.pool.start()
         model = ModelInfo(cfg.model_name, self.pool.workers[0].engine.max_model_len)
         service = GenerationService(self.pool, self.registry, self.metrics, model)
+        service.liveness = liveness(self.pool.down_for, cfg.engine_down_limit, self.watchdog)
+        self.watchdog.start()
         self.service = service
         live = (InflightCollector([model.name], service.phases_in_flight),
                 EngineLoadCollector(service.worker_loads))  # fmt: skip
@@ -116,7 +130,7 @@ class GatewayServer:
             exposition = self.siblings.exposition
             pool_exposition = self.siblings.pool_exposition
         app = build_app(service, exposition, pool_metrics=pool_exposition,
-                        cancel_token=cfg.cancel_token,
+                        cancel_token=cfg.cancel_token, sim_faults=cfg.sim_faults,
                         max_body_bytes=cfg.max_body_bytes,
                         body_timeout=cfg.body_timeout)  # fmt: skip
         self._runner = LimitedAppRunner(
@@ -184,6 +198,7 @@ class GatewayServer:
             await self._grpc.stop(grace=1.0)
         await self._runner.cleanup()
         await self.pool.shutdown()
+        await self.watchdog.stop()
         if self.siblings is not None:
             await self.siblings.close()
         log_event(log, "stopped")

@@ -36,6 +36,7 @@ from gateway_server.engine.base import (
     TokenChunk,
 )
 from gateway_server.engine.pool import EnginePool
+from gateway_server.engine.sim import SimulatedEngine
 from gateway_server.errors import (
     CancelledBeforeArrival,
     EngineFailure,
@@ -43,6 +44,7 @@ from gateway_server.errors import (
     InvalidRequest,
     ModelNotFound,
     RequestCancelled,
+    RequestNotFound,
     Unavailable,
 )
 from gateway_server.metrics import GatewayMetrics, WorkerLoad
@@ -73,6 +75,8 @@ class GenerationService:
         self.metrics = metrics
         self.model = model
         self.draining = False
+        self.liveness: Callable[[], str | None] = lambda: None
+        """None while this process is live, else why not (``gateway_server.health``)."""
         self.siblings: Siblings | None = None
         """Set with ``--api-processes`` > 1: ids are claimed and cancelled gateway-wide."""
         # Every call runs the one served model (``call`` checks it): the per-token series are
@@ -178,6 +182,19 @@ class GenerationService:
             return await self.siblings.all_calls()
         return self.describe_calls()
 
+    def inject_fault(self, worker_name: str, fault: str) -> int:
+        """Apply a simulated engine fault (``kill``, ``hang``, ``resume``) to a worker of this
+        process; returns its index. Raises RequestNotFound for a worker this process does not
+        run on the simulated engine, InvalidRequest for an unknown fault."""
+        worker = next((w for w in self.pool.workers if w.name == worker_name), None)
+        if worker is None or not isinstance(worker.engine, SimulatedEngine):
+            raise RequestNotFound(f"no simulated engine worker {worker_name!r} in this process")
+        try:
+            worker.engine.inject_fault(fault)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="fault") from exc
+        return worker.index
+
     def record_rejected(self, model: str | None, protocol: Protocol) -> None:
         """Count a request refused before it ran (bad input, unknown model, duplicate id)."""
         label = model if model == self.model.name else "unknown"
@@ -207,7 +224,7 @@ class GenerationService:
             self.pool.release(worker)
             raise
         book = _Books(time.perf_counter())
-        stream = worker.engine.generate(EngineRequest(request.engine_request_id, prompt, params))
+        stream = request.engine.generate(EngineRequest(request.engine_request_id, prompt, params))
         try:
             async for chunk in stream:
                 book.prompt_tokens = chunk.prompt_tokens
@@ -272,7 +289,7 @@ class GenerationService:
 
     def worker_loads(self) -> Iterator[WorkerLoad]:
         for worker in self.pool.workers:
-            load = worker.engine.load()
+            load = worker.load()
             yield WorkerLoad(
                 worker.name, worker.engine.alive, load.running, load.waiting, load.kv_cache_usage,
                 load.kv_cache_blocks, load.block_size,
