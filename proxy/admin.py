@@ -3,7 +3,10 @@
 ``/readyz`` answers 503 from the moment shutdown starts, so a load balancer or Kubernetes stops
 sending new calls while the ones in flight drain. The admin listener keeps serving through the
 drain and closes last. With ``--workers`` the supervisor serves it (``proxy.workers``): the
-workers' metrics summed, ready while every worker serves.
+workers' metrics summed, ready while every worker serves, alive unless no worker has served for
+a while (they keep failing to start). A one-process proxy is alive while it answers, and exports
+the supervisor's ``hangup_proxy_worker_restarts_total`` too (at 0: alerts and dashboards read it
+in every mode).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from proxy.config import Config
 from proxy.headers import SERVER_HEADER
 from proxy.state import ServerState
 
+RESTARTS = ("hangup_proxy_worker_restarts", "Worker processes that exited and were started again.")
+
 
 class AdminSite:
     """The admin HTTP server: ``registry`` on /metrics, ``ready()`` on /readyz."""
@@ -29,10 +34,12 @@ class AdminSite:
         registry: CollectorRegistry,
         ready: Callable[[], bool],
         closed: Counter,
+        live: Callable[[], bool] = lambda: True,
     ) -> None:
         self._config = config
         self._registry = registry
         self._ready = ready
+        self._live = live
         self._closed = closed
         self._runner: LimitedAppRunner | None = None
 
@@ -41,6 +48,8 @@ class AdminSite:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, _: web.Request) -> web.Response:
+        if not self._live():
+            return web.Response(status=503, text="no worker serving\n")
         return web.Response(text="ok\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
@@ -80,6 +89,7 @@ class AdminListener:
             state.config, state.metrics.registry, lambda: not state.draining,
             state.metrics.connections_closed,
         )  # fmt: skip
+        Counter(RESTARTS[0], RESTARTS[1], registry=state.metrics.registry)  # stays 0: no workers
 
     async def start(self) -> str:
         return await self._site.start()
