@@ -143,7 +143,7 @@ async def test_one_worker_down_means_not_ready_and_live_until_the_down_limit() -
     """Readiness is 503 while no worker serves; liveness turns 503 only once the worker has been
     down past --engine-down-limit, and 200 again once it serves."""
     async with running_gateway(
-        sim=FAST, token=TOKEN, sim_faults=True, engine_down_limit=0.3,
+        sim=FAST, token=TOKEN, sim_faults=True, engine_down_limit=2.0,
         engine_restart_backoff=0.05, engine_restart_backoff_max=0.1,
     ) as gw:  # fmt: skip
         pool = gw.server.pool
@@ -171,7 +171,7 @@ async def test_one_worker_down_means_not_ready_and_live_until_the_down_limit() -
 
         body = await wait_until(live_fails, what="liveness to fail")
         assert "could not be started again" in body["error"]
-        assert pool.down_for() > 0.3
+        assert pool.down_for() > 2.0
         failing = False
         await wait_until(lambda: up(gw, "0"), what="the worker back up")
         assert (await status_of(gw, "/v2/health/ready"))[0] == 200
@@ -180,9 +180,9 @@ async def test_one_worker_down_means_not_ready_and_live_until_the_down_limit() -
 
 
 async def test_a_stalled_event_loop_fails_liveness_for_a_while() -> None:
-    async with running_gateway(sim=FAST, loop_stall_limit=0.2) as gw:
+    async with running_gateway(sim=FAST, loop_stall_limit=1.0) as gw:
         assert (await status_of(gw, "/v2/health/live"))[0] == 200
-        time.sleep(0.6)  # noqa: ASYNC251 (the fault under test: a handler blocking the loop)
+        time.sleep(2.5)  # noqa: ASYNC251 (the fault under test: a handler blocking the loop)
         status, body = await status_of(gw, "/v2/health/live")
         assert status == 503 and "event loop stalled" in body["error"]
         await wait_until(
