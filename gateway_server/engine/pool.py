@@ -13,7 +13,8 @@ their memory), (3) builds a new engine for the same worker index (same devices) 
 the first attempt at once and each failed one followed by a wait doubling from ``backoff_s`` up
 to ``backoff_max_s``. The worker is out of the routing from its death until the new engine is
 ready; the others serve meanwhile. ``down_for()`` tells liveness how long the longest-down
-worker has been down.
+worker has been down. A restart still under way when the pool shuts down is abandoned (vLLM
+loads in a thread that cannot be interrupted; the process's exit ends the engine core it made).
 """
 
 from __future__ import annotations

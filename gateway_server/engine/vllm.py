@@ -36,7 +36,7 @@ Load. ``load()`` reports the latest scheduler statistics: running requests, wait
 KV-cache usage. Running is capped by the requests this engine has in flight and the rest of them
 count as waiting, so a request still being tokenized counts too.
 
-Workers and devices. :func:`build_vllm_engines` gives each worker its own GPUs when GPUs exist
+Workers and devices. :func:`vllm_engine_factory` gives each worker its own GPUs when GPUs exist
 (:mod:`.vllm_devices`). Workers start one after another, off the event loop: the device variable
 is process-wide while a core is spawned. Scheduler statistics reach the gateway through a stat
 logger (:mod:`.vllm_stats`).
@@ -63,7 +63,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
@@ -420,12 +420,3 @@ def vllm_engine_factory(model: str, options: VllmOptions, workers: int) -> Engin
         return VllmEngine(model, options, index=index, devices=groups[index], spawn_lock=lock)
 
     return make
-
-
-def build_vllm_engines(
-    model: str, options: VllmOptions, workers: int, indices: Sequence[int] | None = None
-) -> list[VllmEngine]:
-    """``workers`` vLLM engines for ``model`` (only those of ``indices``, this API process's
-    share, when given); see :func:`vllm_engine_factory`."""
-    make = vllm_engine_factory(model, options, workers)
-    return [make(i) for i in (range(workers) if indices is None else indices)]
