@@ -90,6 +90,8 @@ class SimulatedEngine:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._dead: EngineDead | None = None
+        # A dead engine's last load stays, as a dead vLLM core's last statistics do.
+        self._last_load: EngineLoad | None = None
         self._stepping = asyncio.Event()  # cleared while a ``hang`` fault holds the steps
         self._stepping.set()
         self.steps = 0
@@ -180,6 +182,8 @@ class SimulatedEngine:
         return seq.phase if seq is not None else None
 
     def load(self) -> EngineLoad:
+        if self._last_load is not None:
+            return self._last_load
         capacity = self._config.slots * self._config.max_model_len
         held = sum(seq.held_tokens for seq in self._running)
         blocks = -(-capacity // SIM_BLOCK_SIZE)  # the cache as blocks of vLLM's default size
@@ -225,6 +229,7 @@ class SimulatedEngine:
         if self._dead is not None:
             return
         self._dead = cause
+        self._last_load = self.load()
         for seq in [*self._waiting, *self._running]:
             seq.finished = True
             seq.out.put_nowait(cause)

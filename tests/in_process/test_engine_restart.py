@@ -126,6 +126,8 @@ async def test_while_a_worker_is_down_the_other_serves_and_its_gauges_read_idle(
     assert await fault(gw, victim, "kill") == 200
     await events(stream)
     await wait_until(lambda: pool.workers[int(victim)].down_since, what="the worker seen down")
+    dead = pool.workers[int(victim)].engine
+    assert dead.load().running == 1, "the dead engine's last statistics: a running stream"
     loads = {w.name: w for w in gw.server.service.worker_loads()}  # type: ignore[union-attr]
     assert loads[victim].up is False
     assert (loads[victim].running, loads[victim].waiting, loads[victim].kv) == (0, 0, 0.0)
