@@ -4,7 +4,9 @@ every fault until ``--calls`` calls have been made; each phase settles and is ch
 byte-identical completions, false stream ends, cancels pending or uncounted, memory and open
 files). Prints one line per phase and the totals.
 
-Run: ``.venv/bin/python -m bench.chaos_soak`` (``--calls 200000``).
+Run: ``.venv/bin/python -m bench.chaos_soak`` (``--calls 200000``). With the real engine:
+``--engine vllm`` (one vLLM worker on the tiny local model, or ``--model DIR``; every fault,
+the engine's included, in turn; e.g. ``--calls 5000 --concurrency 8 --phase-seconds 60``).
 """
 
 from __future__ import annotations
@@ -21,16 +23,25 @@ import aiohttp
 
 from tests.support import chaos
 from tests.support.faults import Pod
+from tests.support.stack import MODEL
+from tests.support.vllm_stack import START_TIMEOUT_S, make_tiny_model, vllm_gateway_args
+
+
+def gateway_args(args: argparse.Namespace, tmp: Path) -> list[str]:
+    if args.engine == "vllm":
+        model = args.model or make_tiny_model(tmp / "tiny-model")
+        return vllm_gateway_args(model, MODEL)
+    return ["--sim-slots", str(args.sim_slots), "--sim-step-base", str(args.sim_step_base),
+            "--sim-faults"]  # fmt: skip
 
 
 async def soak(args: argparse.Namespace, tmp: Path) -> list[chaos.PhaseReport]:
-    gateway_args = ["--sim-slots", str(args.sim_slots), "--sim-step-base", str(args.sim_step_base)]
     proxy_args = chaos.PROXY_ARGS
     rng = random.Random(args.seed)
     reports: list[chaos.PhaseReport] = []
     calls = 0
     async with (
-        Pod(tmp, gateway_args, proxy_args) as pod,
+        Pod(tmp, gateway_args(args, tmp), proxy_args, START_TIMEOUT_S) as pod,
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
     ):
         expected = await chaos.references(pod, session)
@@ -80,6 +91,8 @@ def main() -> None:
     parser.add_argument("--sim-slots", type=int, default=32)
     parser.add_argument("--sim-step-base", type=float, default=0.004)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
+    parser.add_argument("--model", type=Path, help="vLLM: a model directory (default: tiny)")
     args = parser.parse_args()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hangup-chaos-") as tmp:

@@ -15,7 +15,7 @@ from gateway_server.engine.table import ENGINES, EngineName, engine_kind
 from gateway_server.engine.vllm_options import VllmOptions
 from hangup_contract.runtime.connections import ConnectionLimits
 from hangup_contract.runtime.files import read_secret
-from hangup_contract.runtime.options import ConfigError, Option, OptionTable, one_of
+from hangup_contract.runtime.options import ConfigError, Option, OptionTable, one_of, parse_bool
 
 ENV_PREFIX = "HANGUP_GATEWAY_"
 
@@ -40,6 +40,11 @@ class GatewayConfig:
     max_connections: int = 4096
     body_timeout: float = 60.0
     tombstone_ttl: float = 60.0
+    engine_restart_backoff: float = 1.0
+    engine_restart_backoff_max: float = 30.0
+    engine_down_limit: float = 600.0
+    loop_stall_limit: float = 10.0
+    sim_faults: bool = False
     log_level: str = "INFO"
     sim: SimConfig = field(default_factory=SimConfig)
     vllm: VllmOptions = field(default_factory=VllmOptions)
@@ -87,6 +92,31 @@ _OPTIONS = (
     Option("--body-timeout", float, "seconds a request body may go without a byte (then 408)"),
     Option("--max-connections", int, "open HTTP client connections (0: no limit)"),
     Option("--tombstone-ttl", float, "seconds a cancel for an unknown id waits for its request"),
+    Option(
+        "--engine-restart-backoff",
+        float,
+        "seconds before a dead engine's second restart "
+        "attempt (the first is at once; the wait doubles after each failure)",
+    ),
+    Option("--engine-restart-backoff-max", float, "longest wait between restart attempts"),
+    Option(
+        "--engine-down-limit",
+        float,
+        "seconds an engine worker may stay down (its restarts "
+        "failing) before /v2/health/live answers 503 (0: never)",
+    ),
+    Option(
+        "--loop-stall-limit",
+        float,
+        "seconds the event loop may go without running before "
+        "/v2/health/live answers 503 (0: never)",
+    ),
+    Option(
+        "--sim-faults",
+        parse_bool,
+        "serve the simulated engine's fault switch "
+        "(POST /v2/admin/workers/{worker}/fault, behind the cancel token): tests and demos",
+    ),
     Option("--log-level", str, "DEBUG, INFO, WARNING or ERROR"),
     *(option for kind in ENGINES.values() for option in kind.options),
 )
@@ -140,9 +170,15 @@ def validate(config: GatewayConfig) -> None:
         "idle_timeout",
         "max_connections",
         "body_timeout",
+        "engine_restart_backoff",
+        "engine_restart_backoff_max",
+        "engine_down_limit",
+        "loop_stall_limit",
     ):
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
+    if config.sim_faults and config.engine != "sim":
+        raise ConfigError("--sim-faults works with --engine sim only")
     if config.max_body_bytes < 1024:
         raise ConfigError("--max-body-bytes must be at least 1024")
     if config.sim.slots < 1 or config.sim.prefill_chunk_tokens < 1:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol as TypingProtocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -18,6 +19,12 @@ from prometheus_client.registry import Collector
 from gateway_server.engine.pool import EnginePool
 from gateway_server.vocabulary import Outcome, Protocol
 from hangup_contract.vocabulary import Phase, Reason
+
+
+class HasName(TypingProtocol):
+    @property
+    def name(self) -> str: ...
+
 
 # From 0.1 ms (what a cancel costs beyond a step boundary) to tens of seconds (a long prefill).
 LATENCY_BUCKETS = (
@@ -72,6 +79,12 @@ class GatewayMetrics:
             ["listener", "reason"],
             registry=registry,
         )
+        self.engine_restarts = Counter(
+            "hangup_gateway_engine_restarts",
+            "Engines that died and were started again, by worker.",
+            ["worker"],
+            registry=registry,
+        )
         self._add_latencies(registry)
         for model in models:
             self._create_series(model)
@@ -91,6 +104,14 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+
+    def create_worker_series(self, workers: Iterable[str]) -> None:
+        """Every worker's restart count exists from the start (at 0)."""
+        for worker in workers:
+            self.engine_restarts.labels(worker)
+
+    def count_engine_restart(self, worker: HasName) -> None:
+        self.engine_restarts.labels(worker.name).inc()
 
     def _create_series(self, model: str) -> None:
         """Every series of ``model`` exists from the start: rates and alerts see zeros."""
@@ -148,7 +169,7 @@ def worker_loads(pool: EnginePool) -> list[WorkerLoad]:
     loads = []
     for worker in pool.workers:
         engine = worker.engine
-        load = engine.load()
+        load = worker.load()  # idle while the worker is down, never its dead engine's last
         loads.append(
             WorkerLoad(
                 worker.name,

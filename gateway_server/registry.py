@@ -73,10 +73,11 @@ class EngineCall:
     cancel_reason: Reason | None = None
     cancel_phase: Phase | None = None
     started_decode: bool = False
+    engine: Engine = field(init=False)
+    """The engine it runs on: kept, as its worker gets a new engine when this one dies."""
 
-    @property
-    def engine(self) -> Engine:
-        return self.worker.engine
+    def __post_init__(self) -> None:
+        self.engine = self.worker.engine
 
     def phase(self) -> Phase:
         seen = self.engine.phase(self.engine_request_id)

@@ -31,9 +31,10 @@ from prometheus_client import CollectorRegistry
 
 from gateway_server.config import GatewayConfig
 from gateway_server.engine.base import Engine
-from gateway_server.engine.pool import EnginePool
-from gateway_server.engine.table import build_engines
+from gateway_server.engine.pool import EnginePool, RestartPolicy
+from gateway_server.engine.table import engine_factory
 from gateway_server.grpc.server import GrpcServerHandle, start_grpc_server
+from gateway_server.health import LoopWatchdog, liveness
 from gateway_server.http.app import build_app
 from gateway_server.metrics import (
     EngineLoadCollector,
@@ -56,6 +57,10 @@ from hangup_contract.vocabulary import Reason
 log = logging.getLogger("hangup.gateway")
 
 
+def restart_policy(config: GatewayConfig) -> RestartPolicy:
+    return RestartPolicy(config.engine_restart_backoff, config.engine_restart_backoff_max)
+
+
 class GatewayServer:
     def __init__(
         self,
@@ -67,10 +72,17 @@ class GatewayServer:
         self.config = config
         self.metrics_registry = registry or CollectorRegistry()
         share = None if api_process is None else api_process.workers(config.workers)
-        if engines is None:
-            engines = build_engines(config, share)
-        self.pool = EnginePool(engines, share.start if share else 0)
+        factory = None
+        if engines is None:  # the gateway's own: restarted when they die
+            factory = engine_factory(config)
+            engines = [factory(i) for i in share or range(config.workers)]
         self.metrics = GatewayMetrics(self.metrics_registry, [config.model_name])
+        self.pool = EnginePool(
+            engines, share.start if share else 0, factory=factory,
+            policy=restart_policy(config), on_restart=self.metrics.count_engine_restart,
+        )  # fmt: skip
+        self.metrics.create_worker_series(w.name for w in self.pool.workers)
+        self.watchdog = LoopWatchdog(config.loop_stall_limit)
         self.registry = CallRegistry(self.metrics, tombstone_ttl=config.tombstone_ttl)
         self.api_process = api_process
         self.scope = self._scope()
@@ -114,6 +126,8 @@ class GatewayServer:
         self.service = GenerationService(
             self.pool, self.registry, self.metrics, model, self.scope.directory
         )
+        self.service.liveness = liveness(self.pool.down_for, cfg.engine_down_limit, self.watchdog)
+        self.watchdog.start()
         await self.scope.start()
         http = await self._start_http(self.service)
         self._grpc = await start_grpc_server(self.service, cfg)
@@ -140,6 +154,7 @@ class GatewayServer:
             self.scope.exposition,
             pool_metrics=self.scope.pool_exposition,
             cancel_token=cfg.cancel_token,
+            sim_faults=cfg.sim_faults,
             max_body_bytes=cfg.max_body_bytes,
             body_timeout=cfg.body_timeout,
         )
@@ -201,6 +216,7 @@ class GatewayServer:
             await self._grpc.stop(grace=1.0)
         await self._runner.cleanup()
         await self.pool.shutdown()
+        await self.watchdog.stop()
         await self.scope.close()
         log_event(log, "stopped")
 

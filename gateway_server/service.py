@@ -35,6 +35,7 @@ from gateway_server.engine.base import (
     TokenChunk,
 )
 from gateway_server.engine.pool import EnginePool
+from gateway_server.engine.sim import SimulatedEngine
 from gateway_server.errors import (
     CancelledBeforeArrival,
     EngineFailure,
@@ -42,6 +43,7 @@ from gateway_server.errors import (
     InvalidRequest,
     ModelNotFound,
     RequestCancelled,
+    RequestNotFound,
     Unavailable,
 )
 from gateway_server.metrics import GatewayMetrics
@@ -78,6 +80,8 @@ class GenerationService:
         self.model = model
         self.directory = directory or LocalDirectory(registry)
         self.draining = False
+        self.liveness: Callable[[], str | None] = lambda: None
+        """None while this process is live, else why not (``gateway_server.health``)."""
         # Every call runs the one served model (``call`` checks it): the per-token series are
         # bound once, as a labels() lookup costs more than the update it leads to.
         self._tokens = metrics.generated_tokens.labels(model.name)
@@ -163,6 +167,19 @@ class GenerationService:
         """Every call in flight in the gateway (each API process's, with ``--api-processes``)."""
         return await self.directory.all_calls()
 
+    def inject_fault(self, worker_name: str, fault: str) -> int:
+        """Apply a simulated engine fault (``kill``, ``hang``, ``resume``) to a worker of this
+        process; returns its index. Raises RequestNotFound for a worker this process does not
+        run on the simulated engine, InvalidRequest for an unknown fault."""
+        worker = next((w for w in self.pool.workers if w.name == worker_name), None)
+        if worker is None or not isinstance(worker.engine, SimulatedEngine):
+            raise RequestNotFound(f"no simulated engine worker {worker_name!r} in this process")
+        try:
+            worker.engine.inject_fault(fault)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="fault") from exc
+        return worker.index
+
     def record_rejected(self, model: str | None, protocol: Protocol) -> None:
         """Count a request refused before it ran (bad input, unknown model, duplicate id)."""
         label = model if model == self.model.name else "unknown"
@@ -192,7 +209,7 @@ class GenerationService:
             self.pool.release(worker)
             raise
         book = _Books(time.perf_counter())
-        stream = worker.engine.generate(EngineRequest(request.engine_request_id, prompt, params))
+        stream = request.engine.generate(EngineRequest(request.engine_request_id, prompt, params))
         try:
             async for chunk in stream:
                 book.prompt_tokens = chunk.prompt_tokens

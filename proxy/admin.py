@@ -3,7 +3,10 @@
 ``/readyz`` answers 503 from the moment shutdown starts, so a load balancer or Kubernetes stops
 sending new calls while the ones in flight drain. The admin listener keeps serving through the
 drain and closes last. With ``--workers`` the supervisor serves it (``proxy.workers``): the
-workers' metrics summed, ready while every worker serves.
+workers' metrics summed, ready while every worker serves, alive unless no worker has served for
+a while (they keep failing to start). A one-process proxy is alive while it answers, and exports
+the supervisor's ``hangup_proxy_worker_restarts_total`` too (at 0: alerts and dashboards read it
+in every mode).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
 from proxy.config import Config
 from proxy.http.headers import SERVER_HEADER
+from proxy.metrics import worker_restarts
 from proxy.state import ServerState
 
 
@@ -29,10 +33,12 @@ class AdminSite:
         registry: CollectorRegistry,
         ready: Callable[[], bool],
         closed: Counter,
+        live: Callable[[], bool] = lambda: True,
     ) -> None:
         self._config = config
         self._registry = registry
         self._ready = ready
+        self._live = live
         self._closed = closed
         self._runner: LimitedAppRunner | None = None
 
@@ -41,6 +47,8 @@ class AdminSite:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _healthz(self, _: web.Request) -> web.Response:
+        if not self._live():
+            return web.Response(status=503, text="no worker serving\n")
         return web.Response(text="ok\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
@@ -85,6 +93,7 @@ class AdminListener:
             lambda: not state.draining,
             state.metrics.connections_closed,
         )
+        worker_restarts(state.metrics.registry)  # stays 0: a one-process proxy restarts none
 
     async def start(self) -> str:
         return await self._site.start()

@@ -16,7 +16,8 @@ The supervisor relays nothing. It
   multiprocess mode, files in a private directory: counters and histograms keep what workers
   that died had counted, in-flight gauges sum the live workers) and its own
   (``hangup_proxy_workers``, ``hangup_proxy_worker_restarts_total``); ``/readyz`` is 200 while
-  every worker serves and it is not draining;
+  every worker serves and it is not draining; ``/healthz`` 503 once no worker has served for
+  ``NONE_SERVING_LIMIT`` seconds (they keep exiting: only a new container may help);
 - writes the ready file once every worker serves;
 - replaces a worker that exits (a warning naming its exit status, the restart counted), at most
   once a second per worker;
@@ -35,6 +36,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,9 @@ SLOT_ENV = "HANGUP_PROXY_WORKER"  # and which worker it is (0..N-1), in each of 
 METRICS_ENV = "PROMETHEUS_MULTIPROC_DIR"
 _READY_WAIT = 60.0  # seconds a worker may take to serve
 _EXIT_SLACK = 15.0  # seconds past a worker's own drain and cancel deadlines before SIGKILL
+NONE_SERVING_LIMIT = 60.0
+"""Seconds with no worker serving (each restarted one exiting again) before ``/healthz`` answers
+503 and Kubernetes restarts the container (a worker starts in about a second)."""
 
 
 def supervisor_pid() -> int | None:
@@ -89,8 +94,11 @@ class _Summed(Collector):
 
 
 class Supervisor:
-    def __init__(self, config: Config, argv: Sequence[str]) -> None:
+    def __init__(
+        self, config: Config, argv: Sequence[str], none_serving_limit: float = NONE_SERVING_LIMIT
+    ) -> None:
         self.config = config
+        self.none_serving_limit = none_serving_limit
         self._argv = list(argv)
         self._dir = Path(tempfile.mkdtemp(prefix="hangup-proxy-"))
         self._own = CollectorRegistry()
@@ -99,8 +107,9 @@ class Supervisor:
         self.registry.register(_Summed(workers, self._own))
         self._metrics = SupervisorMetrics(self._own)
         self._admin = AdminSite(
-            config, self.registry, self._ready, self._metrics.connections_closed
+            config, self.registry, self._ready, self._metrics.connections_closed, self.live
         )
+        self._none_serving_since: float | None = time.monotonic()
         self._ports = (0, 0)
         self.children = Children(
             "worker",
@@ -108,9 +117,22 @@ class Supervisor:
             self._command,
             self._dir,
             ready_wait=_READY_WAIT,
-            on_change=self._metrics.workers.set,
+            on_change=self.serving_changed,
             on_exit=self._exited,
         )
+
+    def serving_changed(self, serving: int) -> None:
+        """``serving`` workers serve now (the children's callback)."""
+        self._metrics.workers.set(serving)
+        if serving:
+            self._none_serving_since = None
+        elif self._none_serving_since is None:
+            self._none_serving_since = time.monotonic()
+
+    def live(self) -> bool:
+        """Alive unless no worker has served for ``none_serving_limit`` seconds."""
+        since = self._none_serving_since
+        return since is None or time.monotonic() - since <= self.none_serving_limit
 
     def _ready(self) -> bool:
         return not self.children.draining and len(self.children.serving) == self.config.workers

@@ -12,7 +12,9 @@ Contract every engine keeps:
   has stopped working on the request (its batch slot and KV cache are free or being freed at the
   step boundary that applied the abort). The histogram ``cancel_to_abort_seconds`` measures it.
 - An engine that fails raises :class:`EngineError` (or :class:`EngineDead` when it can serve no
-  more) from ``generate``; it never leaves a consumer waiting forever.
+  more) from ``generate``; it never leaves a consumer waiting forever. A dead engine answers
+  ``abort`` at once and reports an idle ``load``; the pool (:mod:`.pool`) replaces it with a new
+  one.
 """
 
 from __future__ import annotations
@@ -94,12 +96,19 @@ class Engine(Protocol):
         """False once the engine has died; the router stops sending it requests."""
         ...
 
+    @property
+    def death_cause(self) -> str:
+        """Why the engine died, for the log line of its restart (an exit status, a signal, an
+        error); "" while it lives or when nothing is known."""
+        ...
+
     async def start(self) -> None:
         """Load and warm up. Raises :class:`EngineError` with a clear message on failure."""
         ...
 
     async def shutdown(self) -> None:
-        """Stop; requests still running end with ``ABORT``."""
+        """Stop; requests still running end with ``ABORT``. On a dead engine: release what it
+        left (its processes, their memory), so a new engine can take its devices."""
         ...
 
     def count_prompt_tokens(self, prompt: str) -> int: ...

@@ -11,6 +11,12 @@ first token, ``decode`` after. Tokens are words drawn from a fixed vocabulary by
 from (engine seed, request seed, prompt): the same request always gets the same text. Prompt
 "tokens" are whitespace-separated words. The simulation never emits end-of-sequence: requests
 end on ``max_tokens`` (finish ``length``) or a stop string (``stop``).
+
+Faults (:meth:`SimulatedEngine.inject_fault`, reached through the gateway's fault switch, see
+``gateway_server.http.faults``): ``kill`` makes the engine die as a vLLM engine core does when
+its process is killed (every request in flight raises :class:`~.base.EngineDead`, ``alive``
+turns false, aborts answer at once); ``hang`` stops its steps as a stopped process would (no
+token, no abort applied) until ``resume``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 from gateway_server.engine.base import (
+    EngineDead,
     EngineError,
     EngineLoad,
     EngineRequest,
@@ -58,7 +65,7 @@ class _Sequence:
     request: EngineRequest
     prompt_tokens: int
     rng: random.Random
-    out: asyncio.Queue[TokenChunk] = field(default_factory=asyncio.Queue)
+    out: asyncio.Queue[TokenChunk | EngineDead] = field(default_factory=asyncio.Queue)
     prefilled: int = 0
     generated: int = 0
     text: str = ""
@@ -82,7 +89,11 @@ class SimulatedEngine:
         self._aborts: dict[str, list[asyncio.Future[None]]] = {}
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
-        self._dead: BaseException | None = None
+        self._dead: EngineDead | None = None
+        # A dead engine's last load stays, as a dead vLLM core's last statistics do.
+        self._last_load: EngineLoad | None = None
+        self._stepping = asyncio.Event()  # cleared while a ``hang`` fault holds the steps
+        self._stepping.set()
         self.steps = 0
         """Steps run so far; tests and benchmarks read it to reason about step boundaries."""
 
@@ -93,6 +104,24 @@ class SimulatedEngine:
     @property
     def alive(self) -> bool:
         return self._dead is None and self._loop_task is not None and not self._loop_task.done()
+
+    @property
+    def death_cause(self) -> str:
+        return str(self._dead) if self._dead is not None else ""
+
+    def inject_fault(self, fault: str) -> None:
+        """``kill``, ``hang`` or ``resume`` (see the module docstring). Raises ValueError for
+        another name."""
+        if fault == "kill":
+            self._die(EngineDead("simulated engine killed (fault injection)"))
+            if self._loop_task is not None:
+                self._loop_task.cancel()
+        elif fault == "hang":
+            self._stepping.clear()
+        elif fault == "resume":
+            self._stepping.set()
+        else:
+            raise ValueError(f"unknown fault {fault!r}: kill, hang or resume")
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._run(), name="sim-engine")
@@ -128,6 +157,8 @@ class SimulatedEngine:
         try:
             while True:
                 chunk = await seq.out.get()
+                if isinstance(chunk, EngineDead):
+                    raise chunk
                 yield chunk
                 if chunk.finish_reason is not None:
                     return
@@ -137,7 +168,7 @@ class SimulatedEngine:
                 self._wake.set()
 
     async def abort(self, request_id: str) -> None:
-        if request_id not in self._by_id:
+        if request_id not in self._by_id or self._dead is not None:
             return
         # A future per caller: one caller giving up (cancelled) never disturbs another's wait,
         # and the abort stays registered either way.
@@ -151,6 +182,8 @@ class SimulatedEngine:
         return seq.phase if seq is not None else None
 
     def load(self) -> EngineLoad:
+        if self._last_load is not None:
+            return self._last_load
         capacity = self._config.slots * self._config.max_model_len
         held = sum(seq.held_tokens for seq in self._running)
         blocks = -(-capacity // SIM_BLOCK_SIZE)  # the cache as blocks of vLLM's default size
@@ -162,6 +195,7 @@ class SimulatedEngine:
     async def _run(self) -> None:
         try:
             while True:
+                await self._stepping.wait()
                 self._resolve_aborts()
                 self._admit()
                 if not self._running:
@@ -177,6 +211,7 @@ class SimulatedEngine:
                     + cfg.prefill_per_token_s * sum(prefill.values())
                 )
                 await asyncio.sleep(duration)
+                await self._stepping.wait()
                 self.steps += 1
                 # The boundary: aborts that arrived during the step land before its outputs go
                 # out, and their waiters run before the batch's token fan-out does.
@@ -186,10 +221,22 @@ class SimulatedEngine:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # a bug in the simulation must not hang consumers
-            self._dead = exc
-            for seq in [*self._waiting, *self._running]:
-                self._finish(seq, FinishReason.ABORT)
+            self._die(EngineDead(f"simulated engine failed: {type(exc).__name__}: {exc}"))
             raise
+
+    def _die(self, cause: EngineDead) -> None:
+        """Fail every request with ``cause`` and answer every abort waiter: nothing runs now."""
+        if self._dead is not None:
+            return
+        self._dead = cause
+        self._last_load = self.load()
+        for seq in [*self._waiting, *self._running]:
+            seq.finished = True
+            seq.out.put_nowait(cause)
+        self._waiting.clear()
+        self._running.clear()
+        self._by_id.clear()
+        self._resolve_aborts()
 
     def _resolve_aborts(self) -> bool:
         """Apply pending aborts; True when there were any."""

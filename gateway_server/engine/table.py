@@ -1,7 +1,7 @@
 """The engines the gateway can run: ``--engine NAME`` picks a row of :data:`ENGINES`.
 
 Adding an engine: a module that implements :class:`~.base.Engine`, a member of
-:class:`EngineName` and its row here (how its workers are built, what model name it serves when
+:class:`EngineName` and its row here (how a worker's engine is made, what model name it serves when
 ``--model`` is not given, its flags). The row's factory imports its module when an engine whose
 import is heavy (vLLM: seconds and much memory) is asked for, and only then. An engine with
 flags also has its settings as a field of :class:`~gateway_server.config.GatewayConfig` named
@@ -11,12 +11,12 @@ as the engine (``config.sim``, ``config.vllm``), built from its flags' values.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from gateway_server.engine.base import Engine
+from gateway_server.engine.pool import EngineFactory
 from gateway_server.engine.sim import SimConfig, SimulatedEngine
 from gateway_server.engine.sim_options import SIM_OPTIONS
 from gateway_server.engine.vllm_options import VLLM_OPTIONS, VllmOptions
@@ -35,9 +35,9 @@ class EngineName(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class EngineKind:
-    build: Callable[[GatewayConfig, Sequence[int]], list[Engine]]
-    """The workers of the given gateway-wide indices (an API process's share of them).
-    Raises EngineError when they cannot be built (a missing package, too few devices)."""
+    factory: Callable[[GatewayConfig], EngineFactory]
+    """What makes worker *i*'s engine (called at start, and again when that worker's engine died).
+    Raises EngineError when the engine cannot be had (a missing package, too few devices)."""
     default_model: str | None
     """The model name served without ``--model``; None: ``--model`` is required."""
     about: str
@@ -48,16 +48,15 @@ class EngineKind:
     """Its flags; each one's ``group`` is the engine's name."""
 
 
-def _simulated(config: GatewayConfig, indices: Sequence[int]) -> list[Engine]:
-    return [SimulatedEngine(config.sim) for _ in indices]
+def _simulated(config: GatewayConfig) -> EngineFactory:
+    return lambda index: SimulatedEngine(config.sim)
 
 
-def _vllm(config: GatewayConfig, indices: Sequence[int]) -> list[Engine]:
+def _vllm(config: GatewayConfig) -> EngineFactory:
+    # Imported only when asked for: importing vLLM takes seconds and a lot of memory.
     vllm: Any = import_module("gateway_server.engine.vllm")
-    engines: list[Engine] = vllm.build_vllm_engines(
-        config.model, config.vllm, config.workers, indices
-    )
-    return engines
+    factory: EngineFactory = vllm.vllm_engine_factory(config.model, config.vllm, config.workers)
+    return factory
 
 
 ENGINES: Mapping[EngineName, EngineKind] = {
@@ -72,7 +71,6 @@ def engine_kind(name: str) -> EngineKind:
     return ENGINES[EngineName(name)]
 
 
-def build_engines(config: GatewayConfig, indices: Sequence[int] | None = None) -> list[Engine]:
-    """The engine workers (only those of ``indices``, an API process's share, when given)."""
-    kind = engine_kind(config.engine)
-    return kind.build(config, range(config.workers) if indices is None else indices)
+def engine_factory(config: GatewayConfig) -> EngineFactory:
+    """Makes the engine of worker *i* (a new one each call: at start, and when one died)."""
+    return engine_kind(config.engine).factory(config)

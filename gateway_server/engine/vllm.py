@@ -36,7 +36,7 @@ Load. ``load()`` reports the latest scheduler statistics: running requests, wait
 KV-cache usage. Running is capped by the requests this engine has in flight and the rest of them
 count as waiting, so a request still being tokenized counts too.
 
-Workers and devices. :func:`build_vllm_engines` gives each worker its own GPUs when GPUs exist
+Workers and devices. :func:`vllm_engine_factory` gives each worker its own GPUs when GPUs exist
 (:mod:`.devices`; what vLLM sees: :mod:`.vllm_devices`). Workers start one after another, off
 the event loop: the device variable is process-wide while a core is spawned. Scheduler
 statistics reach the gateway through a stat logger (:mod:`.vllm_stats`).
@@ -44,7 +44,10 @@ statistics reach the gateway through a stat logger (:mod:`.vllm_stats`).
 Failures. A worker that fails to start raises :class:`~.base.EngineError` naming the worker and
 the model. When an engine core dies later, vLLM's monitor marks the client dead; every request
 in flight on that worker raises :class:`~.base.EngineDead` and :attr:`VllmEngine.alive` turns
-False. Other workers are separate processes and keep serving.
+False. Other workers are separate processes and keep serving. :attr:`VllmEngine.death_cause`
+names the core's exit status (or the signal that killed it); shutting the dead engine down kills
+what is left of the process tree the core had when it became ready (:mod:`.process_tree`), and
+the pool starts a new engine for the worker.
 
 vLLM is imported through ``importlib`` when a worker starts: importing this module stays cheap and
 the type checker does not walk vLLM and torch.
@@ -57,13 +60,15 @@ import contextlib
 import copy
 import itertools
 import logging
+import signal
 import threading
 import time
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
 
+from gateway_server.engine import process_tree
 from gateway_server.engine.base import (
     EngineDead,
     EngineError,
@@ -86,6 +91,8 @@ from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import Phase
 
 log = logging.getLogger("hangup.gateway.vllm")
+
+EngineFactory = Callable[[int], "VllmEngine"]
 
 ABORT_CONFIRM_TIMEOUT_S = 30.0
 """How long an abort waits for the engine core's confirmation before giving up (logged)."""
@@ -130,6 +137,7 @@ class VllmEngine:
         self._live: dict[str, _Live] = {}
         self._arrivals = itertools.count(1)
         self._stats = SchedulerSnapshot()
+        self._processes: list[process_tree.ProcessId] = []
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -142,6 +150,16 @@ class VllmEngine:
     @property
     def alive(self) -> bool:
         return self._llm is not None and not self._stopped and not self._llm.errored
+
+    @property
+    def death_cause(self) -> str:
+        if self._llm is None or self.alive:
+            return ""
+        manager = getattr(getattr(self._llm, "engine_core", None), "resources", None)
+        processes = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
+        causes = [_exit_status(p.pid, p.exitcode) for p in processes
+                  if getattr(p, "exitcode", None) not in (None, 0)]  # fmt: skip
+        return "; ".join(causes) or "vLLM marked its engine core dead"
 
     async def start(self) -> None:
         """Spawn the engine core and load the model (off the event loop).
@@ -158,6 +176,7 @@ class VllmEngine:
                 f"vLLM worker {self.index} could not load {self.model!r}: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+        self._processes = process_tree.snapshot(self.engine_core_pids)
         log_event(
             log, "vllm_worker_ready", worker=self.index, model=self.model,
             max_model_len=self.max_model_len,
@@ -195,7 +214,13 @@ class VllmEngine:
         if llm is None:
             return
         await asyncio.gather(*(self.abort(rid) for rid in list(self._live)))
-        await asyncio.to_thread(llm.shutdown)
+        try:
+            await asyncio.to_thread(llm.shutdown)
+        finally:
+            left = process_tree.kill_leftovers(self._processes)
+            if left:
+                log_event(log, "vllm_leftovers_killed", logging.WARNING, worker=self.index,
+                          pids=left)  # fmt: skip
 
     # -- requests --------------------------------------------------------------------------
 
@@ -356,6 +381,13 @@ class VllmEngine:
         return EngineLoad(running, in_flight - running, stats.kv_cache_usage, blocks, block_size)
 
 
+def _exit_status(pid: int, code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"engine core {pid} killed by {signal.Signals(-code).name}"
+    return f"engine core {pid} exited with status {code}"
+
+
 def _sampling(params: SamplingParams) -> Any:
     vllm_sampling: Any = import_module("vllm.sampling_params")
     return vllm_sampling.SamplingParams(
@@ -369,11 +401,9 @@ def _sampling(params: SamplingParams) -> Any:
     )
 
 
-def build_vllm_engines(
-    model: str, options: VllmOptions, workers: int, indices: Sequence[int] | None = None
-) -> list[VllmEngine]:
-    """``workers`` vLLM engines for ``model`` (only those of ``indices``, this API process's
-    share, when given); each gets its own GPUs when GPUs exist.
+def vllm_engine_factory(model: str, options: VllmOptions, workers: int) -> EngineFactory:
+    """Makes the vLLM engine of worker *i* of ``workers`` for ``model``, each with its own GPUs
+    when GPUs exist (the same ones again when a worker's engine is made anew).
 
     Raises EngineError when vLLM is not installed or there are too few GPUs.
     """
@@ -386,7 +416,8 @@ def build_vllm_engines(
         split = device_groups(workers, options.tensor_parallel_size, visible)
         groups = [DevicePin(var, ids) for ids in split]
     lock = threading.Lock()
-    return [
-        VllmEngine(model, options, index=i, devices=groups[i], spawn_lock=lock)
-        for i in (range(workers) if indices is None else indices)
-    ]
+
+    def make(index: int) -> VllmEngine:
+        return VllmEngine(model, options, index=index, devices=groups[index], spawn_lock=lock)
+
+    return make

@@ -84,7 +84,7 @@ class InferenceServicer:
 
     @_statuses(generation=False, request_type=pb.ServerLiveRequest)
     async def server_live(self, request: pb.ServerLiveRequest, context: Any) -> Any:
-        return pb.ServerLiveResponse(live=True)
+        return pb.ServerLiveResponse(live=self.service.liveness() is None)
 
     @_statuses(generation=False, request_type=pb.ServerReadyRequest)
     async def server_ready(self, request: pb.ServerReadyRequest, context: Any) -> Any:

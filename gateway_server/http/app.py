@@ -20,7 +20,7 @@ from gateway_server.errors import (
     GatewayError,
     Unavailable,
 )
-from gateway_server.http import cancel, kserve, openai
+from gateway_server.http import cancel, faults, kserve, openai
 from gateway_server.http.common import (
     BODY_TIMEOUT,
     CANCEL_TOKEN,
@@ -48,10 +48,11 @@ def build_app(
     cancel_token: str | None,
     max_body_bytes: int,
     body_timeout: float,
+    sim_faults: bool = False,
 ) -> web.Application:
     """``metrics``: the whole of ``/metrics``; ``pool_metrics``: ``/metrics/pool``, only the
     Endpoint Picker's gauges (``gateway_server.pool_metrics``), cheap enough to scrape every
-    50 ms."""
+    50 ms. ``sim_faults``: serve the simulated engine's fault switch (``.faults``)."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
     app[SERVICE] = service
     if cancel_token is not None:
@@ -63,6 +64,8 @@ def build_app(
     openai.add_routes(app)
     kserve.add_routes(app)
     cancel.add_routes(app)
+    if sim_faults:
+        faults.add_routes(app)
     app.router.add_get("/metrics", _exposition(METRICS))
     app.router.add_get("/metrics/pool", _exposition(POOL_METRICS))
     return app

@@ -66,7 +66,12 @@ def _service(request: web.Request) -> GenerationService:
 
 
 async def live(request: web.Request) -> web.Response:
-    return web.json_response({"live": True})
+    """200 while this process can serve or get back to serving; 503 naming why not
+    (``gateway_server.health``): Kubernetes restarts the container then."""
+    problem = _service(request).liveness()
+    if problem is None:
+        return web.json_response({"live": True})
+    return web.json_response({"live": False, "error": problem}, status=503)
 
 
 async def ready(request: web.Request) -> web.Response:

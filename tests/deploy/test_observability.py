@@ -46,6 +46,7 @@ STABLE_METRICS = {
     "hangup_gateway_engine_waiting_requests",
     "hangup_gateway_engine_kv_cache_usage_ratio",
     "hangup_gateway_worker_up",
+    "hangup_gateway_engine_restarts_total",
     "hangup_proxy_requests_total",
     "hangup_proxy_client_disconnects_total",
     "hangup_proxy_cancel_calls_total",
@@ -131,6 +132,7 @@ def test_dashboard_covers_what_an_operator_asks() -> None:
         "hangup_gateway_engine_running_requests",
         "hangup_gateway_engine_waiting_requests",
         "hangup_gateway_engine_kv_cache_usage_ratio",
+        "increase(hangup_gateway_engine_restarts_total",
     ):
         assert needle in grouped, needle
     share = [q for q in panel_queries() if "wasted_tokens_total" in q.expr and "/" in q.expr]

@@ -1,12 +1,14 @@
 """The chaos soak, short (``tests/support/chaos.py``; the long run is ``bench.chaos_soak``): a few
 thousand mixed calls through the proxy, half hanging up at random points, while each fault fires
 once: upstream connections reset, the gateway stopped past the cancel deadline, the gateway
-killed, the proxy killed, the proxy drained; then a last phase without a fault.
+killed, the proxy killed, the proxy drained, the engine killed (the gateway starts it again),
+the engine hung past the cancel deadline, the gateway drained; then a last phase without a
+fault.
 
 After every phase: nothing in flight on the gateway, every completed call byte-identical to the
 direct one, no stream that ended cleanly without its end marker, every cancel answered or given
 up on and counted; the pod serves again after every fault; memory and open files do not grow
-within a process.
+within a process; after every fault the engine serves again, idle once the clients left.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ SCHEDULE = [*chaos.FAULTS, "none"]
 
 
 async def test_chaos_soak_leaves_no_zombie_and_no_wrong_answer(tmp_path: Path) -> None:
-    gateway_args = ["--sim-slots", "8"]
+    gateway_args = ["--sim-slots", "8", "--sim-faults"]
     proxy_args = chaos.PROXY_ARGS
     rng = random.Random(5)
     reports = []
@@ -49,6 +51,9 @@ async def test_chaos_soak_leaves_no_zombie_and_no_wrong_answer(tmp_path: Path) -
         assert complete > 0, report  # the pod served again after the fault
     stopped = reports[SCHEDULE.index("stop_gateway")]
     assert stopped.gave_up >= chaos.STOPPED_HANG_UPS  # counted, and logged (no finding above)
+    hung = reports[SCHEDULE.index("hang_engine")]
+    assert hung.gave_up >= chaos.STOPPED_HANG_UPS
+    assert reports[SCHEDULE.index("kill_engine")].engine_restarts == 1
     assert not reports[-1].failures, reports[-1].failures  # recovered: nothing fails any more
     calls = sum(sum(r.calls.values()) for r in reports)
     assert calls > 1000, calls

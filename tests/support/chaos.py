@@ -9,6 +9,13 @@ is over:
     stop_gateway    the gateway SIGSTOPped until the proxy has given up on the cancels of
                     calls that hung up meanwhile (past its cancel deadline), then SIGCONT
     kill_gateway    the gateway SIGKILLed and restarted
+    kill_engine     the gateway's engine killed (a vLLM engine core SIGKILLed; the simulated
+                    engine through the fault switch); the fault lasts until the gateway has
+                    started it again
+    hang_engine     the engine stopped (SIGSTOP to a vLLM engine core; the switch's ``hang``)
+                    until the proxy has given up on the cancels of calls that hung up meanwhile,
+                    then continued
+    drain_gateway   the gateway SIGTERMed (it drains) and restarted
     kill_proxy_worker  one of the proxy's two worker processes SIGKILLed (its supervisor
                     starts another)
     kill_proxy      the whole proxy SIGKILLed and restarted (as Kubernetes restarts a container)
@@ -31,6 +38,7 @@ After each phase the clients stop and the pod settles; then:
 - ``unaccounted``: cancel calls still pending in the proxy, and cancels given up on that were
   not both counted (``hangup_proxy_cancel_calls_total{result="gave_up"}``) and logged, in the
   proxy process now running;
+- ``engines``: workers not serving, or holding KV cache or requests, once the pod settled;
 - the processes' resident memory and open files.
 """
 
@@ -59,8 +67,10 @@ from tests.support.stack import MODEL, in_flight
 from tests.support.waiting import wait_until
 
 KINDS = ("completion_stream", "completion", "generate_stream", "grpc_stream")
-FAULTS = ("none", "reset_upstream", "stop_gateway", "kill_gateway", "kill_proxy_worker",
-          "kill_proxy", "drain_proxy")  # fmt: skip
+FAULTS = ("none", "reset_upstream", "stop_gateway", "kill_gateway", "kill_engine", "hang_engine",
+          "drain_gateway", "kill_proxy_worker", "kill_proxy", "drain_proxy")  # fmt: skip
+ENGINE_FAULTS = ("kill_engine", "hang_engine", "drain_gateway")
+"""The faults the chaos soak with vLLM runs (each costs an engine start or a stopped core)."""
 FINAL = "triton_final_response"
 CANCEL_DEADLINE_S = 2.0  # the proxy's --cancel-deadline in the soak
 PROXY_ARGS = ["--workers", "2", "--cancel-deadline", str(CANCEL_DEADLINE_S), "--drain-timeout", "3"]
@@ -98,6 +108,8 @@ class PhaseReport:
     zombies: list[str] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
     false_ends: list[str] = field(default_factory=list)
+    engines: list[str] = field(default_factory=list)  # workers down or not idle after settling
+    engine_restarts: float = 0.0  # the gateway process's count after the phase
     cancels: float = 0.0
     gave_up: float = 0.0
     unaccounted: float = 0.0
@@ -119,6 +131,7 @@ class PhaseReport:
             [f"zombie {z}" for z in self.zombies]
             + [f"mismatch {m}" for m in self.mismatches]
             + [f"false end {f}" for f in self.false_ends]
+            + [f"engine {e}" for e in self.engines]
             + ([f"{self.unaccounted:g} cancels pending or not counted"] if self.unaccounted else [])
         )
 
@@ -337,11 +350,13 @@ def _fault(pod: Pod, session: aiohttp.ClientSession, name: str) -> Callable[[], 
         samples = await scrape_async(session, pod.proxy.url("admin"))
         return total(samples, "hangup_proxy_cancel_calls_total", result="gave_up")
 
-    async def stop() -> str:
+    async def stop(
+        pause: Callable[[], Awaitable[object]], resume: Callable[[], Awaitable[object]], what: str
+    ) -> str:
         # While it is stopped, a few clients hang up for sure; it stays stopped until the proxy
         # has given up on that many cancels, i.e. past the proxy's cancel deadline.
         before, started = await gave_up(), time.monotonic()
-        pod.pause_gateway()
+        await pause()
         try:
             request = Request("completion_stream", "hang up", HANG_UP_TOKENS, 1)
             for _ in range(STOPPED_HANG_UPS):
@@ -352,14 +367,36 @@ def _fault(pod: Pod, session: aiohttp.ClientSession, name: str) -> Callable[[], 
             await wait_until(lambda: _grown(gave_up(), before + STOPPED_HANG_UPS),
                              within=CANCEL_DEADLINE_S + 10, what="cancels given up on")  # fmt: skip
         finally:
-            pod.resume_gateway()
-        return (f"gateway SIGSTOP until the proxy gave up on {STOPPED_HANG_UPS} cancels"
-                f" ({time.monotonic() - started:.1f} s), then SIGCONT")  # fmt: skip
+            await resume()
+        return (f"{what} stopped until the proxy gave up on {STOPPED_HANG_UPS} cancels"
+                f" ({time.monotonic() - started:.1f} s), then continued")  # fmt: skip
+
+    async def pause_gateway() -> None:
+        pod.pause_gateway()
+
+    async def resume_gateway() -> None:
+        pod.resume_gateway()
+
+    async def restarts() -> float:
+        samples = await scrape_async(session, pod.gateway_url)
+        return total(samples, "hangup_gateway_engine_restarts_total")
+
+    async def kill_engine() -> str:
+        before, started = await restarts(), time.monotonic()
+        what = await pod.engine_fault("kill")
+        await wait_until(lambda: _grown(restarts(), before + 1), within=pod.gateway_start_s,
+                         what="the killed engine started again")  # fmt: skip
+        return f"{what}; serving again after {time.monotonic() - started:.1f} s"
 
     return {
         "none": nothing,
         "reset_upstream": reset,
-        "stop_gateway": stop,
+        "stop_gateway": lambda: stop(pause_gateway, resume_gateway, "gateway"),
+        "kill_engine": kill_engine,
+        "hang_engine": lambda: stop(
+            lambda: pod.engine_fault("hang"), lambda: pod.engine_fault("resume"), "engine"
+        ),
+        "drain_gateway": pod.drain_gateway,
         "kill_gateway": pod.kill_gateway,
         "kill_proxy_worker": pod.kill_proxy_worker,
         "kill_proxy": pod.kill_proxy,
@@ -421,11 +458,35 @@ async def _settle(pod: Pod, session: aiohttp.ClientSession, report: PhaseReport)
     # Each cancel given up on is counted and logged once (warning "cancel <id> gave up ...").
     logged = pod.proxy.log().count("gave up after")
     report.unaccounted = total(samples, _PENDING) + abs(report.gave_up - logged)
+    await _check_engines(pod, session, report)
     report.resources = pod.resources()
     report.incarnations = {name: pod.incarnation(name) for name in ("gateway", "proxy")}
 
 
 _PENDING = "hangup_proxy_cancel_calls_pending"
+
+
+async def _check_engines(pod: Pod, session: aiohttp.ClientSession, report: PhaseReport) -> None:
+    """Every worker up and idle (no request, no KV cache held), within the settle time."""
+    found: list[str] = []
+
+    async def idle() -> bool:
+        nonlocal found
+        samples = await scrape_async(session, pod.gateway_url)
+        found = [f"{name.removeprefix('hangup_gateway_')} {dict(labels)} = {value:g}"
+                 for (name, labels), value in samples.items()
+                 if (name == "hangup_gateway_worker_up" and value != 1)
+                 or (name in _ENGINE_LOAD and value)]  # fmt: skip
+        report.engine_restarts = total(samples, "hangup_gateway_engine_restarts_total")
+        return not found
+
+    with contextlib.suppress(AssertionError):
+        await wait_until(idle, within=SETTLE_S, what="the engines up and idle")
+    report.engines = found
+
+
+_ENGINE_LOAD = ("hangup_gateway_engine_running_requests", "hangup_gateway_engine_waiting_requests",
+                "hangup_gateway_engine_kv_cache_usage_ratio")  # fmt: skip
 
 
 def summary(report: PhaseReport) -> str:

@@ -1,5 +1,5 @@
-"""vLLM worker health: a worker that dies mid-stream fails only its own requests; a worker that
-cannot start makes the gateway exit with a clear message.
+"""vLLM worker health: a worker that dies mid-stream fails only its own requests and is started
+again by itself; a worker that cannot start makes the gateway exit with a clear message.
 
 The death test starts a gateway of its own (two workers) because it kills one of them. The
 engine core's process id comes from the gateway's ``vllm_worker_ready`` log line.
@@ -29,6 +29,8 @@ from tests.support.vllm_stack import (
     MODEL,
     WAIT_S,
     OpenAIFor,
+    calls_in_flight,
+    engines_idle,
     requires_vllm,
     vllm_gateway,
 )
@@ -56,7 +58,7 @@ def running(samples: dict[str, float], worker: str) -> float:
     return total(samples, "hangup_gateway_engine_running_requests", worker=worker)
 
 
-def test_a_worker_killed_mid_stream_fails_only_its_own_requests(
+def test_a_worker_killed_mid_stream_fails_only_its_own_requests_and_comes_back(
     own_gateway: Process, client_for: OpenAIFor
 ) -> None:
     api = client_for(own_gateway, timeout=60)
@@ -102,11 +104,56 @@ def test_a_worker_killed_mid_stream_fails_only_its_own_requests(
     result = api.completions.create(model=MODEL, prompt="Hello", max_tokens=4)
     assert result.usage is not None and result.usage.completion_tokens == 4
 
-    samples = scrape(own_gateway.url())
-    assert total(samples, "hangup_gateway_worker_up", worker=victim) == 0
-    assert total(samples, "hangup_gateway_worker_up", worker=survivor) == 1
     with urllib.request.urlopen(own_gateway.url() + "/v2/health/ready", timeout=10) as response:
         assert response.status == 200  # one live worker keeps the gateway ready
+
+    # The killed worker comes back by itself: a new engine core, counted, and serving.
+    url = own_gateway.url()
+    poll_until(
+        lambda: (
+            (s := scrape(url))
+            and total(s, "hangup_gateway_engine_restarts_total", worker=victim) == 1
+            and total(s, "hangup_gateway_worker_up", worker=victim) == 1
+        ),
+        RESTART_WAIT_S,
+        "the killed worker to be restarted",
+    )
+    assert total(scrape(url), "hangup_gateway_engine_restarts_total", worker=survivor) == 0
+    new_pids = engine_core_pids(own_gateway)[victim]
+    assert new_pids and not set(new_pids) & set(pids[victim])
+    assert not [pid for pid in pids[victim] if running_process(pid)], "the dead core lingers"
+    died = log_records(own_gateway, "engine_worker_died")
+    assert [r["worker"] for r in died] == [int(victim)]
+    assert "killed by SIGKILL" in died[0]["cause"], died
+    assert log_records(own_gateway, "engine_worker_restarted")[0]["restart_s"] > 0
+    # Both workers serve: two streams at once run one on each.
+    streams = [long_stream(), long_stream()]
+    for stream in streams:
+        next(iter(stream))
+    poll_until(
+        lambda: all(running(scrape(url), w) == 1 for w in pids), WAIT_S, "a stream on each worker"
+    )
+    for stream in streams:
+        stream.close()
+    poll_until(lambda: not calls_in_flight(own_gateway), WAIT_S, "nothing in flight")
+    poll_until(lambda: engines_idle(own_gateway), WAIT_S, "both engines idle (KV cache free)")
+
+
+RESTART_WAIT_S = 300.0
+"""How long a test waits for a killed vLLM worker to serve again (an engine start)."""
+
+
+def log_records(gateway: Process, event: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in gateway.log().splitlines() if f'"{event}"' in line]
+
+
+def running_process(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not count)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
 
 
 def test_a_worker_that_cannot_start_makes_the_gateway_exit(tmp_path: Path) -> None:

@@ -35,6 +35,8 @@ exec:
     - --api-processes={{ $g.apiProcesses }}
     - --cancel-token-file={{ include "hangup.tokenPath" . }}
     - --drain-timeout={{ $g.drainTimeoutSeconds }}
+    - --engine-down-limit={{ $g.engineDownLimitSeconds }}
+    - --loop-stall-limit={{ $g.loopStallLimitSeconds }}
     {{- with $g.extraArgs }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
