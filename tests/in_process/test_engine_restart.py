@@ -17,6 +17,7 @@ import pytest
 from gateway_server.engine.base import Engine
 from gateway_server.engine.pool import RestartPolicy
 from gateway_server.engine.sim import SimConfig, SimulatedEngine
+from gateway_server.metrics import worker_loads
 from tests.support.gateway import MODEL, Gateway, running_gateway
 from tests.support.waiting import wait_until
 
@@ -66,7 +67,7 @@ async def status_of(gw: Gateway, path: str) -> tuple[int, Any]:
 
 
 def up(gw: Gateway, worker: str) -> float:
-    loads = {w.name: w for w in gw.server.service.worker_loads()}  # type: ignore[union-attr]
+    loads = {w.name: w for w in worker_loads(gw.server.pool)}
     return 1.0 if loads[worker].up else 0.0
 
 
@@ -128,7 +129,7 @@ async def test_while_a_worker_is_down_the_other_serves_and_its_gauges_read_idle(
     await wait_until(lambda: pool.workers[int(victim)].down_since, what="the worker seen down")
     dead = pool.workers[int(victim)].engine
     assert dead.load().running == 1, "the dead engine's last statistics: a running stream"
-    loads = {w.name: w for w in gw.server.service.worker_loads()}  # type: ignore[union-attr]
+    loads = {w.name: w for w in worker_loads(gw.server.pool)}
     assert loads[victim].up is False
     assert (loads[victim].running, loads[victim].waiting, loads[victim].kv) == (0, 0, 0.0)
     assert (await status_of(gw, "/v2/health/ready"))[0] == 200  # the other worker serves
