@@ -16,10 +16,11 @@ Each table also has a row with no quota (the most processes, unconstrained): wha
 generator can drive. For every row: events/s and its ratio to one core's, relay CPU µs per event
 (the quota'd processes; the supervisor's apart), and the checks that make a row valid:
 
-- every quota'd process used at least ``USED`` of its quota and was throttled in at least
-  ``THROTTLED`` of the periods (the quota, not the shared machine, was its limit);
-- no load-generating process (clients, sources) used more than ``LOAD_MAX`` of a core;
-- the unconstrained row relayed at least ``HEADROOM`` times the row's events/s.
+- every quota'd process used at least 0.9 of its quota and was throttled in at least half the
+  periods (the quota, not the shared machine, was its limit);
+- no load-generating process (clients, sources) used more than 0.85 of a core;
+- the unconstrained row relayed at least 1.15 times the row's events/s
+  (:mod:`bench.scaling_report`).
 
 An invalid row is reported, marked with why. The spread: how many calls the kernel gave each
 process (``max/min``), from :mod:`bench.spread`.
@@ -40,27 +41,22 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.cgroups import Controller, CpuGroup, CpuStat, NoCpuController, cpu_controller
+from bench.scaling_report import HEADER, headroom, line, ratios, why_invalid, write_report
 from bench.spread import Owners
 from bench.stats import cpu_of, syscalls
 from tests.support.envoy import envoy_binary, running_envoy
 from tests.support.processes import REPO, Process, children, descendants, spawn
 
-USED = 0.9  # of its quota a process must use for a row to count
-THROTTLED = 0.5  # of the periods in which it must have been throttled
-LOAD_MAX = 0.85  # of a core a load-generating process may use
-HEADROOM = 1.15  # the unconstrained row's events/s over a valid row's, at least
 SIM = [
     "--engine",
     "sim",
     "--sim-slots",
     "1024",
-    "--sim-step-base",
-    "0.004",
     "--sim-step-per-seq",
     "0",
     "--log-level",
@@ -180,6 +176,7 @@ async def measure(relay: Relay, setup: Setup) -> dict[str, object]:
     after = Snapshot.take(relay, setup)
     outputs = [json.loads((await asyncio.to_thread(c.communicate))[0]) for c in clients]
     events = sum(o["events"] for o in outputs)
+    sleeps = sum(o["sleeps"] for o in outputs)
     ports = [p for o in outputs for p in o["ports"]]
     used = [(a - b) / setup.window for a, b in zip(after.own, before.own, strict=True)]
     stats = [a - b for a, b in zip(after.stats, before.stats, strict=True)]
@@ -187,54 +184,30 @@ async def measure(relay: Relay, setup: Setup) -> dict[str, object]:
     load += [(a - b) / setup.window for a, b in zip(after.load, before.load, strict=True)]
     per_pid, unseen = owners.count(ports) if relay.spread else ({}, 0)
     row: dict[str, object] = {
-        "name": relay.name + (", no quota" if relay.free else ""),
+        "name": relay.name
+        + (", no quota" if relay.free else "")
+        + (
+            f", one process with {relay.threads} cores' quota"
+            if relay.spread and relay.threads > 1
+            else ""
+        ),
         "kind": relay.name.split(" --")[0],
+        "n": relay.threads * len(relay.groups),
         "cores": relay.cores,
         "rate": events / setup.window,
         "relay_us": 1e6 * sum(used) * setup.window / max(1, events),
         "others_us": 1e6 * (after.others - before.others) / max(1, events),
         "reads": (after.io[0] - before.io[0]) / max(1, events),
         "writes": (after.io[1] - before.io[1]) / max(1, events),
+        "client_sleeps": sleeps / max(1, events),
         "used": used,
         "throttled": [s.throttled / max(1, s.periods) for s in stats],
         "load": load,
         "calls": [per_pid[p] for p in sorted(per_pid)],
         "unseen": unseen,
     }
-    row["why_invalid"] = _why_invalid(row)
+    row["why_invalid"] = why_invalid(row)
     return row
-
-
-def _why_invalid(row: dict[str, object]) -> list[str]:
-    why = []
-    cores = row["cores"]
-    if isinstance(cores, float):
-        used = row["used"]
-        assert isinstance(used, list)
-        low = [u / cores for u in used if u < USED * cores]
-        if low:
-            why.append(f"used {min(low):.2f} of its quota")
-        throttled = row["throttled"]
-        assert isinstance(throttled, list)
-        if min(throttled, default=1.0) < THROTTLED:
-            why.append(f"throttled in {min(throttled):.2f} of periods")
-    load = row["load"]
-    assert isinstance(load, list)
-    if max(load) > LOAD_MAX:
-        why.append(f"load generator at {max(load):.2f} core")
-    return why
-
-
-def headroom(rows: list[dict[str, object]]) -> None:
-    """Mark the rows their kind's unconstrained row did not beat by ``HEADROOM``."""
-    limits = {row["kind"]: row["rate"] for row in rows if row["cores"] is None}
-    for row in rows:
-        rate, limit = row["rate"], limits.get(row["kind"])
-        assert isinstance(rate, float)
-        if row["cores"] is not None and isinstance(limit, float) and limit < HEADROOM * rate:
-            why = row["why_invalid"]
-            assert isinstance(why, list)
-            why.append(f"unconstrained only {limit / max(rate, 1):.2f}x")
 
 
 def _pids(process: Process) -> tuple[list[list[int]], list[int]]:
@@ -291,6 +264,7 @@ def proxies(args: argparse.Namespace, setup: Setup, upstream: str) -> Iterator[l
     top = max(args.cores)
     with contextlib.ExitStack() as stack:
         relays = [_proxy(stack, n, upstream, setup.work) for n in args.cores]
+        relays += _big(args, lambda: _proxy(stack, 1, upstream, setup.work))
         relays.append(_proxy(stack, top, upstream, setup.work))
         relays[-1].free = True
         if args.envoy and envoy_binary().exists():
@@ -303,9 +277,20 @@ def proxies(args: argparse.Namespace, setup: Setup, upstream: str) -> Iterator[l
             yield relays
 
 
-def _gateway(stack: contextlib.ExitStack, n: int, workers: int, work: Path) -> Relay:
-    argv = [*SIM, "--http-port", "0", "--grpc-port", "0", "--workers", str(workers or n),
-            "--api-processes", str(n)]  # fmt: skip
+def _gateway(stack: contextlib.ExitStack, n: int, args: argparse.Namespace, work: Path) -> Relay:
+    argv = [
+        *SIM,
+        "--sim-step-base",
+        str(args.sim_step),
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--workers",
+        str(args.engine_workers or n),
+        "--api-processes",
+        str(n),
+    ]
     proc = stack.enter_context(
         spawn("gateway_server", argv, work / f"gateway-{n}-{time.monotonic_ns()}")
     )
@@ -313,13 +298,24 @@ def _gateway(stack: contextlib.ExitStack, n: int, workers: int, work: Path) -> R
     return Relay(f"hangup --api-processes {n}", proc.listeners["http"], groups, others)
 
 
+def _big(args: argparse.Namespace, start: Callable[[], Relay]) -> list[Relay]:
+    """With ``--one-process``: one process with N cores' quota for each N > 1 (the same CPU as N
+    processes with one each: what splitting it over processes costs or gains)."""
+    relays = []
+    for n in args.cores if args.one_process else []:
+        if n > 1:
+            relay = start()
+            relay.threads = n
+            relays.append(relay)
+    return relays
+
+
 @contextlib.contextmanager
 def gateways(args: argparse.Namespace, setup: Setup) -> Iterator[list[Relay]]:
     with contextlib.ExitStack() as stack:
-        relays = [
-            _gateway(stack, n, args.engine_workers, setup.work)
-            for n in [*args.cores, max(args.cores)]
-        ]
+        relays = [_gateway(stack, n, args, setup.work) for n in args.cores]
+        relays += _big(args, lambda: _gateway(stack, 1, args, setup.work))
+        relays.append(_gateway(stack, max(args.cores), args, setup.work))
         relays[-1].free = True
         with _limited(setup.controller, relays, args.core, args.weight):
             yield relays
@@ -362,110 +358,75 @@ async def table(
                 rows.append(row)
                 print(line(row), flush=True)
         headroom(final)
-        _ratios(final)
+        ratios(final)
         for row in final:
             print(line(row), flush=True)
         rows.extend(final)
     return rows
 
 
-def _ratios(rows: list[dict[str, object]]) -> None:
-    """Each row's events/s over its kind's one-core row (hangup to hangup, Envoy to Envoy)."""
-    ones: dict[str, float] = {}
-    for row in rows:
-        name = str(row["name"])
-        kind, n = name.split(" --")[0], int(name.split(",")[0].rsplit(" ", 1)[1])
-        rate = row["rate"]
-        assert isinstance(rate, float)
-        if n == 1 and "no quota" not in name and rate > 0:
-            ones[kind] = rate
-        row["n"] = n
-        row["x"] = rate / ones[kind] if kind in ones and "no quota" not in name else None
-
-
-def line(row: dict[str, object]) -> str:
-    """One row as a Markdown table line (see :data:`HEADER`)."""
-    used, throttled, cores = row["used"], row["throttled"], row["cores"]
-    assert isinstance(used, list) and isinstance(throttled, list)
-    quota = f"{cores:g}" if isinstance(cores, float) else "none"
-    share = (
-        f"{min(used) / cores:.2f}-{max(used) / cores:.2f}"
-        if isinstance(cores, float)
-        else f"{min(used):.2f}-{max(used):.2f} core"
+def _defaults(argv: list[str]) -> dict[str, object]:
+    """The defaults: this 2-core machine's, or (``--many-core``) a machine with 16 cores or
+    more's, where a simulated core can be bigger and the load generator needs more processes
+    (and the simulated engine steps faster, so that 8 API processes do not outrun it)."""
+    cpus = os.cpu_count() or 2
+    if "--many-core" in argv:
+        return dict(
+            cores=[1, 2, 4, 8],
+            core=0.25,
+            window=4.0,
+            warmup=1.5,
+            attempts=1,
+            clients=max(1, cpus // 3),
+            sources=max(2, cpus // 4),
+            sim_step=0.002,
+        )
+    return dict(
+        cores=[1, 2, 3, 4],
+        core=0.1,
+        window=5.0,
+        warmup=2.0,
+        attempts=2,
+        clients=max(1, cpus // 4),
+        sources=max(2, cpus // 4),
+        sim_step=0.004,
     )
-    calls = row["calls"]
-    assert isinstance(calls, list)
-    spread = (
-        f"{'/'.join(map(str, calls))} ({max(calls) / max(1, min(calls)):.2f})"
-        if len(calls) > 1
-        else ""
-    )
-    x = row.get("x")
-    why = row["why_invalid"]
-    assert isinstance(why, list)
-    load = row["load"]
-    assert isinstance(load, list)
-    return (
-        f"| {row['round']}.{row['attempt']} | {row['name']} | {quota} | {row['rate']:,.0f} | "
-        f"{'' if x is None else f'{x:.2f}x'} | {row['relay_us']:.1f} | "
-        f"{row['others_us']:.2f} | {row['reads']:.2f} / {row['writes']:.2f} | {share} | "
-        f"{min(throttled, default=0):.2f} | "
-        f"{max(load):.2f} | {spread} | {'; '.join(why) or 'valid'} |"
-    )
-
-
-HEADER = (
-    "| round.attempt | path | quota (cores per group) | events/s | x one core | relay µs/event | "
-    "supervisor µs/event | relay reads / writes per event | used of quota (min-max) | "
-    "throttled periods (min) | "
-    "load gen max core | calls per process (max/min) | row |\n"
-    "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---|---|"
-)
 
 
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    many = "--many-core" in sys.argv
-    cpus = os.cpu_count() or 2
-    parser.add_argument("--out", type=Path, required=True, help="folder for the report")
-    parser.add_argument(
-        "--many-core",
-        action="store_true",
-        help="defaults for 16 cores or more: --cores 1,2,4,8 --core 0.5",
-    )
-    parser.add_argument(
-        "--cores",
-        type=lambda v: [int(c) for c in v.split(",")],
-        default=[1, 2, 4, 8] if many else [1, 2, 3, 4],
-    )
-    parser.add_argument(
-        "--core", type=float, default=0.5 if many else 0.1, help="one simulated core, in real cores"
-    )
-    parser.add_argument(
-        "--streams", type=lambda v: [int(c) for c in v.split(",")], default=[64, 256]
-    )
-    parser.add_argument("--events", type=int, default=400, help="per call")
-    parser.add_argument("--window", type=float, default=5.0, help="seconds measured per row")
-    parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--attempts", type=int, default=2, help="per row, while invalid")
-    parser.add_argument("--clients", type=int, default=max(1, cpus // 4))
-    parser.add_argument("--sources", type=int, default=max(2, cpus // 4))
-    parser.add_argument(
+    ints = lambda v: [int(c) for c in v.split(",")]  # noqa: E731
+    add = parser.add_argument
+    add("--out", type=Path, required=True, help="folder for the report")
+    add("--many-core", action="store_true", help="defaults for 16 cores or more (see _defaults)")
+    add("--cores", type=ints, help="simulated cores per row: N processes (1,2,3,4)")
+    add("--core", type=float, help="one simulated core, in real cores (0.1)")
+    add("--streams", type=ints, default=[64, 256], help="concurrent calls, one table each")
+    add("--events", type=int, default=400, help="per call")
+    add("--window", type=float, help="seconds measured per row (5)")
+    add("--warmup", type=float, help="seconds of calls before the window (2)")
+    add("--rounds", type=int, default=2, help="alternating rounds per table")
+    add("--attempts", type=int, help="measurements of a row while it is invalid (2)")
+    add("--clients", type=int, help="load-generating processes (cores / 4)")
+    add("--sources", type=int, help="SSE source processes (cores / 4, at least 2)")
+    add(
         "--weight",
         type=int,
         default=8,
-        help="CPU weight of the relays' and the load generator's groups, in "
-        "default shares (1: no priority over the machine's other work)",
+        help="CPU weight of the relays' and the load "
+        "generator's groups, in default shares (1: none over the machine's other work)",
     )
-    parser.add_argument(
+    add(
         "--engine-workers",
         type=int,
         default=0,
         help="the gateway's simulated engine workers (0: one per API process)",
     )
-    parser.add_argument("--no-envoy", dest="envoy", action="store_false")
-    parser.add_argument("--only", choices=["proxy", "gateway"], default=None)
+    add("--sim-step", type=float, help="the simulated engine's step, seconds (0.004)")
+    add("--one-process", action="store_true", help="add rows of one process with N cores' quota")
+    add("--no-envoy", dest="envoy", action="store_false")
+    add("--only", choices=["proxy", "gateway"], default=None)
+    parser.set_defaults(**_defaults(sys.argv))
     return parser.parse_args()
 
 
@@ -511,32 +472,6 @@ async def run_tables(args: argparse.Namespace, controller: Controller) -> list[d
                 with gateways(args, setup) as relays:
                     rows += await table("gateway", relays, setup, args.rounds)
     return rows
-
-
-def write_report(
-    args: argparse.Namespace, controller: Controller, rows: list[dict[str, object]]
-) -> None:
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "rows.json").write_text(json.dumps(rows, indent=1))
-    head = (
-        f"# bench.scaling\n\n{os.cpu_count()} cores; cgroup v{controller.version} at "
-        f"{controller.root}; one simulated core = {args.core:g} of a real core; "
-        f"{args.events} events per call, a new connection per call; {args.window:g} s per "
-        f"row after {args.warmup:g} s; {args.clients} client process(es), {args.sources} "
-        f"source process(es)\n\ncommand: `{' '.join(sys.argv)}`\n"
-    )
-    parts = [head]
-    for title in ("proxy", "gateway"):
-        for streams in args.streams:
-            mine = [r for r in rows if r["table"] == title and r["streams"] == streams]
-            if mine:
-                parts.append(
-                    f"\n## {title}, {streams} streams\n\n{HEADER}\n"
-                    + "\n".join(line(r) for r in mine)
-                    + "\n"
-                )
-    (args.out / "report.md").write_text("".join(parts))
-    print(f"\nreport: {args.out / 'report.md'}", flush=True)
 
 
 async def main() -> None:

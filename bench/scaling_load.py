@@ -7,9 +7,10 @@ new connection: ``sse`` asks an SSE source (through a relay) for E events
 (``GET /events?n=E``), ``completions`` asks a gateway for a streaming completion of E tokens.
 Events (``\\n\\n``-terminated SSE events) are counted as they arrive. At monotonic time T0 (the
 clock is the host's, shared with the caller) counting starts, at T1 it stops and the process
-prints one JSON line: ``events`` and ``calls`` begun in the window, its own CPU seconds in the
-window, and ``ports``, the local port of every call open in the window (the caller maps them to
-the process that accepted each: how the kernel spread the connections). Then it exits.
+prints one JSON line: ``events`` and ``calls`` begun in the window, its own CPU seconds and
+``sleeps`` (how often it waited for data: each time, a wakeup) in the window, and ``ports``, the
+local port of every call open in the window (the caller maps them to the process that accepted
+each: how the kernel spread the connections). Then it exits.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import functools
 import json
+import resource
 import time
 import typing
 
@@ -58,6 +60,12 @@ class _Call(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._done.done():
             self._done.set_result(None)
+
+
+def _sleeps() -> int:
+    """How often this process has waited for something (voluntary context switches): each
+    time, the next event that arrives has to wake it."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
 
 
 def _same(call: _Call) -> _Call:
@@ -107,18 +115,18 @@ async def load(args: argparse.Namespace) -> dict[str, object]:
         for _ in range(args.concurrency)
     ]
     await asyncio.sleep(max(0.0, args.start - time.monotonic()))  # the agreed moment
-    events0, cpu0 = counts.events, time.process_time()
+    events0, cpu0, sleeps0 = counts.events, time.process_time(), _sleeps()
     counts.counting = True
     await asyncio.sleep(max(0.0, args.end - time.monotonic()))
     counts.counting = False
-    events, cpu = counts.events - events0, time.process_time() - cpu0
+    events, cpu, sleeps = counts.events - events0, time.process_time() - cpu0, _sleeps() - sleeps0
     for task in loops:
         task.cancel()  # the calls still open end here: their spans close at the window's end
     await asyncio.gather(*loops, return_exceptions=True)
     ports = [
         port for port, opened, closed in counts.spans if opened < args.end and closed > args.start
     ]
-    return {"events": events, "calls": counts.calls, "cpu": cpu, "ports": ports}
+    return {"events": events, "calls": counts.calls, "cpu": cpu, "sleeps": sleeps, "ports": ports}
 
 
 def main() -> None:
