@@ -45,7 +45,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.cgroups import Controller, CpuGroup, CpuStat, NoCpuController, cpu_controller
+from bench.cgroups import (
+    PERIOD_US,
+    Controller,
+    CpuGroup,
+    CpuStat,
+    NoCpuController,
+    cpu_controller,
+)
 from bench.scaling_report import HEADER, headroom, line, ratios, why_invalid, write_report
 from bench.spread import Owners
 from bench.stats import cpu_of, syscalls
@@ -77,7 +84,16 @@ class Relay:
     threads: int = 1  # simulated cores per group (Envoy: its --concurrency)
     free: bool = False  # no quota: what the load generator can drive
     weight: int = 1  # CPU weight of its groups (see CpuGroup)
+    period_us: int = PERIOD_US  # the CFS period its quota is counted in
     limits: list[CpuGroup] = field(default_factory=list)
+
+    def label(self) -> str:
+        """How the report names its rows."""
+        if self.free:
+            return f"{self.name}, no quota"
+        if self.spread and self.threads > 1:
+            return f"{self.name}, one process with {self.threads} cores' quota"
+        return self.name
 
 
 @dataclass
@@ -100,7 +116,7 @@ def place(controller: Controller, relay: Relay, cores: float | None) -> None:
     relay.cores = cores
     for pids in relay.groups:
         name = f"hangup-bench-{os.getpid()}-{time.monotonic_ns()}"
-        group = CpuGroup(controller, name, cores, weight=relay.weight)
+        group = CpuGroup(controller, name, cores, relay.period_us, weight=relay.weight)
         relay.limits.append(group)
         for pid in pids:
             group.add(pid)
@@ -184,13 +200,7 @@ async def measure(relay: Relay, setup: Setup) -> dict[str, object]:
     load += [(a - b) / setup.window for a, b in zip(after.load, before.load, strict=True)]
     per_pid, unseen = owners.count(ports) if relay.spread else ({}, 0)
     row: dict[str, object] = {
-        "name": relay.name
-        + (", no quota" if relay.free else "")
-        + (
-            f", one process with {relay.threads} cores' quota"
-            if relay.spread and relay.threads > 1
-            else ""
-        ),
+        "name": relay.label(),
         "kind": relay.name.split(" --")[0],
         "n": relay.threads * len(relay.groups),
         "cores": relay.cores,
@@ -273,7 +283,7 @@ def proxies(args: argparse.Namespace, setup: Setup, upstream: str) -> Iterator[l
             relays[-1].free = True
         elif args.envoy:
             print(f"no Envoy at {envoy_binary()}: Envoy rows skipped", flush=True)
-        with _limited(setup.controller, relays, args.core, args.weight):
+        with _limited(setup.controller, relays, args.core, args.weight, args.period_us):
             yield relays
 
 
@@ -317,19 +327,19 @@ def gateways(args: argparse.Namespace, setup: Setup) -> Iterator[list[Relay]]:
         relays += _big(args, lambda: _gateway(stack, 1, args, setup.work))
         relays.append(_gateway(stack, max(args.cores), args, setup.work))
         relays[-1].free = True
-        with _limited(setup.controller, relays, args.core, args.weight):
+        with _limited(setup.controller, relays, args.core, args.weight, args.period_us):
             yield relays
 
 
 @contextlib.contextmanager
 def _limited(
-    controller: Controller, relays: list[Relay], core: float, weight: int
+    controller: Controller, relays: list[Relay], core: float, weight: int, period_us: int
 ) -> Iterator[None]:
     """A quota for every relay's group but the free ones' (in groups too: their throttling is
     read the same way); groups removed on the way out."""
     try:
         for relay in relays:
-            relay.weight = weight
+            relay.weight, relay.period_us = weight, period_us
             place(controller, relay, None if relay.free else core * relay.threads)
         yield
     finally:
@@ -423,6 +433,7 @@ def _arguments() -> argparse.Namespace:
         help="the gateway's simulated engine workers (0: one per API process)",
     )
     add("--sim-step", type=float, help="the simulated engine's step, seconds (0.004)")
+    add("--period-us", type=int, default=PERIOD_US, help="the CFS period of every quota (100000)")
     add("--one-process", action="store_true", help="add rows of one process with N cores' quota")
     add("--no-envoy", dest="envoy", action="store_false")
     add("--only", choices=["proxy", "gateway"], default=None)
