@@ -26,9 +26,9 @@ An invalid row is reported, marked with why. The spread: how many calls the kern
 process (``max/min``), from :mod:`bench.spread`.
 
 Run: ``.venv/bin/python -m bench.scaling --out DIR`` (writes ``DIR/report.md`` and
-``DIR/rows.json``; about 8 minutes with the defaults). On a machine without a writable cgroup
-CPU controller it says so and exits 0 having measured nothing. ``--many-core`` picks defaults for
-a machine with 16 cores or more (see docs/benchmarks.md).
+``DIR/rows.json``; about 10 minutes with the defaults, 13 with ``--one-process``). On a machine
+without a writable cgroup CPU controller it says so and exits 0 having measured nothing.
+``--many-core`` picks defaults for a machine with 16 cores or more (see docs/benchmarks.md).
 """
 
 from __future__ import annotations
