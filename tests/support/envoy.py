@@ -93,8 +93,10 @@ def envoy_binary() -> Path:
 @contextlib.contextmanager
 def running_envoy(
     upstream_ports: int | Sequence[int], work: Path, timeout: float = 60.0,
-    concurrency: int = 1, lb_policy: str = "ROUND_ROBIN",
+    concurrency: int = 1, lb_policy: str = "ROUND_ROBIN", base_id: int | None = None,
 ) -> Iterator[Envoy]:  # fmt: skip
+    """``base_id``: Envoy's shared-memory id, unique among the Envoys running at once (by
+    default the first upstream port plus ``concurrency``)."""
     ports = [upstream_ports] if isinstance(upstream_ports, int) else list(upstream_ports)
     work.mkdir(parents=True, exist_ok=True)
     config = work / "envoy.yaml"
@@ -106,7 +108,7 @@ def running_envoy(
     command = [
         str(envoy_binary()), "-c", str(config), "--concurrency", str(concurrency),
         "--log-level", "error", "--admin-address-path", str(admin_file),
-        "--base-id", str(ports[0] + concurrency),
+        "--base-id", str(ports[0] + concurrency if base_id is None else base_id),
     ]  # fmt: skip
     with (work / "envoy.log").open("wb") as log:
         popen = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
