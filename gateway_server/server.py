@@ -4,8 +4,8 @@ Start: start the engine workers (a worker that fails makes start raise, naming i
 registry, service and metrics, with the scope the process count gives (:mod:`.scope`), listen on
 HTTP and gRPC, then write the ready file. The process (:func:`serve`) freezes its start-up heap
 before it says it is ready, as vLLM's own server does: with vLLM, torch and transformers
-imported it holds over half a million objects, and a full collection over them stopped every
-stream for about 0.36 s on a 2-core machine.
+imported it holds over half a million objects, and a full collection over them stops every
+stream while it runs (how long: docs/benchmarks.md).
 
 Shutdown (first SIGTERM/SIGINT), in this order:
   1. draining: ``/v2/health/ready`` answers 503, new generation requests get 503;

@@ -9,8 +9,8 @@ That logger takes the place of vLLM's Prometheus logger (vLLM adds its own unles
 ``PrometheusStatLogger``): the gateway exports the model-server metrics itself
 (:mod:`gateway_server.pool_metrics`) from its own registry, so vLLM's would be updated every
 step, for every request, and never read. :func:`scheduler_statistics_only` turns off vLLM's
-per-request statistics in this process for the same reason. Together they cost an API process
-about 17 µs of CPU per streamed token, a sixth of what it spent (docs/benchmarks.md).
+per-request statistics in this process for the same reason. What the two save per streamed
+token: docs/benchmarks.md.
 """
 
 from __future__ import annotations
