@@ -4,9 +4,7 @@ every fault until ``--calls`` calls have been made; each phase settles and is ch
 byte-identical completions, false stream ends, cancels pending or uncounted, memory and open
 files). Prints one line per phase and the totals.
 
-Run: ``.venv/bin/python -m bench.chaos_soak`` (``--calls 200000``). With the real engine:
-``--engine vllm`` (one vLLM worker on the tiny local model, or ``--model DIR``; every fault,
-the engine's included, in turn; e.g. ``--calls 5000 --concurrency 8 --phase-seconds 60``).
+Run: ``.venv/bin/python -m bench.chaos_soak`` (``--calls 200000``).
 """
 
 from __future__ import annotations
@@ -23,14 +21,9 @@ import aiohttp
 
 from tests.support import chaos
 from tests.support.faults import Pod
-from tests.support.stack import MODEL
-from tests.support.vllm_stack import START_TIMEOUT_S, make_tiny_model, vllm_gateway_args
 
 
-def gateway_args(args: argparse.Namespace, tmp: Path) -> list[str]:
-    if args.engine == "vllm":
-        model = args.model or make_tiny_model(tmp / "tiny-model")
-        return vllm_gateway_args(model, MODEL)
+def gateway_args(args: argparse.Namespace) -> list[str]:
     return ["--sim-slots", str(args.sim_slots), "--sim-step-base", str(args.sim_step_base),
             "--sim-faults"]  # fmt: skip
 
@@ -41,7 +34,7 @@ async def soak(args: argparse.Namespace, tmp: Path) -> list[chaos.PhaseReport]:
     reports: list[chaos.PhaseReport] = []
     calls = 0
     async with (
-        Pod(tmp, gateway_args(args, tmp), proxy_args, START_TIMEOUT_S) as pod,
+        Pod(tmp, gateway_args(args), proxy_args) as pod,
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
     ):
         expected = await chaos.references(pod, session)
@@ -91,8 +84,6 @@ def main() -> None:
     parser.add_argument("--sim-slots", type=int, default=32)
     parser.add_argument("--sim-step-base", type=float, default=0.004)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--engine", choices=("sim", "vllm"), default="sim")
-    parser.add_argument("--model", type=Path, help="vLLM: a model directory (default: tiny)")
     args = parser.parse_args()
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hangup-chaos-") as tmp:

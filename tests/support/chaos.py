@@ -9,12 +9,11 @@ is over:
     stop_gateway    the gateway SIGSTOPped until the proxy has given up on the cancels of
                     calls that hung up meanwhile (past its cancel deadline), then SIGCONT
     kill_gateway    the gateway SIGKILLed and restarted
-    kill_engine     the gateway's engine killed (a vLLM engine core SIGKILLed; the simulated
-                    engine through the fault switch); the fault lasts until the gateway has
-                    started it again
-    hang_engine     the engine stopped (SIGSTOP to a vLLM engine core; the switch's ``hang``)
+    kill_engine     the gateway's engine killed through its fault switch (as SIGKILL kills a vLLM
+                    engine core); the fault lasts until the gateway has started it again
+    hang_engine     the engine hung (the switch's ``hang``, as SIGSTOP stops a vLLM engine core)
                     until the proxy has given up on the cancels of calls that hung up meanwhile,
-                    then continued
+                    then resumed
     drain_gateway   the gateway SIGTERMed (it drains) and restarted
     kill_proxy_worker  one of the proxy's two worker processes SIGKILLed (its supervisor
                     starts another)
@@ -69,8 +68,7 @@ from tests.support.waiting import wait_until
 KINDS = ("completion_stream", "completion", "generate_stream", "grpc_stream")
 FAULTS = ("none", "reset_upstream", "stop_gateway", "kill_gateway", "kill_engine", "hang_engine",
           "drain_gateway", "kill_proxy_worker", "kill_proxy", "drain_proxy")  # fmt: skip
-ENGINE_FAULTS = ("kill_engine", "hang_engine", "drain_gateway")
-"""The faults the chaos soak with vLLM runs (each costs an engine start or a stopped core)."""
+
 FINAL = "triton_final_response"
 CANCEL_DEADLINE_S = 2.0  # the proxy's --cancel-deadline in the soak
 PROXY_ARGS = ["--workers", "2", "--cancel-deadline", str(CANCEL_DEADLINE_S), "--drain-timeout", "3"]

@@ -1,9 +1,8 @@
 """Faults for the chaos soak (``tests/support/chaos.py``): one pod (the gateway with the simulated
-engine or vLLM, the proxy in front, real processes on 127.0.0.1) whose processes can be killed,
-stopped, drained and restarted while clients use it, whose engines can be killed or stopped (a
-vLLM engine core by signal, the simulated engine by the gateway's fault switch, which needs
-``--sim-faults``), and a TCP forwarder between the proxy and the gateway that can reset every
-upstream connection at once.
+engine, the proxy in front, real processes on 127.0.0.1) whose processes can be killed, stopped,
+drained and restarted while clients use it, whose engine can be killed or hung through the
+gateway's fault switch (``--sim-faults``), and a TCP forwarder between the proxy and the gateway
+that can reset every upstream connection at once.
 
 The proxy reaches the gateway only through the forwarders (HTTP and gRPC), so a gateway restarted
 on new ports is one retarget away, and an upstream reset is a real TCP RST on both sides of every
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -101,11 +99,7 @@ class Forwarder:
 class Pod:
     """The gateway and the proxy, each restartable; see the module docstring."""
 
-    def __init__(
-        self, tmp: Path, gateway_args: list[str], proxy_args: list[str],
-        gateway_start_s: float = 60.0,
-    ) -> None:  # fmt: skip
-        """``gateway_start_s``: how long the gateway may take to serve (vLLM: minutes)."""
+    def __init__(self, tmp: Path, gateway_args: list[str], proxy_args: list[str]) -> None:
         self._tmp = tmp
         self._token = tmp / "cancel-token"
         self._gateway_args = gateway_args
@@ -116,7 +110,7 @@ class Pod:
         self._http = Forwarder("")
         self._grpc = Forwarder("")
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self.gateway_start_s = gateway_start_s
+        self.gateway_start_s = 60.0  # how long the gateway may take to serve
         self.steady = asyncio.Event()  # cleared while a fault is being applied
         self.steady.set()
 
@@ -207,27 +201,9 @@ class Pod:
         assert self.gateway is not None
         self.gateway.popen.send_signal(signal.SIGCONT)
 
-    def engine_core_pids(self) -> list[int]:
-        """The vLLM engine cores of the gateway now running (from its latest
-        ``vllm_worker_ready`` line per worker); [] with the simulated engine."""
-        assert self.gateway is not None
-        latest: dict[int, list[int]] = {}
-        for line in self.gateway.log().splitlines():
-            if '"vllm_worker_ready"' in line:
-                record = json.loads(line)
-                latest[int(record["worker"])] = list(record["engine_core_pids"])
-        return [pid for pids in latest.values() for pid in pids]
-
     async def engine_fault(self, fault: str) -> str:
-        """``kill``, ``hang`` or ``resume`` every engine of the gateway: SIGKILL, SIGSTOP or
-        SIGCONT to vLLM's engine cores, else the simulated engine's fault switch on worker 0."""
-        pids = self.engine_core_pids()
-        if pids:
-            signum = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP, "resume": signal.SIGCONT}
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signum[fault])
-            return f"engine cores {pids} {signum[fault].name}"
+        """``kill``, ``hang`` or ``resume`` the gateway's engine (worker 0) through its fault
+        switch."""
         url = f"{self.gateway_url}/v2/admin/workers/0/fault"
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with (

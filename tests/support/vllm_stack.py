@@ -69,13 +69,6 @@ def make_tiny_model(directory: Path) -> Path:
     return directory
 
 
-def vllm_gateway_args(model: Path, served: str = MODEL, workers: int = 1) -> list[str]:
-    """The gateway's arguments for ``workers`` vLLM workers on ``model``, served as ``served``
-    (the chaos soak's clients name the simulated model's name)."""
-    return ["--engine", "vllm", "--model", str(model), "--served-model-name", served,
-            "--workers", str(workers), *ENGINE_ARGS]  # fmt: skip
-
-
 @contextlib.contextmanager
 def vllm_gateway(model: Path, tmp: Path, workers: int, api_processes: int = 1) -> Iterator[Process]:
     """A gateway with ``workers`` vLLM workers on ``model`` in ``api_processes`` processes;

@@ -36,7 +36,8 @@ from tests.support.vllm_stack import (
 )
 from tests.support.waiting import poll_until
 
-pytestmark = [pytest.mark.vllm, requires_vllm]
+# Two engine starts (the gateway's, then the killed worker's): minutes each on a loaded CPU.
+pytestmark = [pytest.mark.vllm, requires_vllm, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")
