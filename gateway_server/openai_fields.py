@@ -187,13 +187,3 @@ def _asks_nothing(rule: Rule, value: Any) -> bool:
         isinstance(value, int | float) and not isinstance(value, bool)
         and any(type(off) in (int, float) and value == off for off in rule.off)
     )  # fmt: skip
-
-
-def describe(table: Mapping[str, Rule]) -> list[tuple[str, str, str]]:
-    """The table as rows ``(field, use, detail)`` for documentation."""
-    rows = []
-    for name, rule in sorted(table.items()):
-        needs = f"needs {rule.needs}" if rule.needs else ""
-        detail = rule.why if rule.use is Use.REFUSED else needs
-        rows.append((name, rule.use.value, detail))
-    return rows
