@@ -94,6 +94,7 @@ _SHARED: dict[str, Rule] = {
     "guided_choice": refused(STRUCTURED),
     "guided_grammar": refused(STRUCTURED),
     "guided_decoding_backend": refused(STRUCTURED),
+    "guided_whitespace_pattern": refused(STRUCTURED),
     "use_beam_search": refused("(beam search) " + NOT_YET, False),
     "length_penalty": refused("(beam search) " + NOT_YET, 1, 1.0),
     "prompt_logprobs": refused(NOT_YET),
