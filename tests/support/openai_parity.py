@@ -125,6 +125,7 @@ CASES = [
     _c("beam search", "gateway_refuses", "use_beam_search", use_beam_search=True),
     _c("an unknown field", "gateway_refuses", "frobnicate", frobnicate=1),
     _c("bad_words", "gateway_refuses", "bad_words", bad_words=["fox"]),
+    _c("guided_json (vLLM 0.32 drops it)", "gateway_refuses", "guided_json", guided_json={}),
     _h("greedy", **G0),
     _h("greedy, streamed", **G0, **STREAM),
     _h("seed", seed=9),
