@@ -9,6 +9,8 @@ same classes to gRPC codes. Handlers raise these; one middleware per protocol re
     │   ├── Unauthorized              (401)
     │   ├── ModelNotFound             (404)
     │   ├── RequestNotFound           (404)
+    │   ├── PathNotFound              (404)  no such endpoint (OpenAI shape under /v1)
+    │   ├── MethodNotAllowed          (405)
     │   ├── DuplicateRequestId        (409)
     │   └── CancelledBeforeArrival    (499)  a cancel for this id arrived first (tombstone)
     ├── Unavailable                   (503)  draining, no live worker
@@ -64,6 +66,16 @@ class ModelNotFound(ClientError):
 class RequestNotFound(ClientError):
     status = 404
     error_type = "not_found_error"
+
+
+class PathNotFound(ClientError):
+    status = 404
+    error_type = "not_found_error"
+
+
+class MethodNotAllowed(ClientError):
+    status = 405
+    error_type = "invalid_request_error"
 
 
 class DuplicateRequestId(ClientError):

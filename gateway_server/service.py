@@ -24,10 +24,13 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from gateway_server.engine.base import (
+    ChatOptions,
     Engine,
     EngineError,
+    EngineRefused,
     EngineRequest,
     FinishReason,
     NoChatTemplate,
@@ -134,7 +137,7 @@ class GenerationService:
             undo()
             raise
 
-    def check_prompt(self, prompt: str, params: SamplingParams) -> None:
+    def check_prompt(self, prompt: str | tuple[int, ...], params: SamplingParams) -> None:
         """Raise InvalidRequest when ``prompt`` plus ``max_tokens`` exceeds the context length."""
         tokens = self._engine().count_prompt_tokens(prompt)
         limit = self.model.max_model_len
@@ -145,12 +148,23 @@ class GenerationService:
                 param="prompt",
             )
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        """The model's prompt for a chat. Raises InvalidRequest when it has no chat template."""
+    def chat_prompt(
+        self, messages: list[dict[str, Any]], options: ChatOptions | None = None
+    ) -> str:
+        """The model's prompt for a chat. Raises InvalidRequest when it has no chat template or
+        the template cannot apply."""
         try:
-            return self._engine().apply_chat_template(messages)
+            return self._engine().apply_chat_template(messages, options or ChatOptions())
         except NoChatTemplate as exc:
             raise InvalidRequest(str(exc)) from exc
+        except (ValueError, TypeError, LookupError) as exc:  # the template's own refusals
+            message = f"the chat template cannot apply: {exc}"
+            raise InvalidRequest(message, param="messages") from exc
+
+    @property
+    def engine(self) -> Engine:
+        """The engine whose tokenizer and features speak for every worker's (one model)."""
+        return self._engine()
 
     def _engine(self) -> Engine:
         """The engine whose tokenizer speaks for every worker's (they serve one model)."""
@@ -188,7 +202,12 @@ class GenerationService:
     # -- engine requests -------------------------------------------------------------------
 
     async def generate(
-        self, call: Call, prompt: str, params: SamplingParams, *, alias: str | None = None
+        self,
+        call: Call,
+        prompt: str | tuple[int, ...],
+        params: SamplingParams,
+        *,
+        alias: str | None = None,
     ) -> AsyncGenerator[TokenChunk, None]:
         """Run one engine request for ``call``; yield its chunks (the last has a finish reason).
 
@@ -227,6 +246,8 @@ class GenerationService:
             abort = self.registry.abort_requests(call, [request], call.hangup_reason)
             await asyncio.shield(abort)
             raise
+        except EngineRefused as exc:
+            raise InvalidRequest(f"the engine refused the request: {exc}") from exc
         except EngineError as exc:
             raise EngineFailure(f"engine worker {worker.name} failed the request: {exc}") from exc
         finally:

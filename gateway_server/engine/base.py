@@ -22,9 +22,26 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from hangup_contract.vocabulary import Phase
+
+
+class Feature(enum.StrEnum):
+    """What an engine can honour beyond plain sampling (``temperature``, ``top_p``, ``seed``,
+    stop strings, ``max_tokens``); the OpenAI layer refuses a request field naming a feature its
+    engine lacks (:mod:`gateway_server.openai_fields`)."""
+
+    TOP_K = "top_k"
+    MIN_P = "min_p"
+    PENALTIES = "presence, frequency and repetition penalties"
+    LOGIT_BIAS = "logit_bias"
+    STOP_TOKEN_IDS = "stop_token_ids"
+    MIN_TOKENS = "min_tokens"
+    LOGPROBS = "log-probabilities of output tokens"
+    PROMPT_LOGPROBS = "log-probabilities of prompt tokens"
+    ECHO = "echo of the prompt"
+    TOKEN_PROMPTS = "prompts as token ids"
 
 
 class FinishReason(enum.StrEnum):
@@ -41,13 +58,51 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    top_k: int = 0
+    """0 (or -1): every token."""
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    """``(token id, bias)`` pairs added to the logits."""
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    logprobs: int | None = None
+    """Log-probabilities of each output token and of this many top candidates; None: none."""
+    prompt_logprobs: int | None = None
+    """The same for each prompt token (the first has none); None: none."""
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token's log-probability and the engine's candidates at its position, in the engine's
+    order (vLLM's: the chosen token first, then the top ones). ``logprob`` is None where the
+    engine has none (a prompt's first token)."""
+
+    token: str
+    logprob: float | None
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ChatOptions:
+    """How a chat becomes a prompt (vLLM's names)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
+    """More variables for the chat template; those it does not use change nothing."""
 
 
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
     request_id: str
     """Unique among the engine's live requests (the gateway derives it from the call id)."""
-    prompt: str
+    prompt: str | tuple[int, ...]
+    """Text, or token ids (engines with ``Feature.TOKEN_PROMPTS``)."""
     params: SamplingParams
 
 
@@ -59,6 +114,10 @@ class TokenChunk:
     """Output tokens added since the previous chunk."""
     prompt_tokens: int
     finish_reason: FinishReason | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    """One per token added, when the request asked for them."""
+    prompt_logprobs: tuple[TokenLogprob, ...] | None = None
+    """On the first chunk, one per prompt token, when the request asked for them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +136,10 @@ class EngineError(Exception):
     """The engine failed this request."""
 
 
+class EngineRefused(EngineError):
+    """The engine refused the request's parameters (the client's fault: answered 400)."""
+
+
 class EngineDead(EngineError):
     """The engine can serve no more requests (its process died, its device was lost)."""
 
@@ -86,6 +149,16 @@ class NoChatTemplate(EngineError):
 
 
 class Engine(Protocol):
+    name: str
+    """How a client is told which engine refused something ("the simulated engine")."""
+    features: frozenset[Feature]
+    """What this engine honours beyond plain sampling (see :class:`Feature`)."""
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to ``vocab_size - 1`` (0 while not started)."""
+        ...
+
     @property
     def max_model_len(self) -> int:
         """Most tokens (prompt + output) one request may hold."""
@@ -111,12 +184,19 @@ class Engine(Protocol):
         left (its processes, their memory), so a new engine can take its devices."""
         ...
 
-    def count_prompt_tokens(self, prompt: str) -> int: ...
+    def count_prompt_tokens(self, prompt: str | tuple[int, ...]) -> int: ...
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """The prompt for a chat (``role``/``content`` pairs), ending where the assistant speaks.
+    def prompt_text(self, prompt: str | tuple[int, ...]) -> str:
+        """The prompt as text (token ids decoded as they are, special tokens included): what an
+        echo of it shows."""
+        ...
 
-        Raises :class:`NoChatTemplate` when the model has none."""
+    def apply_chat_template(self, messages: list[dict[str, Any]], options: ChatOptions) -> str:
+        """The prompt for a chat (``role``/``content`` messages, ``name`` and ``tool_call_id``
+        where given), ending where the assistant speaks (``options`` may say otherwise).
+
+        Raises :class:`NoChatTemplate` when the model has none, ``ValueError`` when the options
+        cannot apply (continuing a chat whose last message is not the assistant's)."""
         ...
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]: ...

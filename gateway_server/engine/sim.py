@@ -7,10 +7,14 @@ every running sequence that finished its prefill and prefills up to ``prefill_ch
 prompt tokens of those still reading their prompt (chunked prefill). The step lasts
 ``step_base_s + step_per_seq_s * batch + prefill_per_token_s * prefilled`` seconds: time grows
 with batch size and prompt length. A request is ``queued`` until admitted, ``prefill`` until its
-first token, ``decode`` after. Tokens are words drawn from a fixed vocabulary by a PRNG seeded
-from (engine seed, request seed, prompt): the same request always gets the same text. Prompt
-"tokens" are whitespace-separated words. The simulation never emits end-of-sequence: requests
-end on ``max_tokens`` (finish ``length``) or a stop string (``stop``).
+first token, ``decode`` after. Tokens are words of a fixed vocabulary drawn by
+:mod:`.sim_sampling` (a tiny language model with real temperature, top-k, top-p, min-p, logit
+bias and log-probabilities) with a PRNG seeded from (engine seed, request seed, prompt): the same
+request always gets the same text. Prompt "tokens" are whitespace-separated words (or token ids,
+vocabulary indices). The simulation never emits end-of-sequence: requests end on ``max_tokens``
+(finish ``length``), a stop string or a stop token id (``stop``; not before ``min_tokens``).
+It has no penalties, no special tokens and no prompt log-probabilities: those fields are
+refused by the OpenAI layer (:attr:`SimulatedEngine.features`).
 
 Faults (:meth:`SimulatedEngine.inject_fault`, reached through the gateway's fault switch, see
 ``gateway_server.http.faults``): ``kill`` makes the engine die as a vLLM engine core does when
@@ -27,21 +31,20 @@ import random
 from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway_server.engine.base import (
+    ChatOptions,
     EngineDead,
     EngineError,
     EngineLoad,
     EngineRequest,
+    Feature,
     FinishReason,
     TokenChunk,
 )
+from gateway_server.engine.sim_sampling import VOCAB, Sampler, piece
 from hangup_contract.vocabulary import Phase
-
-_WORDS = tuple(
-    "the quick brown fox jumps over a lazy dog while engines hum and tokens flow through "
-    "queues of patient requests waiting for their turn on busy accelerators".split()
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +67,7 @@ running sequence's tokens, ``slots * max_model_len`` of them, and reports them a
 class _Sequence:
     request: EngineRequest
     prompt_tokens: int
-    rng: random.Random
+    sampler: Sampler
     out: asyncio.Queue[TokenChunk | EngineDead] = field(default_factory=asyncio.Queue)
     prefilled: int = 0
     generated: int = 0
@@ -79,6 +82,13 @@ class _Sequence:
 
 class SimulatedEngine:
     """Implements :class:`~gateway_server.engine.base.Engine` without a model (see module doc)."""
+
+    name = "the simulated engine"
+    features = frozenset({
+        Feature.TOP_K, Feature.MIN_P, Feature.LOGIT_BIAS, Feature.STOP_TOKEN_IDS,
+        Feature.MIN_TOKENS, Feature.LOGPROBS, Feature.ECHO, Feature.TOKEN_PROMPTS,
+    })  # fmt: skip
+    vocab_size = len(VOCAB)
 
     def __init__(self, config: SimConfig) -> None:
         self._config = config
@@ -137,12 +147,22 @@ class SimulatedEngine:
         self._running.clear()
         self._resolve_aborts()
 
-    def count_prompt_tokens(self, prompt: str) -> int:
-        return max(1, len(prompt.split()))
+    def count_prompt_tokens(self, prompt: str | tuple[int, ...]) -> int:
+        return len(prompt) if isinstance(prompt, tuple) else max(1, len(prompt.split()))
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def prompt_text(self, prompt: str | tuple[int, ...]) -> str:
+        return " ".join(VOCAB[i] for i in prompt) if isinstance(prompt, tuple) else prompt
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], options: ChatOptions) -> str:
+        """``role: content`` lines, then ``assistant:`` (the generation prompt); continuing the
+        final message leaves it open. The template has no variables: ``template_kwargs`` are
+        accepted and change nothing, as with a Jinja template that does not read them."""
+        if options.continue_final_message and messages[-1]["role"] != "assistant":
+            raise ValueError("continue_final_message needs the last message to be the assistant's")
         lines = [f"{m['role']}: {m['content']}" for m in messages]
-        return "\n".join([*lines, "assistant:"])
+        if options.add_generation_prompt:
+            lines.append("assistant:")
+        return "\n".join(lines)
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]:
         if not self.alive:
@@ -150,7 +170,8 @@ class SimulatedEngine:
         if request.request_id in self._by_id:
             raise EngineError(f"engine request id {request.request_id} is already running")
         seed = f"{self._config.seed}:{request.params.seed}:{request.prompt}"
-        seq = _Sequence(request, self.count_prompt_tokens(request.prompt), random.Random(seed))
+        sampler = Sampler(request.params, random.Random(seed))
+        seq = _Sequence(request, self.count_prompt_tokens(request.prompt), sampler)
         self._by_id[request.request_id] = seq
         self._waiting.append(seq)
         self._wake.set()
@@ -282,26 +303,41 @@ class SimulatedEngine:
 
     def _emit_token(self, seq: _Sequence) -> None:
         params = seq.request.params
-        word = seq.rng.choice(_WORDS)
-        piece = word if seq.generated == 0 else " " + word
+        prev, first = seq.sampler.prev, seq.generated == 0
+        token = seq.sampler.next()
+        text = piece(token, first)
         seq.generated += 1
-        seq.text += piece
+        seq.text += text
+        logprobs = None
+        if params.logprobs is not None:  # only when asked for: it costs a sort per token
+            logprobs = (seq.sampler.logprob(prev, token, first),)
         finish: FinishReason | None = None
-        for stop in params.stop:
-            if stop and stop in seq.text:
-                cut = seq.text.index(stop)
-                piece = piece[: max(0, len(piece) - (len(seq.text) - cut))]
+        if seq.generated > params.min_tokens:
+            if token in params.stop_token_ids:
                 finish = FinishReason.STOP
-                break
+            elif params.stop:
+                text, finish = self._stop_strings(seq, text)
         if finish is None and (
             seq.generated >= params.max_tokens
             or seq.prompt_tokens + seq.generated >= self._config.max_model_len
         ):
             finish = FinishReason.LENGTH
-        seq.out.put_nowait(TokenChunk(piece, 1, seq.prompt_tokens, finish))
+        seq.out.put_nowait(TokenChunk(text, 1, seq.prompt_tokens, finish, logprobs))
         if finish is not None:
             self._running.remove(seq)
             self._finish(seq, finish, emitted=True)
+
+    @staticmethod
+    def _stop_strings(seq: _Sequence, text: str) -> tuple[str, FinishReason | None]:
+        """The token's text up to the first stop string (or to its end with
+        ``include_stop_str_in_output``), and STOP when one was found."""
+        for stop in seq.request.params.stop:
+            if stop and stop in seq.text:
+                end = seq.text.index(stop)
+                if seq.request.params.include_stop_str_in_output:
+                    end += len(stop)
+                return text[: max(0, len(text) - (len(seq.text) - end))], FinishReason.STOP
+        return text, None
 
     def _finish(self, seq: _Sequence, reason: FinishReason, *, emitted: bool = False) -> None:
         if seq.finished:

@@ -63,21 +63,25 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
 
 from gateway_server.engine import process_tree
 from gateway_server.engine.base import (
+    ChatOptions,
     EngineDead,
     EngineError,
     EngineLoad,
+    EngineRefused,
     EngineRequest,
+    Feature,
     FinishReason,
     NoChatTemplate,
     SamplingParams,
     TokenChunk,
+    TokenLogprob,
 )
 from gateway_server.engine.devices import DevicePin, device_env, device_groups
 from gateway_server.engine.vllm_devices import visible_devices
@@ -112,10 +116,14 @@ class _Live:
     abort_task: asyncio.Task[None] | None = None
     confirm_task: asyncio.Task[None] | None = None
     """The utility call that confirms the core holds the request (phase bookkeeping only)."""
+    prompt_logprobs_sent: bool = False
 
 
 class VllmEngine:
     """One vLLM ``AsyncLLM`` worker. See the module docstring for how abort and phase work."""
+
+    name = "the vLLM engine"
+    features = frozenset(Feature)
 
     def __init__(
         self,
@@ -224,14 +232,25 @@ class VllmEngine:
 
     # -- requests --------------------------------------------------------------------------
 
-    def count_prompt_tokens(self, prompt: str) -> int:
-        return len(self._tokenizer().encode(prompt))
+    @property
+    def vocab_size(self) -> int:
+        return int(self._llm.model_config.get_vocab_size()) if self._llm is not None else 0
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def count_prompt_tokens(self, prompt: str | tuple[int, ...]) -> int:
+        return len(prompt) if isinstance(prompt, tuple) else len(self._tokenizer().encode(prompt))
+
+    def prompt_text(self, prompt: str | tuple[int, ...]) -> str:
+        return str(self._tokenizer().decode(list(prompt))) if isinstance(prompt, tuple) else prompt
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], options: ChatOptions) -> str:
         tokenizer = self._tokenizer()
         if not getattr(tokenizer, "chat_template", None):
             raise NoChatTemplate(f"model {self.model!r} has no chat template; use /v1/completions")
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=options.add_generation_prompt,
+            continue_final_message=options.continue_final_message,
+            **dict(options.template_kwargs),
+        )  # fmt: skip
         return str(prompt)
 
     def _tokenizer(self) -> Any:
@@ -257,7 +276,9 @@ class VllmEngine:
         collector: Any = None
         try:
             try:
-                collector = await llm.add_request(rid, request.prompt, _sampling(request.params))
+                collector = await llm.add_request(rid, _prompt(request), _sampling(request.params))
+            except ValueError as exc:  # vLLM's validation of the request (VLLMValidationError)
+                raise EngineRefused(str(exc)) from exc
             finally:
                 state.registered.set()
             state.confirm_task = asyncio.ensure_future(self._confirm_held(state))
@@ -294,7 +315,33 @@ class VllmEngine:
             if reason not in _FINISH:
                 raise EngineError(f"vLLM ended the request with {reason!r}")
             finish = _FINISH[reason]
-        return TokenChunk(completion.text, new_tokens, state.prompt_tokens, finish)
+        logprobs = prompt_logprobs = None
+        if completion.logprobs is not None:  # only when asked for
+            logprobs = self._logprobs(completion.token_ids, completion.logprobs)
+        if out.prompt_logprobs is not None and not state.prompt_logprobs_sent:
+            state.prompt_logprobs_sent = True
+            prompt_logprobs = self._logprobs(out.prompt_token_ids, out.prompt_logprobs)
+        return TokenChunk(completion.text, new_tokens, state.prompt_tokens, finish, logprobs,
+                          prompt_logprobs)  # fmt: skip
+
+    def _logprobs(self, token_ids: Sequence[int], steps: Sequence[Any]) -> tuple[TokenLogprob, ...]:
+        """vLLM's ``{token id: Logprob}`` per position as :class:`TokenLogprob` (the chosen token
+        first, as vLLM orders them; -inf as -9999.0, as vllm serve writes it)."""
+        out = []
+        for token_id, step in zip(token_ids, steps, strict=False):
+            chosen = step.get(token_id) if step is not None else None
+            if chosen is None:
+                out.append(TokenLogprob(self._decode(token_id, None), None))
+                continue
+            top = tuple((self._decode(i, lp), max(lp.logprob, -9999.0)) for i, lp in step.items())
+            out.append(TokenLogprob(self._decode(token_id, chosen), max(chosen.logprob, -9999.0),
+                                    top))  # fmt: skip
+        return tuple(out)
+
+    def _decode(self, token_id: int, logprob: Any) -> str:
+        if logprob is not None and logprob.decoded_token is not None:
+            return str(logprob.decoded_token)
+        return str(self._tokenizer().decode([token_id]))
 
     async def _confirm_held(self, state: _Live) -> None:
         """Note when the engine core holds the request: it handles its input in order, so once a
@@ -388,15 +435,33 @@ def _exit_status(pid: int, code: int) -> str:
     return f"engine core {pid} exited with status {code}"
 
 
+def _prompt(request: EngineRequest) -> Any:
+    if isinstance(request.prompt, tuple):
+        return {"prompt_token_ids": list(request.prompt)}
+    return request.prompt
+
+
 def _sampling(params: SamplingParams) -> Any:
     vllm_sampling: Any = import_module("vllm.sampling_params")
     return vllm_sampling.SamplingParams(
         max_tokens=params.max_tokens,
         temperature=params.temperature,
         top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
         seed=params.seed,
         stop=list(params.stop) or None,
+        stop_token_ids=list(params.stop_token_ids) or None,
+        min_tokens=params.min_tokens,
+        logit_bias=dict(params.logit_bias) or None,
+        include_stop_str_in_output=params.include_stop_str_in_output,
+        skip_special_tokens=params.skip_special_tokens,
         ignore_eos=params.ignore_eos,
+        logprobs=params.logprobs,
+        prompt_logprobs=params.prompt_logprobs,
         output_kind=vllm_sampling.RequestOutputKind.DELTA,
     )
 

@@ -1,4 +1,9 @@
-"""The OpenAI API: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``.
+"""The OpenAI API: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``;
+anything else under ``/v1`` is 404 in OpenAI's error shape.
+
+What each request field does is :mod:`gateway_server.openai_fields`' table; the body is read by
+:mod:`gateway_server.openai_request`. Log-probabilities are rendered only for requests that ask
+for them (:mod:`gateway_server.openai_logprobs`); a plain stream's events are built as below.
 
 Streaming answers are SSE, one ``data:`` event per chunk, ending with ``data: [DONE]``. A
 request cancelled while its answer streams (cancel API, shutdown) gets an error event and the
@@ -22,12 +27,13 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway_server import sse
-from gateway_server.engine.base import FinishReason, SamplingParams, TokenChunk
+from gateway_server import openai_logprobs, sse
+from gateway_server.engine.base import FinishReason, TokenChunk, TokenLogprob
 from gateway_server.errors import (
     CancelledWhileRunning,
     GatewayError,
-    InvalidRequest,
+    MethodNotAllowed,
+    PathNotFound,
     RequestCancelled,
 )
 from gateway_server.http.common import (
@@ -38,31 +44,12 @@ from gateway_server.http.common import (
     read_json_object,
     request_id,
 )
+from gateway_server.openai_request import OpenAIJob, parse
 from gateway_server.registry import Call
-from gateway_server.requests import MAX_CHOICES, cancelled_message, field, sampling_params
+from gateway_server.requests import cancelled_message
 from gateway_server.service import GenerationService
 from gateway_server.streams import merge
 from gateway_server.vocabulary import Protocol
-
-_ROLES = {"system", "user", "assistant", "tool", "developer"}
-
-
-@dataclass(frozen=True)
-class _Job:
-    chat: bool
-    model: str
-    prompts: list[str]
-    params: SamplingParams
-    stream: bool
-    include_usage: bool
-    n: int = 1
-    created: int = dc_field(default_factory=lambda: int(time.time()))
-
-    @property
-    def object_name(self) -> str:
-        if self.chat:
-            return "chat.completion.chunk" if self.stream else "chat.completion"
-        return "text_completion"
 
 
 @dataclass
@@ -71,12 +58,38 @@ class _Choice:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     tokens: int = 0
+    logprobs: list[TokenLogprob] = dc_field(default_factory=list)
+    offset: int = 0
+    """Completions' streamed ``text_offset``: where the next token's text starts."""
+    echoed: bool = False
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What every event or body of one answer shares."""
+
+    job: OpenAIJob
+    created: int = dc_field(default_factory=lambda: int(time.time()))
+
+    @property
+    def object_name(self) -> str:
+        if self.job.chat:
+            return "chat.completion.chunk" if self.job.stream else "chat.completion"
+        return "text_completion"
 
 
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", list_models)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_route("*", "/v1/{tail:.*}", unknown_path)
+
+
+async def unknown_path(request: web.Request) -> web.StreamResponse:
+    """Anything else under ``/v1``: 404 (405 for a known path) in OpenAI's error shape."""
+    if request.path in ("/v1/models", "/v1/completions", "/v1/chat/completions"):
+        raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+    raise PathNotFound(f"{request.method} {request.path} is not an endpoint of this gateway")
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -99,96 +112,30 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     request[PROTOCOL] = Protocol.OPENAI
     call_id = request_id(request)
     body = await read_json_object(request)
-    job = _parse(service, body, chat=chat)
-    request[MODEL] = job.model
+    if isinstance(body.get("model"), str):  # a refused request is counted under its model
+        request[MODEL] = body["model"]
+    job = parse(body, service, chat=chat)
+    answer = _Answer(job)
     async with service.call(call_id, job.model, Protocol.OPENAI) as call:
-        streams = [service.generate(call, p, job.params) for p in job.prompts]
+        streams = [service.generate(call, c.prompt, c.params) for c in job.choices]
         if job.stream:
-            return await _stream(request, call, job, merge(streams))
-        return await _respond(call, job, merge(streams))
-
-
-def _parse(service: GenerationService, body: dict[str, Any], *, chat: bool) -> _Job:
-    model = field(body, "model", str, None)
-    if model is None:
-        raise InvalidRequest("'model' is required", param="model")
-    service.check_model(model)
-    if chat:
-        prompt = service.chat_prompt(_messages(body))
-        prompts = [prompt]
-    else:
-        raw = body.get("prompt")
-        if isinstance(raw, str):
-            prompts = [raw]
-        elif isinstance(raw, list) and raw and all(isinstance(p, str) for p in raw):
-            prompts = list(raw)
-        else:
-            raise InvalidRequest(
-                "'prompt' must be a string or a non-empty array of strings", param="prompt"
-            )
-    max_len = service.model.max_model_len
-    params = sampling_params(
-        body, max_model_len=max_len, default_max_tokens=16 if not chat else 256
-    )
-    for prompt in prompts:
-        service.check_prompt(prompt, params)
-    n = field(body, "n", int, 1)
-    if not 1 <= n <= MAX_CHOICES or n * len(prompts) > MAX_CHOICES:
-        raise InvalidRequest(
-            f"'n' times the number of prompts must be between 1 and {MAX_CHOICES}", param="n"
-        )
-    options = field(body, "stream_options", dict, {})
-    return _Job(
-        chat=chat,
-        model=model,
-        prompts=[p for p in prompts for _ in range(n)],
-        params=params,
-        stream=field(body, "stream", bool, False),
-        include_usage=field(options, "include_usage", bool, False),
-        n=n,
-    )
-
-
-def _messages(body: dict[str, Any]) -> list[dict[str, str]]:
-    messages = field(body, "messages", list, None)
-    if not messages:
-        raise InvalidRequest("'messages' must be a non-empty array", param="messages")
-    out = []
-    for i, message in enumerate(messages):
-        role = message.get("role") if isinstance(message, dict) else None
-        if not isinstance(role, str) or role not in _ROLES:
-            raise InvalidRequest(
-                f"messages[{i}] must be an object with a role in {sorted(_ROLES)}", param="messages"
-            )
-        content = message.get("content")
-        if isinstance(content, list):  # content parts: only text is understood here
-            texts = [
-                p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"
-            ]
-            if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
-                raise InvalidRequest(
-                    f"messages[{i}].content parts must all be text parts", param="messages"
-                )
-            content = "".join(texts)  # type: ignore[arg-type]
-        if not isinstance(content, str):
-            raise InvalidRequest(
-                f"messages[{i}].content must be a string or text parts", param="messages"
-            )
-        out.append({"role": role, "content": content})
-    return out
+            return await _stream(request, call, answer, merge(streams))
+        return await _respond(call, answer, merge(streams))
 
 
 async def _respond(
-    call: Call, job: _Job, chunks: AsyncGenerator[tuple[int, TokenChunk], None]
+    call: Call, answer: _Answer, chunks: AsyncGenerator[tuple[int, TokenChunk], None]
 ) -> web.Response:
-    choices = [_Choice() for _ in job.prompts]
+    job = answer.job
+    choices = [_Choice() for _ in job.choices]
+    keep_logprobs = job.top_logprobs is not None
     try:
         async with aclosing(chunks):
             async for index, chunk in chunks:
-                _absorb(choices[index], chunk)
+                _absorb(choices[index], chunk, keep_text=True, keep_logprobs=keep_logprobs)
     except RequestCancelled as exc:
         raise CancelledWhileRunning(exc.reason) from exc
-    body = _envelope(call, job)
+    body = _envelope(call, answer)
     body["choices"] = [_final_choice(job, i, c) for i, c in enumerate(choices)]
     body["usage"] = _usage(job, choices)
     return web.json_response(body, headers={REQUEST_ID_HEADER: call.call_id})
@@ -197,44 +144,70 @@ async def _respond(
 async def _stream(
     request: web.Request,
     call: Call,
-    job: _Job,
+    answer: _Answer,
     chunks: AsyncGenerator[tuple[int, TokenChunk], None],
 ) -> web.StreamResponse:
+    job = answer.job
     response = web.StreamResponse(headers={
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
         REQUEST_ID_HEADER: call.call_id,
     })  # fmt: skip
     await response.prepare(request)
-    choices = [_Choice() for _ in job.prompts]
+    choices = [_Choice() for _ in job.choices]
     if job.chat:
         for i in range(len(choices)):
             role = {"role": "assistant", "content": ""}
             piece = {"index": i, "delta": role, "logprobs": None, "finish_reason": None}
-            await response.write(_event(call, job, [piece]))
-    events = StreamEvents(_envelope(call, job), chat=job.chat)
+            await response.write(_event(call, answer, [piece]))
+    events = StreamEvents(_envelope(call, answer), chat=job.chat)
+    plain = job.top_logprobs is None and not any(c.echo for c in job.choices)
     try:
         async with aclosing(chunks):
             async for index, chunk in chunks:
-                _absorb(choices[index], chunk, keep_text=False)  # the client has the text
-                if chunk.text or chunk.finish_reason:
-                    await response.write(events.chunk(index, chunk.text, chunk.finish_reason))
+                _absorb(choices[index], chunk, keep_text=False, keep_logprobs=False)
+                if plain:  # the per-token path: nothing but the text is encoded per event
+                    if chunk.text or chunk.finish_reason:
+                        await response.write(events.chunk(index, chunk.text, chunk.finish_reason))
+                elif chunk.text or chunk.finish_reason or chunk.logprobs:
+                    await response.write(_rich_event(events, job, index, choices[index], chunk))
     except (RequestCancelled, GatewayError) as exc:
         await response.write(sse.encode(json.dumps({"error": _error_body(exc)})))
         await response.write_eof()
         return response
     if job.include_usage:
-        usage = _envelope(call, job) | {"choices": [], "usage": _usage(job, choices)}
+        usage = _envelope(call, answer) | {"choices": [], "usage": _usage(job, choices)}
         await response.write(sse.encode(json.dumps(usage)))
     await response.write(sse.encode("[DONE]"))
     await response.write_eof()
     return response
 
 
+def _rich_event(
+    events: StreamEvents, job: OpenAIJob, index: int, choice: _Choice, chunk: TokenChunk
+) -> bytes:
+    """A chunk's event carrying log-probabilities, or the echoed prompt before its first text."""
+    text, tokens = chunk.text, list(chunk.logprobs or ())
+    echo = job.choices[index].echo
+    if echo is not None and not choice.echoed:
+        choice.echoed = True
+        text = echo + text
+        tokens = [*(chunk.prompt_logprobs or ()), *tokens]
+    top = job.top_logprobs
+    if top is None:
+        return events.chunk(index, text, chunk.finish_reason)
+    if job.chat:
+        logprobs = openai_logprobs.chat(tokens, top)
+    else:
+        logprobs, choice.offset = openai_logprobs.completion(tokens, top, choice.offset)
+    return events.chunk(index, text, chunk.finish_reason, json.dumps(logprobs))
+
+
 class StreamEvents:
     """The chunk events of one streamed answer: ``chunk(...)`` gives the bytes of
     ``sse.encode(json.dumps(envelope | {"choices": [choice]}))``, the choice being
     ``{"index", "delta": {"content": text}}`` (chat) or ``{"index", "text"}``, then
-    ``"logprobs": null`` and the finish reason. The envelope is encoded once, here."""
+    ``"logprobs"`` (null unless given, as JSON) and the finish reason. The envelope is encoded
+    once, here."""
 
     def __init__(self, envelope: dict[str, Any], *, chat: bool) -> None:
         opened = json.dumps(envelope)[:-1]  # without its closing brace: the choices follow
@@ -242,65 +215,63 @@ class StreamEvents:
         self._head = f'data: {opened}, "choices": [{{"index": '
         self._key = f', "{key}": {{"content": ' if chat else f', "{key}": '
         self._close = "}" if chat else ""
-        self._tails = {
-            reason: f', "logprobs": null, "finish_reason": {json.dumps(reason and reason.value)}'
-            "}]}\n\n"
+        self._finishes = {
+            reason: f', "finish_reason": {json.dumps(reason and reason.value)}}}]}}\n\n'
             for reason in (None, *FinishReason)
         }
+        self._tails = {r: ', "logprobs": null' + tail for r, tail in self._finishes.items()}
 
-    def chunk(self, index: int, text: str, finish: FinishReason | None) -> bytes:
+    def chunk(
+        self, index: int, text: str, finish: FinishReason | None, logprobs: str | None = None
+    ) -> bytes:
+        tail = self._tails[finish] if logprobs is None else (
+            f', "logprobs": {logprobs}{self._finishes[finish]}'
+        )  # fmt: skip
         return (
-            f"{self._head}{index}{self._key}{encode_basestring_ascii(text)}{self._close}"
-            f"{self._tails[finish]}"
+            f"{self._head}{index}{self._key}{encode_basestring_ascii(text)}{self._close}{tail}"
         ).encode()
 
 
-def _absorb(choice: _Choice, chunk: TokenChunk, *, keep_text: bool = True) -> None:
+def _absorb(choice: _Choice, chunk: TokenChunk, *, keep_text: bool, keep_logprobs: bool) -> None:
     if keep_text:
         choice.text += chunk.text
+    if keep_logprobs:
+        choice.logprobs.extend(chunk.prompt_logprobs or ())  # only on the first chunk
+        choice.logprobs.extend(chunk.logprobs or ())
     choice.tokens += chunk.new_tokens
     choice.prompt_tokens = chunk.prompt_tokens
     if chunk.finish_reason is not None:
         choice.finish_reason = chunk.finish_reason.value
 
 
-def _envelope(call: Call, job: _Job) -> dict[str, Any]:
-    prefix = "chatcmpl" if job.chat else "cmpl"
-    return {"id": f"{prefix}-{call.call_id}", "object": job.object_name, "created": job.created,
-            "model": job.model}  # fmt: skip
+def _envelope(call: Call, answer: _Answer) -> dict[str, Any]:
+    prefix = "chatcmpl" if answer.job.chat else "cmpl"
+    return {"id": f"{prefix}-{call.call_id}", "object": answer.object_name,
+            "created": answer.created, "model": answer.job.model}  # fmt: skip
 
 
-def _event(call: Call, job: _Job, choices: list[dict[str, Any]]) -> bytes:
-    return sse.encode(json.dumps(_envelope(call, job) | {"choices": choices}))
+def _event(call: Call, answer: _Answer, choices: list[dict[str, Any]]) -> bytes:
+    return sse.encode(json.dumps(_envelope(call, answer) | {"choices": choices}))
 
 
-def _final_choice(job: _Job, index: int, choice: _Choice) -> dict[str, Any]:
+def _final_choice(job: OpenAIJob, index: int, choice: _Choice) -> dict[str, Any]:
+    top = job.top_logprobs
     if job.chat:
         message = {"role": "assistant", "content": choice.text}
-        return {
-            "index": index,
-            "message": message,
-            "logprobs": None,
-            "finish_reason": choice.finish_reason,
-        }
-    return {
-        "index": index,
-        "text": choice.text,
-        "logprobs": None,
-        "finish_reason": choice.finish_reason,
-    }
+        logprobs = None if top is None else openai_logprobs.chat(choice.logprobs, top)
+        return {"index": index, "message": message, "logprobs": logprobs,
+                "finish_reason": choice.finish_reason}  # fmt: skip
+    text = (job.choices[index].echo or "") + choice.text
+    logprobs = None if top is None else openai_logprobs.completion(choice.logprobs, top, 0)[0]
+    return {"index": index, "text": text, "logprobs": logprobs,
+            "finish_reason": choice.finish_reason}  # fmt: skip
 
 
-def _usage(job: _Job, choices: list[_Choice]) -> dict[str, int]:
-    prompt = sum(
-        c.prompt_tokens for c in choices[:: job.n]
-    )  # each prompt counted once, not n times
+def _usage(job: OpenAIJob, choices: list[_Choice]) -> dict[str, int]:
+    prompt = sum(c.prompt_tokens for c in choices[:: job.n])  # each prompt once, not n times
     completion = sum(c.tokens for c in choices)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}  # fmt: skip
 
 
 def _error_body(exc: Exception) -> dict[str, Any]:

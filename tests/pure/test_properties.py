@@ -18,7 +18,8 @@ from gateway_server.engine.base import FinishReason
 from gateway_server.errors import InvalidRequest
 from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.tensors import decode_bytes_tensor, decode_request, encode_bytes_tensor
-from gateway_server.http.openai import StreamEvents, _messages
+from gateway_server.http.openai import StreamEvents
+from gateway_server.openai_request import messages as chat_messages
 from gateway_server.requests import sampling_params
 from gateway_server.sse import Event, SSEDecoder, encode
 from hangup_contract import request_id
@@ -52,18 +53,22 @@ def _split(data: bytes, cuts: list[int]) -> list[bytes]:
     st.integers(min_value=0, max_value=127),
     st.none() | st.sampled_from(FinishReason),
     st.booleans(),
+    st.none() | json_values,
 )
 def test_a_streamed_chunk_is_the_json_of_the_whole_chunk(
-    text: str, model: str, created: int, index: int, finish: FinishReason | None, chat: bool
-) -> None:
-    """The pre-encoded chunk events are byte for byte what encoding each chunk whole gives."""
+    text: str, model: str, created: int, index: int, finish: FinishReason | None, chat: bool,
+    logprobs: Any,
+) -> None:  # fmt: skip
+    """The pre-encoded chunk events are byte for byte what encoding each chunk whole gives,
+    with log-probabilities or without."""
     envelope = {"id": f"cmpl-{model[::-1]}", "object": "text_completion", "created": created,
                 "model": model}  # fmt: skip
     content: dict[str, Any] = {"delta": {"content": text}} if chat else {"text": text}
-    choice = {"index": index, **content, "logprobs": None,
+    choice = {"index": index, **content, "logprobs": logprobs,
               "finish_reason": finish and finish.value}  # fmt: skip
     whole = encode(json.dumps(envelope | {"choices": [choice]}))
-    assert StreamEvents(envelope, chat=chat).chunk(index, text, finish) == whole
+    given = None if logprobs is None else json.dumps(logprobs)
+    assert StreamEvents(envelope, chat=chat).chunk(index, text, finish, given) == whole
 
 
 @SETTINGS
@@ -233,7 +238,7 @@ def test_any_sampling_body_is_valid_or_refused_by_field(body: dict[str, Any]) ->
         ["user", "system", "assistant"])), max_size=3)))  # fmt: skip
 def test_any_chat_messages_are_read_or_refused(body: dict[str, Any]) -> None:
     try:
-        messages = _messages(body)
+        messages = chat_messages(body)
     except InvalidRequest as exc:
         assert exc.param == "messages"
     else:

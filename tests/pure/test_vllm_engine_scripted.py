@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway_server.engine import vllm as vllm_engine
 from gateway_server.engine.base import (
+    ChatOptions,
     EngineRequest,
     FinishReason,
     NoChatTemplate,
@@ -62,9 +63,10 @@ class ScriptedCollector:
         self._ready.clear()
         completion = SimpleNamespace(
             text="".join(texts), token_ids=list(range(len(texts))),
-            finish_reason="length" if finished else None,
+            finish_reason="length" if finished else None, logprobs=None,
         )  # fmt: skip
-        return SimpleNamespace(outputs=[completion], prompt_token_ids=[1, 2, 3], finished=finished)
+        return SimpleNamespace(outputs=[completion], prompt_token_ids=[1, 2, 3], finished=finished,
+                               prompt_logprobs=None)  # fmt: skip
 
     async def get(self) -> Any:
         while not self._pending:
@@ -202,7 +204,7 @@ def test_a_model_without_a_chat_template_is_a_clear_client_error(
     engine._tokenizer_copy = SimpleNamespace(chat_template=None)
     messages = [{"role": "user", "content": "Hi"}]
     with pytest.raises(NoChatTemplate):
-        engine.apply_chat_template(messages)
+        engine.apply_chat_template(messages, ChatOptions())
     metrics = GatewayMetrics(CollectorRegistry(), ["scripted"])
     service = GenerationService(EnginePool([engine]), CallRegistry(metrics), metrics,
                                 ModelInfo("scripted", 64))  # fmt: skip

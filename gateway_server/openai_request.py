@@ -1,0 +1,318 @@
+"""An OpenAI request body read into what the gateway runs: the prompts, one set of sampling
+parameters per choice, and what the answer must carry (log-probabilities, echo, usage).
+
+Order: :func:`gateway_server.openai_fields.check` first (every field honoured or refused by
+name), then each honoured field is read here with vLLM's names, types and ranges; every refusal
+is an ``InvalidRequest`` naming the field. No I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gateway_server.engine.base import ChatOptions, Engine, Feature, SamplingParams
+from gateway_server.errors import InvalidRequest
+from gateway_server.openai_fields import CHAT, COMPLETIONS, check
+from gateway_server.requests import MAX_CHOICES, field
+from gateway_server.service import GenerationService
+
+MAX_LOGPROBS = 20
+"""Most top candidates per token (vLLM's default ``--max-logprobs``)."""
+_INT64 = (-(2**63), 2**63 - 1)
+_ROLES = {"system", "user", "assistant", "tool", "developer"}
+_MESSAGE_KEYS = {"role", "content", "name", "tool_call_id", "tool_calls"}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One engine request: choice ``index`` of the answer."""
+
+    prompt: str | tuple[int, ...]
+    params: SamplingParams
+    echo: str | None = None
+    """The prompt's text, to put before the answer (completions' ``echo``)."""
+
+
+@dataclass(frozen=True)
+class OpenAIJob:
+    chat: bool
+    model: str
+    choices: list[Choice]
+    stream: bool
+    include_usage: bool
+    n: int
+    top_logprobs: int | None
+    """Log-probabilities in the answer (candidates per token), None when not asked for."""
+
+
+def parse(body: dict[str, Any], service: GenerationService, *, chat: bool) -> OpenAIJob:
+    """Read a request; raises InvalidRequest naming the field (see module doc), ModelNotFound."""
+    engine, max_model_len = service.engine, service.model.max_model_len
+    check(body, CHAT if chat else COMPLETIONS, engine.features, engine.name)
+    model = field(body, "model", str, None)
+    if model is None:
+        raise InvalidRequest("'model' is required", param="model")
+    service.check_model(model)
+    stream = field(body, "stream", bool, False)
+    options = field(body, "stream_options", dict, {})
+    if options and not stream:
+        raise InvalidRequest(
+            "'stream_options' can only be defined when 'stream' is true", param="stream_options"
+        )
+    for key in options:
+        if key != "include_usage" and not (key == "continuous_usage_stats" and not options[key]):
+            raise InvalidRequest(f"'stream_options.{key}' is not supported", param="stream_options")
+    n = field(body, "n", int, 1)
+    top = _chat_logprobs(body) if chat else _completion_logprobs(body)
+    params = _sampling(body, engine, chat=chat, max_model_len=max_model_len, logprobs=top)
+    if chat:
+        prompts: list[str | tuple[int, ...]] = [_chat_prompt(body, service)]
+        echo = False
+    else:
+        prompts = _prompts(body, engine)
+        echo = field(body, "echo", bool, False)
+    if echo and top is not None:
+        if Feature.PROMPT_LOGPROBS not in engine.features:
+            raise InvalidRequest(f"'echo' with 'logprobs' is not supported by {engine.name}",
+                                 param="echo")  # fmt: skip
+        params = replace(params, prompt_logprobs=top)
+    if not 1 <= n <= MAX_CHOICES or n * len(prompts) > MAX_CHOICES:
+        raise InvalidRequest(
+            f"'n' times the number of prompts must be between 1 and {MAX_CHOICES}", param="n"
+        )
+    choices = []
+    for prompt in prompts:
+        _check_length(engine, prompt, params, max_model_len)
+        shown = engine.prompt_text(prompt) if echo else None
+        for i in range(n):  # as vLLM's parallel sampling: choice i of a prompt draws with seed+i
+            seeded = params if params.seed is None else replace(params, seed=params.seed + i)
+            choices.append(Choice(prompt, seeded, shown))
+    return OpenAIJob(chat, model, choices, stream, field(options, "include_usage", bool, False),
+                     n, top)  # fmt: skip
+
+
+def _chat_logprobs(body: dict[str, Any]) -> int | None:
+    wanted = field(body, "logprobs", bool, False)
+    top = field(body, "top_logprobs", int, 0)
+    if not 0 <= top <= MAX_LOGPROBS:
+        raise InvalidRequest(f"'top_logprobs' must be between 0 and {MAX_LOGPROBS}",
+                             param="top_logprobs")  # fmt: skip
+    if top and not wanted:
+        raise InvalidRequest("when using 'top_logprobs', 'logprobs' must be set to true",
+                             param="top_logprobs")  # fmt: skip
+    return top if wanted else None
+
+
+def _completion_logprobs(body: dict[str, Any]) -> int | None:
+    top: int | None = field(body, "logprobs", int, None)
+    if top is not None and not 0 <= top <= MAX_LOGPROBS:
+        raise InvalidRequest(f"'logprobs' must be between 0 and {MAX_LOGPROBS}", param="logprobs")
+    return top
+
+
+def _sampling(
+    body: dict[str, Any], engine: Engine, *, chat: bool, max_model_len: int, logprobs: int | None
+) -> SamplingParams:
+    name = "max_tokens"
+    max_tokens = field(body, "max_tokens", int, None)
+    if chat and body.get("max_completion_tokens") is not None:  # vLLM: it wins over max_tokens
+        name, max_tokens = "max_completion_tokens", field(body, "max_completion_tokens", int, None)
+    if max_tokens is None:
+        max_tokens = 256 if chat else 16
+    if not 1 <= max_tokens <= max_model_len:
+        raise InvalidRequest(f"'{name}' must be between 1 and {max_model_len}", param=name)
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:
+        raise InvalidRequest("'top_p' must be greater than 0 and at most 1", param="top_p")
+    stop = field(body, "stop", (str, list), [])
+    stops = [stop] if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) for s in stops) or len(stops) > 4:
+        raise InvalidRequest("'stop' must be a string or an array of at most 4 strings",
+                             param="stop")  # fmt: skip
+    seed = field(body, "seed", int, None)
+    if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
+        raise InvalidRequest("'seed' must be a 64-bit integer", param="seed")
+    top_k = field(body, "top_k", int, 0)
+    if top_k < -1:
+        raise InvalidRequest("'top_k' must be -1 or 0 (every token), or at least 1", param="top_k")
+    min_tokens = field(body, "min_tokens", int, 0)
+    if not 0 <= min_tokens <= max_tokens:
+        raise InvalidRequest(f"'min_tokens' must be between 0 and {name} ({max_tokens})",
+                             param="min_tokens")  # fmt: skip
+    repetition = _number(body, "repetition_penalty", 1.0, 0.0, 2.0**31)
+    if repetition == 0.0:
+        raise InvalidRequest("'repetition_penalty' must be greater than 0",
+                             param="repetition_penalty")  # fmt: skip
+    return SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+        stop=tuple(stops), ignore_eos=field(body, "ignore_eos", bool, False),
+        top_k=top_k if top_k > 0 else 0, min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=repetition,
+        stop_token_ids=_token_ids(body, "stop_token_ids", engine.vocab_size),
+        min_tokens=min_tokens, logit_bias=_logit_bias(body, engine.vocab_size),
+        include_stop_str_in_output=field(body, "include_stop_str_in_output", bool, False),
+        skip_special_tokens=field(body, "skip_special_tokens", bool, True),
+        logprobs=logprobs,
+    )  # fmt: skip
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = float(field(body, name, (int, float), default))
+    if not low <= value <= high:
+        raise InvalidRequest(f"'{name}' must be between {low:g} and {high:g}", param=name)
+    return value
+
+
+def _token_ids(body: dict[str, Any], name: str, vocab: int) -> tuple[int, ...]:
+    ids = field(body, name, list, [])
+    if not all(type(i) is int and 0 <= i < vocab for i in ids):
+        raise InvalidRequest(f"'{name}' must be token ids between 0 and {vocab - 1}", param=name)
+    return tuple(ids)
+
+
+def _logit_bias(body: dict[str, Any], vocab: int) -> tuple[tuple[int, float], ...]:
+    given = field(body, "logit_bias", dict, {})
+    out = []
+    for key, value in given.items():
+        if not key.lstrip("-").isdigit() or type(value) not in (int, float):
+            raise InvalidRequest("'logit_bias' must map token ids to numbers", param="logit_bias")
+        out.append((int(key), float(value)))
+    outside = [token for token, _ in out if not 0 <= token < vocab]
+    if outside:
+        raise InvalidRequest(
+            f"token_id(s) {outside} in 'logit_bias' contain out-of-vocab token ids. "
+            f"Vocabulary size: {vocab}", param="logit_bias",
+        )  # fmt: skip
+    return tuple(out)
+
+
+def _prompts(body: dict[str, Any], engine: Engine) -> list[str | tuple[int, ...]]:
+    raw = body.get("prompt")
+    bad = InvalidRequest(
+        "'prompt' must be a string, an array of strings, an array of token ids or an array of "
+        "arrays of token ids, not empty", param="prompt",
+    )  # fmt: skip
+    if isinstance(raw, str) and raw:
+        return [raw]
+    if not isinstance(raw, list) or not raw:
+        raise bad
+    if all(isinstance(p, str) for p in raw):
+        return list(raw)
+    lists = raw if all(isinstance(p, list) for p in raw) else [raw]
+    if not all(p and all(type(i) is int for i in p) for p in lists):
+        raise bad
+    if Feature.TOKEN_PROMPTS not in engine.features:
+        raise InvalidRequest(f"'prompt' as token ids is not supported by {engine.name}",
+                             param="prompt")  # fmt: skip
+    vocab = engine.vocab_size
+    if not all(0 <= i < vocab for p in lists for i in p):
+        raise InvalidRequest(f"'prompt' token ids must be between 0 and {vocab - 1}",
+                             param="prompt")  # fmt: skip
+    return [tuple(p) for p in lists]
+
+
+def _check_length(
+    engine: Engine, prompt: str | tuple[int, ...], params: SamplingParams, limit: int
+) -> None:
+    tokens = engine.count_prompt_tokens(prompt)
+    if tokens + params.max_tokens > limit:
+        raise InvalidRequest(
+            f"prompt ({tokens} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
+            f"model's context length of {limit} tokens", param="prompt",
+        )  # fmt: skip
+
+
+def _chat_prompt(body: dict[str, Any], service: GenerationService) -> str:
+    add = field(body, "add_generation_prompt", bool, True)
+    cont = field(body, "continue_final_message", bool, False)
+    if add and cont:
+        raise InvalidRequest(
+            "cannot set both 'continue_final_message' and 'add_generation_prompt' to true",
+            param="continue_final_message",
+        )
+    kwargs = field(body, "chat_template_kwargs", dict, {})
+    options = ChatOptions(add, cont, tuple(kwargs.items()))
+    return service.chat_prompt(messages(body), options)
+
+
+def messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The chat's messages as a chat template reads them (text parts joined by newlines, as
+    vLLM joins them; ``name``, ``tool_call_id`` and ``tool_calls`` kept)."""
+    given = field(body, "messages", list, None)
+    if not given:
+        raise InvalidRequest("'messages' must be a non-empty array", param="messages")
+    return [_message(i, m) for i, m in enumerate(given)]
+
+
+def _message(i: int, message: Any) -> dict[str, Any]:
+    role = message.get("role") if isinstance(message, dict) else None
+    if not isinstance(role, str) or role not in _ROLES:
+        raise InvalidRequest(
+            f"messages[{i}] must be an object with a role in {sorted(_ROLES)}", param="messages"
+        )
+    unknown = sorted(set(message) - _MESSAGE_KEYS)
+    if unknown:
+        raise InvalidRequest(f"messages[{i}].{unknown[0]} is not a field this endpoint knows",
+                             param="messages")  # fmt: skip
+    out: dict[str, Any] = {"role": role, "content": _content(i, message.get("content"), role)}
+    for key in ("name", "tool_call_id"):
+        if message.get(key) is not None:
+            out[key] = _text(i, key, message[key])
+    if message.get("tool_calls") is not None:
+        out["tool_calls"] = _tool_calls(i, message["tool_calls"])
+    return out
+
+
+def _text(i: int, key: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest(f"messages[{i}].{key} must be a string", param="messages")
+    return value
+
+
+def _content(i: int, content: Any, role: str) -> str:
+    if content is None and role in ("assistant", "tool"):
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise InvalidRequest(f"messages[{i}].content must be a string or text parts",
+                             param="messages")  # fmt: skip
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind in ("image_url", "input_audio", "video_url", "audio_url", "file"):
+            raise InvalidRequest(
+                f"messages[{i}].content[{j}]: '{kind}' parts are not supported: the served "
+                "model takes text only", param="messages",
+            )  # fmt: skip
+        else:
+            raise InvalidRequest(f"messages[{i}].content[{j}] must be a text part",
+                                 param="messages")  # fmt: skip
+    return "\n".join(texts)
+
+
+def _tool_calls(i: int, calls: Any) -> list[dict[str, Any]]:
+    """An assistant's earlier tool calls, as vLLM hands them to a template: each call's
+    ``arguments`` JSON read into an object."""
+    if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+        raise InvalidRequest(f"messages[{i}].tool_calls must be an array of objects",
+                             param="messages")  # fmt: skip
+    out = []
+    for call in calls:
+        call = dict(call)
+        function = call.get("function")
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            try:
+                call["function"] = function | {"arguments": json.loads(function["arguments"])}
+            except json.JSONDecodeError as exc:
+                raise InvalidRequest(f"messages[{i}].tool_calls: arguments are not JSON: {exc}",
+                                     param="messages") from exc  # fmt: skip
+        out.append(call)
+    return out

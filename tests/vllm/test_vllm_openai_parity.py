@@ -1,0 +1,133 @@
+"""The gateway against ``vllm serve``, request by request (tests/support/openai_parity.py): the
+same tiny model and engine options, a battery of chat and completions requests (every field the
+gateway honours, streamed and not, valid and invalid) sent to both by raw HTTP, and some through
+the ``openai`` client. With temperature 0 or a seed both give the same text, finish reason,
+token counts and log-probabilities (within 1e-3); what both refuse is refused by both; what the
+gateway refuses it refuses by name, never answering 200 without the feature.
+
+The outcome, case by case, is docs/openai-parity.md; the test fails when the document no longer
+says what happened (``HANGUP_WRITE_PARITY=1`` rewrites it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+
+from tests.support.openai_parity import CASES, CHAT, HELLO, PROMPT, TOOL, Case, Reading, close
+from tests.support.openai_parity import differences as differences_of
+from tests.support.openai_parity import read as read_answer
+from tests.support.processes import REPO, Process
+from tests.support.vllm_stack import MODEL, OpenAIFor, requires_vllm, vllm_serve
+
+# The first test here waits for vllm serve and, unless another module started it, the shared
+# gateway: two engine starts, minutes each on a loaded CPU.
+pytestmark = [pytest.mark.vllm, requires_vllm, pytest.mark.timeout(1200)]
+
+DOC = REPO / "docs" / "openai-parity.md"
+TABLE_START, TABLE_END = "<!-- parity table: start -->", "<!-- parity table: end -->"
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with vllm_serve(tiny_model, tmp_path_factory.mktemp("vllm-serve-parity")) as url:
+        yield url
+
+
+def test_the_battery_is_large_and_covers_both_endpoints() -> None:
+    assert len(CASES) >= 40
+    assert {c.path for c in CASES} == {CHAT, "/v1/completions"}
+    assert any(c.body.get("stream") for c in CASES if c.expect == "same")
+    assert {c.expect for c in CASES} == {"same", "both_refuse", "gateway_refuses"}
+
+
+async def test_each_request_is_answered_as_vllm_serve_answers_it(
+    served: str, gateway: Process
+) -> None:
+    rows, failures = [], []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for case in CASES:
+            theirs = await read_answer(session, served, case, MODEL)
+            ours = await read_answer(session, gateway.url(), case, MODEL)
+            verdict, problem = judge(case, theirs, ours)
+            rows.append(_row(case, theirs, verdict))
+            if problem:
+                failures.append(f"{case.path} {case.name}: {problem}")
+    assert not failures, "\n".join(failures)
+    table = "\n".join(["| endpoint | request | vllm serve | gateway |", "|---|---|---|---|", *rows])
+    if os.environ.get("HANGUP_WRITE_PARITY"):
+        _write_table(table)
+    assert table in DOC.read_text(), f"{DOC} is out of date: run with HANGUP_WRITE_PARITY=1"
+
+
+def judge(case: Case, theirs: Reading, ours: Reading) -> tuple[str, str]:
+    """The gateway's column of the table, and what is wrong ("" when nothing)."""
+    if case.expect == "same":
+        found = differences_of(theirs, ours)
+        return "same answer", "; ".join(found)
+    if case.expect == "both_refuse":
+        ok = theirs.status == 400 and ours.status == 400 and ours.error is not None
+        return "400, as vllm serve", "" if ok else f"{theirs.status} / {ours.status}"
+    error = ours.error or {}
+    if ours.status != 400 or error.get("param") != case.field:
+        return "", f"the gateway answered {ours.status} {error} (expected 400 naming {case.field})"
+    return f"400: {error['message']}", ""
+
+
+def _row(case: Case, theirs: Reading, verdict: str) -> str:
+    endpoint = "chat" if case.path == CHAT else "completions"
+    vllm = "200" if theirs.status == 200 else f"{theirs.status}"
+    return f"| {endpoint} | {case.name} | {vllm} | {verdict.replace('|', '/')} |"
+
+
+def _write_table(table: str) -> None:
+    text = DOC.read_text()
+    head, rest = text.split(TABLE_START)
+    _, tail = rest.split(TABLE_END)
+    DOC.write_text(f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}")
+
+
+async def test_through_the_openai_client(
+    served: str, gateway: Process, client_for: OpenAIFor
+) -> None:
+    """What an application using the ``openai`` package reads is the same from both."""
+    theirs = openai.OpenAI(base_url=served + "/v1", api_key="unused", max_retries=0)
+    ours = client_for(gateway)
+    try:
+        for api in (theirs, ours):
+            assert api.models.list().data[0].id == MODEL
+        chats = [
+            api.chat.completions.create(
+                model=MODEL,
+                messages=HELLO,
+                max_tokens=6,
+                seed=3,
+                logprobs=True,
+                top_logprobs=3,
+                n=2,
+            )
+            for api in (theirs, ours)
+        ]
+        dumps = [
+            [(c.index, c.message.content, c.finish_reason, c.logprobs and c.logprobs.model_dump())
+             for c in chat.choices]
+            for chat in chats
+        ]  # fmt: skip
+        assert close(dumps[0], dumps[1]), dumps
+        assert chats[1].choices[0].message.content != chats[1].choices[1].message.content
+        assert chats[0].usage == chats[1].usage
+        texts = []
+        for api in (theirs, ours):
+            stream = api.completions.create(model=MODEL, prompt=PROMPT, max_tokens=6, echo=True,
+                                            temperature=0, stream=True)  # fmt: skip
+            texts.append("".join(c.choices[0].text for c in stream if c.choices))
+        assert texts[0] == texts[1] and texts[0].startswith(PROMPT)
+        with pytest.raises(openai.BadRequestError, match="'tools' needs a tool-call parser"):
+            ours.chat.completions.create(model=MODEL, messages=HELLO, tools=[TOOL])  # type: ignore[arg-type, list-item]
+    finally:
+        theirs.close()
