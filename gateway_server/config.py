@@ -14,7 +14,7 @@ from gateway_server.engine.sim import SimConfig
 from gateway_server.engine.vllm_options import VLLM_OPTIONS, VllmOptions
 from hangup_contract.runtime.connections import ConnectionLimits
 from hangup_contract.runtime.files import read_secret
-from hangup_contract.runtime.options import ConfigError, Option, OptionTable, one_of
+from hangup_contract.runtime.options import ConfigError, Option, OptionTable, one_of, parse_bool
 
 ENV_PREFIX = "HANGUP_GATEWAY_"
 DEFAULT_SIM_MODEL = "hangup-sim"
@@ -41,6 +41,8 @@ class GatewayConfig:
     body_timeout: float = 60.0
     tombstone_ttl: float = 60.0
     log_level: str = "INFO"
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
     sim: SimConfig = field(default_factory=SimConfig)
     vllm: VllmOptions = field(default_factory=VllmOptions)
 
@@ -82,6 +84,10 @@ _OPTIONS = (
     Option("--max-connections", int, "open HTTP client connections (0: no limit)"),
     Option("--tombstone-ttl", float, "seconds a cancel for an unknown id waits for its request"),
     Option("--log-level", str, "DEBUG, INFO, WARNING or ERROR"),
+    Option("--tool-call-parser", str, "vLLM tool parser that reads tool calls in answers "
+           "(hermes, llama3_json, ...; vllm)"),
+    Option("--enable-auto-tool-choice", parse_bool, "let the model decide to call a tool "
+           "(tool_choice 'auto'; needs --tool-call-parser)"),
     Option("--sim-slots", int, "batch slots", group="sim", field="slots"),
     Option("--sim-max-model-len", int, "context length", group="sim", field="max_model_len"),
     Option("--sim-step-base", float, "seconds per step", group="sim", field="step_base_s"),
@@ -130,6 +136,10 @@ def from_args(
 def validate(config: GatewayConfig) -> None:
     if config.engine == "vllm" and not config.model:
         raise ConfigError("--engine vllm needs --model (a local path or a model name)")
+    if config.enable_auto_tool_choice and not config.tool_call_parser:
+        raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser")
+    if config.tool_call_parser and config.engine != "vllm":
+        raise ConfigError("--tool-call-parser needs --engine vllm (it is one of vLLM's parsers)")
     if config.workers < 1:
         raise ConfigError("--workers must be at least 1")
     if not 1 <= config.api_processes <= config.workers:

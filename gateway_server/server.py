@@ -42,6 +42,7 @@ from gateway_server.processes import ApiProcess
 from gateway_server.registry import CallRegistry
 from gateway_server.service import GenerationService, ModelInfo
 from gateway_server.siblings import Siblings
+from gateway_server.tool_calls import ToolCalling, ToolSettings
 from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
 from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.runtime.logs import log_event
@@ -95,6 +96,9 @@ class GatewayServer:
         await self.pool.start()
         model = ModelInfo(cfg.model_name, self.pool.workers[0].engine.max_model_len)
         service = GenerationService(self.pool, self.registry, self.metrics, model)
+        tools = ToolSettings(cfg.tool_call_parser, cfg.enable_auto_tool_choice)
+        engine = self.pool.workers[0].engine
+        service.tools = ToolCalling(tools, engine.tool_tokenizer(), cfg.model or model.name)
         self.service = service
         live = (InflightCollector([model.name], service.phases_in_flight),
                 EngineLoadCollector(service.worker_loads))  # fmt: skip

@@ -24,7 +24,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gateway_server.engine.base import (
     Engine,
@@ -32,6 +32,7 @@ from gateway_server.engine.base import (
     EngineRequest,
     FinishReason,
     NoChatTemplate,
+    RequestRejected,
     SamplingParams,
     TokenChunk,
 )
@@ -47,6 +48,7 @@ from gateway_server.errors import (
 )
 from gateway_server.metrics import GatewayMetrics, WorkerLoad
 from gateway_server.registry import Call, CallRegistry, EngineCall
+from gateway_server.tool_calls import ToolCalling, ToolSettings
 from gateway_server.vocabulary import Outcome, Protocol
 from hangup_contract.cancel import CancelAnswer
 from hangup_contract.runtime.logs import log_event
@@ -75,6 +77,8 @@ class GenerationService:
         self.draining = False
         self.siblings: Siblings | None = None
         """Set with ``--api-processes`` > 1: ids are claimed and cancelled gateway-wide."""
+        self.tools: ToolCalling = ToolCalling(ToolSettings(), None)
+        """How ``tools`` are handled (``--tool-call-parser``); set once the engines run."""
         # Every call runs the one served model (``call`` checks it): the per-token series are
         # bound once, as a labels() lookup costs more than the update it leads to.
         self._tokens = metrics.generated_tokens.labels(model.name)
@@ -152,12 +156,25 @@ class GenerationService:
                 param="prompt",
             )
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
-        """The model's prompt for a chat. Raises InvalidRequest when it has no chat template."""
+    def chat_prompt(
+        self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The model's prompt for a chat (with ``tools`` for the template, when given).
+
+        Raises InvalidRequest when the model has no chat template or the engine does no tools.
+        """
         try:
-            return self._engine().apply_chat_template(messages)
-        except NoChatTemplate as exc:
-            raise InvalidRequest(str(exc)) from exc
+            return self._engine().apply_chat_template(messages, tools)
+        except (NoChatTemplate, RequestRejected) as exc:
+            raise InvalidRequest(str(exc), param="tools" if tools else None) from exc
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Raise InvalidRequest when the engine cannot honour ``params`` (see ``Engine.check``)."""
+        try:
+            self._engine().check(params)
+        except RequestRejected as exc:
+            source = params.structured.source if params.structured else None
+            raise InvalidRequest(str(exc), param=source) from exc
 
     def _engine(self) -> Engine:
         """The engine whose tokenizer speaks for every worker's (they serve one model)."""

@@ -20,9 +20,12 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hangup_contract.vocabulary import Phase
+
+if TYPE_CHECKING:
+    from gateway_server.structured import StructuredOutput
 
 
 class FinishReason(enum.StrEnum):
@@ -39,6 +42,8 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    structured: StructuredOutput | None = None
+    """A constraint on the output (JSON schema, regex, choice, grammar); None: free text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,10 @@ class EngineDead(EngineError):
     """The engine can serve no more requests (its process died, its device was lost)."""
 
 
+class RequestRejected(EngineError):
+    """The engine cannot run this request as asked (a client error: the gateway answers 400)."""
+
+
 class NoChatTemplate(EngineError):
     """The model has no chat template: it cannot turn chat messages into a prompt."""
 
@@ -104,10 +113,23 @@ class Engine(Protocol):
 
     def count_prompt_tokens(self, prompt: str) -> int: ...
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
-        """The prompt for a chat (``role``/``content`` pairs), ending where the assistant speaks.
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        """The prompt for a chat (``role``/``content`` pairs), ending where the assistant speaks;
+        ``tools`` (OpenAI's function definitions) are handed to the template as ``tools``.
 
         Raises :class:`NoChatTemplate` when the model has none."""
+        ...
+
+    def check(self, params: SamplingParams) -> None:
+        """Raise :class:`RequestRejected`, naming the field, when the engine cannot honour
+        ``params`` (a structured output it cannot compile, or does not do at all); cheap when
+        there is nothing to check."""
+        ...
+
+    def tool_tokenizer(self) -> object | None:
+        """The tokenizer vLLM's tool-call parsers read; None when the engine has none."""
         ...
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]: ...

@@ -21,12 +21,15 @@ import random
 from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from typing import Any
 
 from gateway_server.engine.base import (
     EngineError,
     EngineLoad,
     EngineRequest,
     FinishReason,
+    RequestRejected,
+    SamplingParams,
     TokenChunk,
 )
 from hangup_contract.vocabulary import Phase
@@ -111,9 +114,23 @@ class SimulatedEngine:
     def count_prompt_tokens(self, prompt: str) -> int:
         return max(1, len(prompt.split()))
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        if tools:
+            raise RequestRejected("'tools' is not supported by the simulated engine")
         lines = [f"{m['role']}: {m['content']}" for m in messages]
         return "\n".join([*lines, "assistant:"])
+
+    def check(self, params: SamplingParams) -> None:
+        """The simulation writes free text only: a structured output is refused, by field."""
+        if params.structured is not None:
+            raise RequestRejected(
+                f"'{params.structured.source}' is not supported by the simulated engine"
+            )
+
+    def tool_tokenizer(self) -> None:
+        return None
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]:
         if not self.alive:

@@ -71,6 +71,7 @@ from gateway_server.engine.base import (
     EngineRequest,
     FinishReason,
     NoChatTemplate,
+    RequestRejected,
     SamplingParams,
     TokenChunk,
 )
@@ -201,12 +202,35 @@ class VllmEngine:
     def count_prompt_tokens(self, prompt: str) -> int:
         return len(self._tokenizer().encode(prompt))
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         tokenizer = self._tokenizer()
         if not getattr(tokenizer, "chat_template", None):
             raise NoChatTemplate(f"model {self.model!r} has no chat template; use /v1/completions")
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt = tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True
+        )
         return str(prompt)
+
+    def check(self, params: SamplingParams) -> None:
+        """vLLM's own check of a structured output (what ``add_request`` runs first): a schema,
+        pattern or grammar its backend cannot compile is refused here, before any answer
+        starts, with vLLM's words."""
+        if params.structured is None:
+            return
+        processor = self._llm.input_processor
+        client_fault: Any = import_module("vllm.exceptions").VLLMClientError
+        try:
+            _sampling(params).verify(
+                processor.model_config, processor.speculative_config,
+                processor.structured_outputs_config, processor.tokenizer,
+            )  # fmt: skip
+        except (ValueError, client_fault) as exc:
+            raise RequestRejected(str(exc)) from exc
+
+    def tool_tokenizer(self) -> object:
+        return self._tokenizer()
 
     def _tokenizer(self) -> Any:
         if self._tokenizer_copy is None:
@@ -365,6 +389,11 @@ def _sampling(params: SamplingParams) -> Any:
         stop=list(params.stop) or None,
         ignore_eos=params.ignore_eos,
         output_kind=vllm_sampling.RequestOutputKind.DELTA,
+        structured_outputs=(
+            None
+            if params.structured is None
+            else vllm_sampling.StructuredOutputsParams(**params.structured.vllm_kwargs())
+        ),
     )
 
 

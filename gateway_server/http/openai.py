@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from dataclasses import field as dc_field
 from json.encoder import encode_basestring_ascii
 from typing import Any
@@ -42,6 +42,8 @@ from gateway_server.registry import Call
 from gateway_server.requests import MAX_CHOICES, cancelled_message, field, sampling_params
 from gateway_server.service import GenerationService
 from gateway_server.streams import merge
+from gateway_server.structured import parse_structured
+from gateway_server.tool_calls import ChoiceTools, ToolPlan
 from gateway_server.vocabulary import Protocol
 
 _ROLES = {"system", "user", "assistant", "tool", "developer"}
@@ -56,6 +58,8 @@ class _Job:
     stream: bool
     include_usage: bool
     n: int = 1
+    tools: ToolPlan | None = None
+    """Set when the request names tools (see :mod:`gateway_server.tool_calls`)."""
     created: int = dc_field(default_factory=lambda: int(time.time()))
 
     @property
@@ -113,8 +117,10 @@ def _parse(service: GenerationService, body: dict[str, Any], *, chat: bool) -> _
     if model is None:
         raise InvalidRequest("'model' is required", param="model")
     service.check_model(model)
+    structured = parse_structured(body)
+    tools = service.tools.plan(body) if chat else None
     if chat:
-        prompt = service.chat_prompt(_messages(body))
+        prompt = service.chat_prompt(_messages(body), tools.tool_dicts if tools else None)
         prompts = [prompt]
     else:
         raw = body.get("prompt")
@@ -130,6 +136,11 @@ def _parse(service: GenerationService, body: dict[str, Any], *, chat: bool) -> _
     params = sampling_params(
         body, max_model_len=max_len, default_max_tokens=16 if not chat else 256
     )
+    if tools is not None and tools.structured is not None:
+        structured = tools.structured  # a named or "required" tool_choice, as vLLM constrains it
+    if structured is not None:
+        params = replace(params, structured=structured)
+        service.check_params(params)
     for prompt in prompts:
         service.check_prompt(prompt, params)
     n = field(body, "n", int, 1)
@@ -146,6 +157,7 @@ def _parse(service: GenerationService, body: dict[str, Any], *, chat: bool) -> _
         stream=field(body, "stream", bool, False),
         include_usage=field(options, "include_usage", bool, False),
         n=n,
+        tools=tools if tools is not None and tools.parses else None,
     )
 
 
@@ -190,6 +202,10 @@ async def _respond(
         raise CancelledWhileRunning(exc.reason) from exc
     body = _envelope(call, job)
     body["choices"] = [_final_choice(job, i, c) for i, c in enumerate(choices)]
+    if job.tools is not None:
+        for piece, choice in zip(body["choices"], choices, strict=True):
+            message, finish = job.tools.choice().message(choice.text, choice.finish_reason)
+            piece["message"], piece["finish_reason"] = message, finish
     body["usage"] = _usage(job, choices)
     return web.json_response(body, headers={REQUEST_ID_HEADER: call.call_id})
 
@@ -212,11 +228,14 @@ async def _stream(
             piece = {"index": i, "delta": role, "logprobs": None, "finish_reason": None}
             await response.write(_event(call, job, [piece]))
     events = StreamEvents(_envelope(call, job), chat=job.chat)
+    tools = [job.tools.choice() for _ in choices] if job.tools is not None else None
     try:
         async with aclosing(chunks):
             async for index, chunk in chunks:
                 _absorb(choices[index], chunk, keep_text=False)  # the client has the text
-                if chunk.text or chunk.finish_reason:
+                if tools is not None:
+                    await _write_tool_delta(response, call, job, index, chunk, tools[index])
+                elif chunk.text or chunk.finish_reason:
                     await response.write(events.chunk(index, chunk.text, chunk.finish_reason))
     except (RequestCancelled, GatewayError) as exc:
         await response.write(sse.encode(json.dumps({"error": _error_body(exc)})))
@@ -228,6 +247,23 @@ async def _stream(
     await response.write(sse.encode("[DONE]"))
     await response.write_eof()
     return response
+
+
+async def _write_tool_delta(
+    response: web.StreamResponse, call: Call, job: _Job, index: int, chunk: TokenChunk,
+    tools: ChoiceTools,
+) -> None:  # fmt: skip
+    """One chunk of a choice whose answer goes through the tool parser (not the fast path:
+    the parser decides what the delta holds, ``content`` or ``tool_calls``)."""
+    finish = chunk.finish_reason.value if chunk.finish_reason else None
+    if not chunk.text and finish is None:
+        return
+    delta = tools.delta(chunk.text, finish)
+    if delta is None:
+        return
+    reason = tools.stream_finish(finish) if finish else None
+    piece = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+    await response.write(_event(call, job, [piece]))
 
 
 class StreamEvents:
