@@ -77,7 +77,7 @@ class ToolCalling:
         tool_dicts = None if request.tools is None else [t.model_dump() for t in request.tools]
         if self._parser_cls is None or request.tool_choice == "none":
             return ToolPlan(tool_dicts)
-        request = self._parser(request).adjust_request(request)
+        request = self.parser_for(request).adjust_request(request)
         forced = request.tool_choice == "required" or _named(request.tool_choice) is not None
         structured = from_vllm(request.extract_structured_outputs(), "tool_choice")
         if not forced and (structured is None or structured.kind is not Constraint.STRUCTURAL_TAG):
@@ -98,7 +98,8 @@ class ToolCalling:
             message = f"tool_choice={wanted} requires --tool-call-parser to be set"
         raise InvalidRequest(message, param="tool_choice")
 
-    def _parser(self, request: Any) -> Any:
+    def parser_for(self, request: Any) -> Any:
+        """A fresh vLLM parser for ``request`` (vLLM's request model); parsers keep state."""
         return self._parser_cls(self._tokenizer, request.tools, model_config=None)
 
 
@@ -121,7 +122,8 @@ class ToolPlan:
     def choice(self) -> ChoiceTools:
         """A fresh parser for one choice of the answer."""
         assert self.calling is not None and self.request is not None
-        return ChoiceTools(self.calling._parser(self.request), self.request, self.calling.settings)
+        parser = self.calling.parser_for(self.request)
+        return ChoiceTools(parser, self.request, self.calling.settings)
 
 
 class ChoiceTools:

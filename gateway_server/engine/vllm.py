@@ -224,7 +224,7 @@ class VllmEngine:
         try:
             _sampling(params).verify(
                 processor.model_config, processor.speculative_config,
-                processor.structured_outputs_config, processor.tokenizer,
+                processor.structured_outputs_config, self._tokenizer(),
             )  # fmt: skip
         except (ValueError, client_fault) as exc:
             raise RequestRejected(str(exc)) from exc

@@ -25,6 +25,7 @@ import httpx
 import openai
 import pytest
 
+from gateway_server.engine.base import EngineError
 from gateway_server.errors import InvalidRequest
 from gateway_server.tool_calls import ToolCalling, ToolSettings
 from tests.support.processes import Process
@@ -271,6 +272,13 @@ def test_without_auto_tool_choice_tools_are_refused_where_vllm_serve_refuses(
     assert refusal in refused.value.message and refused.value.param == "tool_choice"
     plan = calling.plan({"tools": [WEATHER], "tool_choice": "none"})
     assert plan is not None and not plan.parses and plan.tool_dicts is not None
+
+
+def test_an_unknown_tool_parser_is_an_error_at_start(renderer_source: str) -> None:
+    with pytest.raises(
+        EngineError, match=r"--tool-call-parser no-such-parser: .*not been registered"
+    ):
+        ToolCalling(ToolSettings("no-such-parser", auto=True), tokenizer=object())
 
 
 @pytest.mark.parametrize(
