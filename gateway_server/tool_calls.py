@@ -115,6 +115,12 @@ class ToolPlan:
     calling: ToolCalling | None = None
 
     @property
+    def skip_special_tokens(self) -> bool:
+        """False when the parser reads special tokens (``hermes``: its tags are special in
+        some models), as vLLM's parser set it on the request."""
+        return self.request is None or self.request.skip_special_tokens is not False
+
+    @property
     def parses(self) -> bool:
         """Whether answers go through the tool parser."""
         return self.request is not None

@@ -44,6 +44,8 @@ class SamplingParams:
     ignore_eos: bool = False
     structured: StructuredOutput | None = None
     """A constraint on the output (JSON schema, regex, choice, grammar); None: free text."""
+    skip_special_tokens: bool = True
+    """Leave special tokens out of the text (vLLM's tool parsers that read them turn it off)."""
 
 
 @dataclass(frozen=True, slots=True)

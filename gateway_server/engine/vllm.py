@@ -388,6 +388,7 @@ def _sampling(params: SamplingParams) -> Any:
         seed=params.seed,
         stop=list(params.stop) or None,
         ignore_eos=params.ignore_eos,
+        skip_special_tokens=params.skip_special_tokens,
         output_kind=vllm_sampling.RequestOutputKind.DELTA,
         structured_outputs=(
             None

@@ -136,8 +136,10 @@ def _parse(service: GenerationService, body: dict[str, Any], *, chat: bool) -> _
     params = sampling_params(
         body, max_model_len=max_len, default_max_tokens=16 if not chat else 256
     )
-    if tools is not None and tools.structured is not None:
-        structured = tools.structured  # a named or "required" tool_choice, as vLLM constrains it
+    if tools is not None:
+        params = replace(params, skip_special_tokens=tools.skip_special_tokens)
+        if tools.structured is not None:  # a named or "required" tool_choice, as vLLM does it
+            structured = tools.structured
     if structured is not None:
         params = replace(params, structured=structured)
         service.check_params(params)
