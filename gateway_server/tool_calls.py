@@ -18,8 +18,8 @@ parsers (``hermes``, ``llama3_json``, ...) and ``--enable-auto-tool-choice`` let
    the answer's text into ``message.tool_calls`` or streamed ``delta.tool_calls`` and picks the
    finish reason (``"tool_calls"``) by vLLM's rules.
 
-The simulated engine has no tokenizer: every request that names tools is refused by name. vLLM is
-imported only when a request with tools reaches the vLLM engine.
+The simulated engine has no tokenizer: every request that names tools is refused by name, and
+vLLM is not imported.
 """
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ class ToolCalling:
         self.settings = settings
         self._tokenizer = tokenizer
         self._parser_cls: Any = None
+        if tokenizer is not None:  # the vLLM engine: import now, not on the first request
+            for module in (_PROTOCOL, "vllm.renderers.chat_utils", "vllm.exceptions"):
+                import_module(module)
         if tokenizer is not None and settings.parser is not None:
             manager: Any = import_module("vllm.parser").ParserManager
             try:
