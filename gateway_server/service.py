@@ -165,8 +165,10 @@ class GenerationService:
         """
         try:
             return self._engine().apply_chat_template(messages, tools)
-        except (NoChatTemplate, RequestRejected) as exc:
-            raise InvalidRequest(str(exc), param="tools" if tools else None) from exc
+        except NoChatTemplate as exc:
+            raise InvalidRequest(str(exc)) from exc
+        except RequestRejected as exc:
+            raise InvalidRequest(str(exc), param="tools") from exc
 
     def check_params(self, params: SamplingParams) -> None:
         """Raise InvalidRequest when the engine cannot honour ``params`` (see ``Engine.check``)."""
