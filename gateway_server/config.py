@@ -46,6 +46,8 @@ class GatewayConfig:
     loop_stall_limit: float = 10.0
     sim_faults: bool = False
     log_level: str = "INFO"
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
     sim: SimConfig = field(default_factory=SimConfig)
     vllm: VllmOptions = field(default_factory=VllmOptions)
 
@@ -118,6 +120,16 @@ _OPTIONS = (
         "(POST /v2/admin/workers/{worker}/fault, behind the cancel token): tests and demos",
     ),
     Option("--log-level", str, "DEBUG, INFO, WARNING or ERROR"),
+    Option(
+        "--tool-call-parser",
+        str,
+        "vLLM tool parser that reads tool calls in answers (hermes, llama3_json, ...; vllm)",
+    ),
+    Option(
+        "--enable-auto-tool-choice",
+        parse_bool,
+        "let the model decide to call a tool (tool_choice 'auto'; needs --tool-call-parser)",
+    ),
     *(option for kind in ENGINES.values() for option in kind.options),
 )
 
@@ -153,6 +165,10 @@ def from_args(
 def validate(config: GatewayConfig) -> None:
     if engine_kind(config.engine).default_model is None and not config.model:
         raise ConfigError(f"--engine {config.engine} needs --model (a local path or a model name)")
+    if config.enable_auto_tool_choice and not config.tool_call_parser:
+        raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser")
+    if config.tool_call_parser and config.engine != "vllm":
+        raise ConfigError("--tool-call-parser needs --engine vllm (it is one of vLLM's parsers)")
     if config.workers < 1:
         raise ConfigError("--workers must be at least 1")
     if not 1 <= config.api_processes <= config.workers:

@@ -54,8 +54,8 @@ def refused(why: str, *off: Any) -> Rule:
 
 METADATA = Rule(Use.METADATA)
 NOT_YET = "is not supported by hangup's gateway yet"
-STRUCTURED = "is not supported by hangup's gateway yet (structured output)"
-TOOLS = "needs a tool-call parser (--tool-call-parser), which hangup's gateway does not have yet"
+GUIDED = "is not read by vllm serve 0.32 (it answers unconstrained): use 'structured_outputs'"
+FUNCTIONS = "(OpenAI's deprecated function calling) is not supported: use 'tools'"
 _NO_TEXT_FORMAT = ({"type": "text"},)
 
 _SHARED: dict[str, Rule] = {
@@ -81,20 +81,20 @@ _SHARED: dict[str, Rule] = {
     "logit_bias": honoured(Feature.LOGIT_BIAS, {}),
     "stop_token_ids": honoured(Feature.STOP_TOKEN_IDS, []),
     "min_tokens": honoured(Feature.MIN_TOKENS, 0),
+    "response_format": honoured(Feature.STRUCTURED, *_NO_TEXT_FORMAT),
+    "structured_outputs": honoured(Feature.STRUCTURED),
     # What OpenAI clients send as metadata: accepted, changes nothing.
     "user": METADATA,
     "metadata": METADATA,
     "store": METADATA,
     "service_tier": METADATA,
     # Not (yet) done by the gateway: refused by name.
-    "response_format": refused(STRUCTURED, *_NO_TEXT_FORMAT),
-    "structured_outputs": refused(STRUCTURED),
-    "guided_json": refused(STRUCTURED),
-    "guided_regex": refused(STRUCTURED),
-    "guided_choice": refused(STRUCTURED),
-    "guided_grammar": refused(STRUCTURED),
-    "guided_decoding_backend": refused(STRUCTURED),
-    "guided_whitespace_pattern": refused(STRUCTURED),
+    "guided_json": refused(GUIDED),
+    "guided_regex": refused(GUIDED),
+    "guided_choice": refused(GUIDED),
+    "guided_grammar": refused(GUIDED),
+    "guided_decoding_backend": refused(GUIDED),
+    "guided_whitespace_pattern": refused(GUIDED),
     "use_beam_search": refused("(beam search) " + NOT_YET, False),
     "length_penalty": refused("(beam search) " + NOT_YET, 1, 1.0),
     "prompt_logprobs": refused(NOT_YET),
@@ -132,11 +132,11 @@ CHAT: Mapping[str, Rule] = _SHARED | {
     "add_generation_prompt": honoured(),
     "continue_final_message": honoured(None, False),
     "chat_template_kwargs": honoured(None, {}),
-    "parallel_tool_calls": METADATA,
-    "tools": refused(TOOLS),
-    "tool_choice": refused(TOOLS, "none"),
-    "functions": refused(TOOLS),
-    "function_call": refused(TOOLS, "none"),
+    "tools": honoured(Feature.TOOLS),
+    "tool_choice": honoured(Feature.TOOLS, "none"),
+    "parallel_tool_calls": honoured(),  # read with tools; without them it asks for nothing
+    "functions": refused(FUNCTIONS),
+    "function_call": refused(FUNCTIONS, "none"),
     "echo": refused("(echo of the last message in chat) " + NOT_YET, False),
     "reasoning_effort": refused("(reasoning) " + NOT_YET),
     "include_reasoning": refused("(reasoning) " + NOT_YET, True),

@@ -17,6 +17,8 @@ from gateway_server.errors import InvalidRequest
 from gateway_server.openai_fields import CHAT, COMPLETIONS, check
 from gateway_server.requests import MAX_CHOICES, field
 from gateway_server.service import GenerationService
+from gateway_server.structured import StructuredOutput, parse_structured
+from gateway_server.tool_calls import ToolPlan
 
 MAX_LOGPROBS = 20
 """Most top candidates per token (vLLM's default ``--max-logprobs``)."""
@@ -45,11 +47,14 @@ class OpenAIJob:
     n: int
     top_logprobs: int | None
     """Log-probabilities in the answer (candidates per token), None when not asked for."""
+    tools: ToolPlan | None = None
+    """Set when answers go through the tool-call parser (:mod:`gateway_server.tool_calls`)."""
 
 
 def parse(body: dict[str, Any], service: GenerationService, *, chat: bool) -> OpenAIJob:
     """Read a request; raises InvalidRequest naming the field (see module doc), ModelNotFound."""
     engine, max_model_len = service.engine, service.model.max_model_len
+    structured = parse_structured(body)  # what vllm serve refuses whatever the engine, first
     check(body, CHAT if chat else COMPLETIONS, engine.features, engine.name)
     model = field(body, "model", str, None)
     if model is None:
@@ -67,8 +72,10 @@ def parse(body: dict[str, Any], service: GenerationService, *, chat: bool) -> Op
     n = field(body, "n", int, 1)
     top = _chat_logprobs(body) if chat else _completion_logprobs(body)
     params = _sampling(body, engine, chat=chat, max_model_len=max_model_len, logprobs=top)
+    tools = service.tools.plan(body) if chat else None
+    params = _constrained(service, params, structured, tools)
     if chat:
-        prompts: list[str | tuple[int, ...]] = [_chat_prompt(body, service)]
+        prompts: list[str | tuple[int, ...]] = [_chat_prompt(body, service, tools)]
         echo = False
     else:
         prompts = _prompts(body, engine)
@@ -89,8 +96,29 @@ def parse(body: dict[str, Any], service: GenerationService, *, chat: bool) -> Op
         for i in range(n):  # as vLLM's parallel sampling: choice i of a prompt draws with seed+i
             seeded = params if params.seed is None else replace(params, seed=params.seed + i)
             choices.append(Choice(prompt, seeded, shown))
-    return OpenAIJob(chat, model, choices, stream, field(options, "include_usage", bool, False),
-                     n, top)  # fmt: skip
+    usage = field(options, "include_usage", bool, False)
+    parsed = tools if tools is not None and tools.parses else None
+    return OpenAIJob(chat, model, choices, stream, usage, n, top, parsed)
+
+
+def _constrained(
+    service: GenerationService,
+    params: SamplingParams,
+    structured: StructuredOutput | None,
+    tools: ToolPlan | None,
+) -> SamplingParams:
+    """``params`` with the request's structured output, or the one a named or ``"required"``
+    ``tool_choice`` puts in its place (as vLLM's parsers do), checked by the engine; a tool
+    parser that reads special tokens keeps them in the text."""
+    if tools is not None and tools.parses and not tools.skip_special_tokens:
+        params = replace(params, skip_special_tokens=False)
+    if tools is not None and tools.structured is not None:
+        structured = tools.structured
+    if structured is None:
+        return params
+    params = replace(params, structured=structured)
+    service.check_params(params)
+    return params
 
 
 def _chat_logprobs(body: dict[str, Any]) -> int | None:
@@ -227,7 +255,7 @@ def _check_length(
         )  # fmt: skip
 
 
-def _chat_prompt(body: dict[str, Any], service: GenerationService) -> str:
+def _chat_prompt(body: dict[str, Any], service: GenerationService, tools: ToolPlan | None) -> str:
     add = field(body, "add_generation_prompt", bool, True)
     cont = field(body, "continue_final_message", bool, False)
     if add and cont:
@@ -236,7 +264,8 @@ def _chat_prompt(body: dict[str, Any], service: GenerationService) -> str:
             param="continue_final_message",
         )
     kwargs = field(body, "chat_template_kwargs", dict, {})
-    options = ChatOptions(add, cont, tuple(kwargs.items()))
+    given = tools.tool_dicts if tools is not None else None
+    options = ChatOptions(add, cont, tuple(kwargs.items()), tuple(given) if given else None)
     return service.chat_prompt(messages(body), options)
 
 

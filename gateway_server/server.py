@@ -48,6 +48,7 @@ from gateway_server.registry import CallRegistry
 from gateway_server.scope import Scope, SingleProcess
 from gateway_server.service import GenerationService, ModelInfo
 from gateway_server.siblings import Siblings
+from gateway_server.tool_calls import ToolCalling, ToolSettings
 from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
 from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.runtime.logs import log_event
@@ -126,6 +127,9 @@ class GatewayServer:
         self.service = GenerationService(
             self.pool, self.registry, self.metrics, model, self.scope.directory
         )
+        tools = ToolSettings(cfg.tool_call_parser, cfg.enable_auto_tool_choice)
+        engine = self.pool.workers[0].engine
+        self.service.tools = ToolCalling(tools, engine.tool_tokenizer(), cfg.model or model.name)
         self.service.liveness = liveness(self.pool.down_for, cfg.engine_down_limit, self.watchdog)
         self.watchdog.start()
         await self.scope.start()

@@ -34,6 +34,7 @@ from gateway_server.engine.base import (
     EngineRequest,
     FinishReason,
     NoChatTemplate,
+    RequestRejected,
     SamplingParams,
     TokenChunk,
 )
@@ -52,6 +53,7 @@ from gateway_server.errors import (
 from gateway_server.metrics import GatewayMetrics
 from gateway_server.registry import Call, CallRegistry, EngineCall
 from gateway_server.scope import CallDirectory, LocalDirectory
+from gateway_server.tool_calls import ToolCalling, ToolSettings
 from gateway_server.vocabulary import Outcome, Protocol
 from hangup_contract.cancel import CancelAnswer
 from hangup_contract.runtime.logs import log_event
@@ -85,6 +87,8 @@ class GenerationService:
         self.draining = False
         self.liveness: Callable[[], str | None] = lambda: None
         """None while this process is live, else why not (``gateway_server.health``)."""
+        self.tools: ToolCalling = ToolCalling(ToolSettings(), None)
+        """How ``tools`` are handled (``--tool-call-parser``); set once the engines run."""
         # Every call runs the one served model (``call`` checks it): the per-token series are
         # bound once, as a labels() lookup costs more than the update it leads to.
         self._tokens = metrics.generated_tokens.labels(model.name)
@@ -157,6 +161,8 @@ class GenerationService:
             return self._engine().apply_chat_template(messages, options or ChatOptions())
         except NoChatTemplate as exc:
             raise InvalidRequest(str(exc)) from exc
+        except RequestRejected as exc:
+            raise InvalidRequest(str(exc), param="tools") from exc
         except (ValueError, TypeError, LookupError) as exc:  # the template's own refusals
             message = f"the chat template cannot apply: {exc}"
             raise InvalidRequest(message, param="messages") from exc
@@ -165,6 +171,14 @@ class GenerationService:
     def engine(self) -> Engine:
         """The engine whose tokenizer and features speak for every worker's (one model)."""
         return self._engine()
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Raise InvalidRequest when the engine cannot honour ``params`` (see ``Engine.check``)."""
+        try:
+            self._engine().check(params)
+        except RequestRejected as exc:
+            source = params.structured.source if params.structured else None
+            raise InvalidRequest(str(exc), param=source) from exc
 
     def _engine(self) -> Engine:
         """The engine whose tokenizer speaks for every worker's (they serve one model)."""

@@ -27,11 +27,19 @@ from typing import Any
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")
 
 CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<s>system: You may call these tools: <tools>' }}"
+    "{% for tool in tools %}{{ tool | tojson }}{% endfor %}"
+    '{{ \'</tools> Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call>\\n\' }}'
+    "{% endif %}"
     "{% for message in messages %}"
     "{{ '<s>' + message['role'] + ': ' + message['content'] + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<s>assistant: ' }}{% endif %}"
 )
+"""Plain ``role: content`` lines; with ``tools``, a Hermes-style system line first that lists
+them and shows the ``<tool_call>`` form vLLM's ``hermes`` tool parser reads (the model is random:
+only a constrained request is sure to produce one)."""
 
 # Plain prose about the project's own subject, so the vocabulary covers ordinary English words.
 _CORPUS = """

@@ -22,9 +22,12 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hangup_contract.vocabulary import Phase
+
+if TYPE_CHECKING:
+    from gateway_server.structured import StructuredOutput
 
 
 class Feature(enum.StrEnum):
@@ -42,6 +45,8 @@ class Feature(enum.StrEnum):
     PROMPT_LOGPROBS = "log-probabilities of prompt tokens"
     ECHO = "echo of the prompt"
     TOKEN_PROMPTS = "prompts as token ids"
+    STRUCTURED = "structured output"
+    TOOLS = "tools"
 
 
 class FinishReason(enum.StrEnum):
@@ -70,10 +75,13 @@ class SamplingParams:
     """``(token id, bias)`` pairs added to the logits."""
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    """Leave special tokens out of the text (vLLM's tool parsers that read them turn it off)."""
     logprobs: int | None = None
     """Log-probabilities of each output token and of this many top candidates; None: none."""
     prompt_logprobs: int | None = None
     """The same for each prompt token (the first has none); None: none."""
+    structured: StructuredOutput | None = None
+    """A constraint on the output (JSON schema, regex, choice, grammar); None: free text."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +103,8 @@ class ChatOptions:
     continue_final_message: bool = False
     template_kwargs: tuple[tuple[str, Any], ...] = ()
     """More variables for the chat template; those it does not use change nothing."""
+    tools: tuple[dict[str, Any], ...] | None = None
+    """OpenAI's function definitions, handed to the template as ``tools``; None: no tools."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +152,10 @@ class EngineRefused(EngineError):
 
 class EngineDead(EngineError):
     """The engine can serve no more requests (its process died, its device was lost)."""
+
+
+class RequestRejected(EngineError):
+    """The engine cannot run this request as asked (a client error: the gateway answers 400)."""
 
 
 class NoChatTemplate(EngineError):
@@ -193,10 +207,21 @@ class Engine(Protocol):
 
     def apply_chat_template(self, messages: list[dict[str, Any]], options: ChatOptions) -> str:
         """The prompt for a chat (``role``/``content`` messages, ``name`` and ``tool_call_id``
-        where given), ending where the assistant speaks (``options`` may say otherwise).
+        where given), ending where the assistant speaks (``options`` may say otherwise); the
+        options' ``tools`` are handed to the template as ``tools``.
 
         Raises :class:`NoChatTemplate` when the model has none, ``ValueError`` when the options
         cannot apply (continuing a chat whose last message is not the assistant's)."""
+        ...
+
+    def check(self, params: SamplingParams) -> None:
+        """Raise :class:`RequestRejected`, naming the field, when the engine cannot honour
+        ``params`` (a structured output it cannot compile, or does not do at all); cheap when
+        there is nothing to check."""
+        ...
+
+    def tool_tokenizer(self) -> object | None:
+        """The tokenizer vLLM's tool-call parsers read; None when the engine has none."""
         ...
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]: ...

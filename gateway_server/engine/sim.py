@@ -41,6 +41,8 @@ from gateway_server.engine.base import (
     EngineRequest,
     Feature,
     FinishReason,
+    RequestRejected,
+    SamplingParams,
     TokenChunk,
 )
 from gateway_server.engine.sim_sampling import VOCAB, Sampler, piece
@@ -157,12 +159,24 @@ class SimulatedEngine:
         """``role: content`` lines, then ``assistant:`` (the generation prompt); continuing the
         final message leaves it open. The template has no variables: ``template_kwargs`` are
         accepted and change nothing, as with a Jinja template that does not read them."""
+        if options.tools:
+            raise RequestRejected("'tools' is not supported by the simulated engine")
         if options.continue_final_message and messages[-1]["role"] != "assistant":
             raise ValueError("continue_final_message needs the last message to be the assistant's")
         lines = [f"{m['role']}: {m['content']}" for m in messages]
         if options.add_generation_prompt:
             lines.append("assistant:")
         return "\n".join(lines)
+
+    def check(self, params: SamplingParams) -> None:
+        """The simulation writes free text only: a structured output is refused, by field."""
+        if params.structured is not None:
+            raise RequestRejected(
+                f"'{params.structured.source}' is not supported by the simulated engine"
+            )
+
+    def tool_tokenizer(self) -> None:
+        return None
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]:
         if not self.alive:

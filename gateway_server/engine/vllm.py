@@ -79,6 +79,7 @@ from gateway_server.engine.base import (
     Feature,
     FinishReason,
     NoChatTemplate,
+    RequestRejected,
     SamplingParams,
     TokenChunk,
     TokenLogprob,
@@ -249,9 +250,29 @@ class VllmEngine:
         prompt = tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=options.add_generation_prompt,
             continue_final_message=options.continue_final_message,
+            tools=list(options.tools) if options.tools else None,
             **dict(options.template_kwargs),
         )  # fmt: skip
         return str(prompt)
+
+    def check(self, params: SamplingParams) -> None:
+        """vLLM's own check of a structured output (what ``add_request`` runs first): a schema,
+        pattern or grammar its backend cannot compile is refused here, before any answer
+        starts, with vLLM's words."""
+        if params.structured is None:
+            return
+        processor = self._llm.input_processor
+        client_fault: Any = import_module("vllm.exceptions").VLLMClientError
+        try:
+            _sampling(params).verify(
+                processor.model_config, processor.speculative_config,
+                processor.structured_outputs_config, self._tokenizer(),
+            )  # fmt: skip
+        except (ValueError, client_fault) as exc:
+            raise RequestRejected(str(exc)) from exc
+
+    def tool_tokenizer(self) -> object:
+        return self._tokenizer()
 
     def _tokenizer(self) -> Any:
         if self._tokenizer_copy is None:
@@ -463,6 +484,11 @@ def _sampling(params: SamplingParams) -> Any:
         logprobs=params.logprobs,
         prompt_logprobs=params.prompt_logprobs,
         output_kind=vllm_sampling.RequestOutputKind.DELTA,
+        structured_outputs=(
+            None
+            if params.structured is None
+            else vllm_sampling.StructuredOutputsParams(**params.structured.vllm_kwargs())
+        ),
     )
 
 

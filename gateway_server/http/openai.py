@@ -49,6 +49,7 @@ from gateway_server.registry import Call
 from gateway_server.requests import cancelled_message
 from gateway_server.service import GenerationService
 from gateway_server.streams import merge
+from gateway_server.tool_calls import ChoiceTools
 from gateway_server.vocabulary import Protocol
 
 
@@ -137,6 +138,10 @@ async def _respond(
         raise CancelledWhileRunning(exc.reason) from exc
     body = _envelope(call, answer)
     body["choices"] = [_final_choice(job, i, c) for i, c in enumerate(choices)]
+    if job.tools is not None:
+        for piece, choice in zip(body["choices"], choices, strict=True):
+            message, finish = job.tools.choice().message(choice.text, choice.finish_reason)
+            piece["message"], piece["finish_reason"] = message, finish
     body["usage"] = _usage(job, choices)
     return web.json_response(body, headers={REQUEST_ID_HEADER: call.call_id})
 
@@ -161,11 +166,14 @@ async def _stream(
             await response.write(_event(call, answer, [piece]))
     events = StreamEvents(_envelope(call, answer), chat=job.chat)
     plain = job.top_logprobs is None and not any(c.echo for c in job.choices)
+    tools = [job.tools.choice() for _ in choices] if job.tools is not None else None
     try:
         async with aclosing(chunks):
             async for index, chunk in chunks:
                 _absorb(choices[index], chunk, keep_text=False, keep_logprobs=False)
-                if plain:  # the per-token path: nothing but the text is encoded per event
+                if tools is not None:  # the tool parser decides what each delta holds
+                    await _write_tool_delta(response, call, answer, index, chunk, tools[index])
+                elif plain:  # the per-token path: nothing but the text is encoded per event
                     if chunk.text or chunk.finish_reason:
                         await response.write(events.chunk(index, chunk.text, chunk.finish_reason))
                 elif chunk.text or chunk.finish_reason or chunk.logprobs:
@@ -200,6 +208,25 @@ def _rich_event(
     else:
         logprobs, choice.offset = openai_logprobs.completion(tokens, top, choice.offset)
     return events.chunk(index, text, chunk.finish_reason, json.dumps(logprobs))
+
+
+async def _write_tool_delta(
+    response: web.StreamResponse, call: Call, answer: _Answer, index: int, chunk: TokenChunk,
+    tools: ChoiceTools,
+) -> None:  # fmt: skip
+    """One chunk of a choice whose answer goes through the tool parser (not the per-token
+    fast path: the parser decides whether the delta holds ``content`` or ``tool_calls``)."""
+    finish = chunk.finish_reason.value if chunk.finish_reason else None
+    if not chunk.text and finish is None:
+        return
+    delta = tools.delta(chunk.text, finish)
+    if delta is None:
+        return
+    reason = tools.stream_finish(finish) if finish else None
+    top = answer.job.top_logprobs
+    logprobs = None if top is None else openai_logprobs.chat(list(chunk.logprobs or ()), top)
+    piece = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+    await response.write(_event(call, answer, [piece]))
 
 
 class StreamEvents:

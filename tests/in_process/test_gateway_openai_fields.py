@@ -66,14 +66,25 @@ async def test_every_refused_field_is_a_400_naming_it(
 @pytest.mark.parametrize(
     ("path", "name", "value", "why"),
     [
-        (CHAT_PATH, "tools", [{"type": "function", "function": {"name": "f"}}], "tool-call parser"),
-        (CHAT_PATH, "response_format", {"type": "json_object"}, "structured output"),
+        (
+            CHAT_PATH,
+            "tools",
+            [{"type": "function", "function": {"name": "f"}}],
+            "not supported by the simulated engine",
+        ),
+        (
+            CHAT_PATH,
+            "response_format",
+            {"type": "json_object"},
+            "not supported by the simulated engine",
+        ),
         (COMPLETIONS_PATH, "suffix", "and then", "fill-in-the-middle"),
         (CHAT_PATH, "presence_penalty", 0.5, "not supported by the simulated engine"),
         (COMPLETIONS_PATH, "frequency_penalty", 0.3, "not supported by the simulated engine"),
         (COMPLETIONS_PATH, "repetition_penalty", 1.2, "not supported by the simulated engine"),
         (CHAT_PATH, "frobnicate", 1, "not a field this endpoint knows"),
-        (COMPLETIONS_PATH, "guided_json", {"type": "object"}, "structured output"),
+        (COMPLETIONS_PATH, "guided_json", {"type": "object"}, "use 'structured_outputs'"),
+        (CHAT_PATH, "functions", [{"name": "f"}], "use 'tools'"),
     ],
 )
 async def test_what_the_gateway_cannot_honour_is_refused_and_says_why(
@@ -214,11 +225,13 @@ async def test_prompts_as_token_ids(gateway: Gateway) -> None:
         ({"top_k": -2}, "top_k"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"add_generation_prompt": True, "continue_final_message": True}, "continue_final_message"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-         "messages"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages",
+        ),
         ({"messages": [{"role": "user", "content": "x", "colour": "red"}]}, "messages"),
     ],
-)  # fmt: skip
+)
 async def test_bad_values_are_refused_by_name(
     gateway: Gateway, fields: dict[str, Any], param: str
 ) -> None:

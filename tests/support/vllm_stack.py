@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,12 +70,14 @@ def make_tiny_model(directory: Path) -> Path:
 
 
 @contextlib.contextmanager
-def vllm_gateway(model: Path, tmp: Path, workers: int, api_processes: int = 1) -> Iterator[Process]:
-    """A gateway with ``workers`` vLLM workers on ``model`` in ``api_processes`` processes;
-    stopped (SIGTERM) afterwards."""
+def vllm_gateway(
+    model: Path, tmp: Path, workers: int, api_processes: int = 1, extra: Sequence[str] = ()
+) -> Iterator[Process]:
+    """A gateway with ``workers`` vLLM workers on ``model`` in ``api_processes`` processes (and
+    ``extra`` options); stopped (SIGTERM) afterwards."""
     args = ["--engine", "vllm", "--model", str(model), "--served-model-name", MODEL,
             "--workers", str(workers), "--api-processes", str(api_processes),
-            "--http-port", "0", "--grpc-port", "0", *ENGINE_ARGS]  # fmt: skip
+            "--http-port", "0", "--grpc-port", "0", *ENGINE_ARGS, *extra]  # fmt: skip
     with spawn("gateway_server", args, tmp, timeout=START_TIMEOUT_S) as proc:
         yield proc
         proc.terminate(timeout=60)
