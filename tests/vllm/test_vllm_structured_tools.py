@@ -59,6 +59,15 @@ CALL_TIME = r'<tool_call>\n\{"name": "get_time", "arguments": \{"zone": "UTC"\}\
 COLOURS = ["red", "green", "blue"]
 SCHEMA = {"type": "object", "properties": {"colour": {"enum": COLOURS}}, "required": ["colour"]}
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
+AFTER_A_CALL = [
+    {"role": "user", "content": "What time is it?"},
+    {"role": "assistant", "content": None, "tool_calls": [{
+        "id": "call_1", "type": "function",
+        "function": {"name": "get_time", "arguments": '{"zone": "UTC"}'},
+    }]},
+    {"role": "tool", "content": "12:00", "tool_call_id": "call_1"},
+]  # fmt: skip
+"""A second turn: the assistant's earlier tool call and the tool's answer, in the prompt."""
 
 STRUCTURED = {
     "json_object": {"response_format": {"type": "json_object"}},
@@ -77,6 +86,9 @@ TOOLS = {
     "auto_regex": {"tools": [TIME], "structured_outputs": {"regex": CALL_TIME}, "max_tokens": 120},
     "auto_single": {"tools": [TIME], "tool_choice": "auto", "parallel_tool_calls": False,
                     "structured_outputs": {"regex": CALL_TIME}, "max_tokens": 120},
+    "after_a_call": {"tools": [TIME], "tool_choice": "auto", "messages": AFTER_A_CALL},
+    "after_a_call_required": {"tools": [TIME], "tool_choice": "required",
+                              "messages": AFTER_A_CALL},
 }  # fmt: skip
 REFUSED = {
     "two_kinds": {"structured_outputs": {"regex": "a", "choice": ["a"]}},
@@ -124,7 +136,8 @@ def chat(client: openai.OpenAI, extra: dict[str, Any], *, stream: bool) -> Answe
     (400, message) for a refusal."""
     body = {"max_tokens": 40, "temperature": 0, **extra}
     known = {name: body.pop(name) for name in CLIENT_ARGS if name in body}
-    messages: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+    asked = [{"role": "user", "content": "What is the weather in Paris?"}]
+    messages: Any = body.pop("messages", asked)
     try:
         if not stream:
             whole = client.chat.completions.create(
