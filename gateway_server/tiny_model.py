@@ -33,13 +33,22 @@ CHAT_TEMPLATE = (
     '{{ \'</tools> Call one as <tool_call>{"name": ..., "arguments": ...}</tool_call>\\n\' }}'
     "{% endif %}"
     "{% for message in messages %}"
-    "{{ '<s>' + message['role'] + ': ' + message['content'] + '\\n' }}"
+    "{{ '<s>' + message['role'] + ': ' + (message['content'] or '') }}"
+    "{% for call in message.tool_calls or [] %}"
+    "{{ '<tool_call>' }}"
+    "{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}"
+    "{{ '</tool_call>' }}"
+    "{% endfor %}"
+    "{% if message.tool_call_id %}{{ ' (' + message.tool_call_id + ')' }}{% endif %}"
+    "{{ '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<s>assistant: ' }}{% endif %}"
 )
 """Plain ``role: content`` lines; with ``tools``, a Hermes-style system line first that lists
 them and shows the ``<tool_call>`` form vLLM's ``hermes`` tool parser reads (the model is random:
-only a constrained request is sure to produce one)."""
+only a constrained request is sure to produce one). An assistant's earlier ``tool_calls`` are
+written in that form (their ``arguments`` as the object a template is handed), a tool's answer
+with its ``tool_call_id``: a second turn's prompt shows both."""
 
 # Plain prose about the project's own subject, so the vocabulary covers ordinary English words.
 _CORPUS = """
