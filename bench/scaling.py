@@ -53,6 +53,7 @@ from bench.cgroups import (
     NoCpuController,
     cpu_controller,
 )
+from bench.proxy_workers import sources
 from bench.scaling_report import HEADER, headroom, line, ratios, why_invalid, write_report
 from bench.spread import Owners
 from bench.stats import cpu_of, syscalls
@@ -228,24 +229,6 @@ def _pids(process: Process) -> tuple[list[list[int]], list[int]]:
     if not kids:
         return [[top]], []
     return [[kid, *descendants(kid)] for kid in sorted(kids)], [top]
-
-
-@contextlib.contextmanager
-def sources(count: int, work: Path) -> Iterator[tuple[str, list[int]]]:
-    with contextlib.ExitStack() as stack:
-        first = stack.enter_context(
-            spawn("bench.proxy_sse_source", ["--port", "0", "--reuse-port"], work / "source-0")
-        )
-        port = first.listeners["http"].rsplit(":", 1)[1]
-        pids = [first.popen.pid]
-        for i in range(1, count):
-            more = stack.enter_context(
-                spawn(
-                    "bench.proxy_sse_source", ["--port", port, "--reuse-port"], work / f"source-{i}"
-                )
-            )
-            pids.append(more.popen.pid)
-        yield first.listeners["http"], pids
 
 
 def _proxy(stack: contextlib.ExitStack, n: int, upstream: str, work: Path) -> Relay:
