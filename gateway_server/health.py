@@ -79,8 +79,13 @@ class LoopWatchdog:
                 if not logged:
                     frame = sys._current_frames().get(self._loop_thread)
                     stack = "".join(traceback.format_stack(frame)) if frame else ""
-                    log_event(log, "event_loop_stalled", logging.ERROR,
-                              stalled_s=round(late, 1), stack=stack)  # fmt: skip
+                    log_event(
+                        log,
+                        "event_loop_stalled",
+                        logging.ERROR,
+                        stalled_s=round(late, 1),
+                        stack=stack,
+                    )
                     logged = True
             else:
                 logged = False
@@ -90,8 +95,10 @@ class LoopWatchdog:
         seen = self._stall_seen_at
         if seen is None or time.monotonic() - seen > self.stall_limit:
             return None
-        return (f"the event loop stalled for {self._stall_s:.1f} s "
-                f"(--loop-stall-limit {self.stall_limit:g} s)")  # fmt: skip
+        return (
+            f"the event loop stalled for {self._stall_s:.1f} s "
+            f"(--loop-stall-limit {self.stall_limit:g} s)"
+        )
 
 
 def liveness(
@@ -102,8 +109,10 @@ def liveness(
     def problem() -> str | None:
         down = down_for()
         if down_limit > 0 and down > down_limit:
-            return (f"an engine worker has been down for {down:.0f} s and could not be started "
-                    f"again (--engine-down-limit {down_limit:g} s)")  # fmt: skip
+            return (
+                f"an engine worker has been down for {down:.0f} s and could not be started "
+                f"again (--engine-down-limit {down_limit:g} s)"
+            )
         return loop.problem()
 
     return problem

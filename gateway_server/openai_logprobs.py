@@ -26,14 +26,17 @@ def _bytes(token: str) -> list[int]:
 def chat(tokens: Sequence[TokenLogprob], top: int) -> dict[str, Any]:
     content = []
     for t in tokens:
-        content.append({
-            "token": t.token,
-            "logprob": NO_LOGPROB if t.logprob is None else t.logprob,
-            "bytes": _bytes(t.token),
-            "top_logprobs": [
-                {"token": token, "logprob": lp, "bytes": _bytes(token)} for token, lp in t.top[:top]
-            ],
-        })  # fmt: skip
+        content.append(
+            {
+                "token": t.token,
+                "logprob": NO_LOGPROB if t.logprob is None else t.logprob,
+                "bytes": _bytes(t.token),
+                "top_logprobs": [
+                    {"token": token, "logprob": lp, "bytes": _bytes(token)}
+                    for token, lp in t.top[:top]
+                ],
+            }
+        )
     return {"content": content}
 
 
@@ -47,6 +50,10 @@ def completion(tokens: Sequence[TokenLogprob], top: int, offset: int) -> tuple[d
         logprobs.append(t.logprob)
         texts.append(t.token)
         tops.append(None if t.logprob is None else dict(t.top[: top + 1]))
-    body = {"text_offset": offsets, "token_logprobs": logprobs, "tokens": texts,
-            "top_logprobs": tops}  # fmt: skip
+    body = {
+        "text_offset": offsets,
+        "token_logprobs": logprobs,
+        "tokens": texts,
+        "top_logprobs": tops,
+    }
     return body, offset

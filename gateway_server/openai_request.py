@@ -82,8 +82,9 @@ def parse(body: dict[str, Any], service: GenerationService, *, chat: bool) -> Op
         echo = field(body, "echo", bool, False)
     if echo and top is not None:
         if Feature.PROMPT_LOGPROBS not in engine.features:
-            raise InvalidRequest(f"'echo' with 'logprobs' is not supported by {engine.name}",
-                                 param="echo")  # fmt: skip
+            raise InvalidRequest(
+                f"'echo' with 'logprobs' is not supported by {engine.name}", param="echo"
+            )
         params = replace(params, prompt_logprobs=top)
     if not 1 <= n <= MAX_CHOICES or n * len(prompts) > MAX_CHOICES:
         raise InvalidRequest(
@@ -125,11 +126,13 @@ def _chat_logprobs(body: dict[str, Any]) -> int | None:
     wanted = field(body, "logprobs", bool, False)
     top = field(body, "top_logprobs", int, 0)
     if not 0 <= top <= MAX_LOGPROBS:
-        raise InvalidRequest(f"'top_logprobs' must be between 0 and {MAX_LOGPROBS}",
-                             param="top_logprobs")  # fmt: skip
+        raise InvalidRequest(
+            f"'top_logprobs' must be between 0 and {MAX_LOGPROBS}", param="top_logprobs"
+        )
     if top and not wanted:
-        raise InvalidRequest("when using 'top_logprobs', 'logprobs' must be set to true",
-                             param="top_logprobs")  # fmt: skip
+        raise InvalidRequest(
+            "when using 'top_logprobs', 'logprobs' must be set to true", param="top_logprobs"
+        )
     return top if wanted else None
 
 
@@ -158,8 +161,9 @@ def _sampling(
     stop = field(body, "stop", (str, list), [])
     stops = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) for s in stops) or len(stops) > 4:
-        raise InvalidRequest("'stop' must be a string or an array of at most 4 strings",
-                             param="stop")  # fmt: skip
+        raise InvalidRequest(
+            "'stop' must be a string or an array of at most 4 strings", param="stop"
+        )
     seed = field(body, "seed", int, None)
     if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
         raise InvalidRequest("'seed' must be a 64-bit integer", param="seed")
@@ -168,25 +172,33 @@ def _sampling(
         raise InvalidRequest("'top_k' must be -1 or 0 (every token), or at least 1", param="top_k")
     min_tokens = field(body, "min_tokens", int, 0)
     if not 0 <= min_tokens <= max_tokens:
-        raise InvalidRequest(f"'min_tokens' must be between 0 and {name} ({max_tokens})",
-                             param="min_tokens")  # fmt: skip
+        raise InvalidRequest(
+            f"'min_tokens' must be between 0 and {name} ({max_tokens})", param="min_tokens"
+        )
     repetition = _number(body, "repetition_penalty", 1.0, 0.0, 2.0**31)
     if repetition == 0.0:
-        raise InvalidRequest("'repetition_penalty' must be greater than 0",
-                             param="repetition_penalty")  # fmt: skip
+        raise InvalidRequest(
+            "'repetition_penalty' must be greater than 0", param="repetition_penalty"
+        )
     return SamplingParams(
-        max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-        stop=tuple(stops), ignore_eos=field(body, "ignore_eos", bool, False),
-        top_k=top_k if top_k > 0 else 0, min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        seed=seed,
+        stop=tuple(stops),
+        ignore_eos=field(body, "ignore_eos", bool, False),
+        top_k=top_k if top_k > 0 else 0,
+        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=repetition,
         stop_token_ids=_token_ids(body, "stop_token_ids", engine.vocab_size),
-        min_tokens=min_tokens, logit_bias=_logit_bias(body, engine.vocab_size),
+        min_tokens=min_tokens,
+        logit_bias=_logit_bias(body, engine.vocab_size),
         include_stop_str_in_output=field(body, "include_stop_str_in_output", bool, False),
         skip_special_tokens=field(body, "skip_special_tokens", bool, True),
         logprobs=logprobs,
-    )  # fmt: skip
+    )
 
 
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
@@ -214,8 +226,9 @@ def _logit_bias(body: dict[str, Any], vocab: int) -> tuple[tuple[int, float], ..
     if outside:
         raise InvalidRequest(
             f"token_id(s) {outside} in 'logit_bias' contain out-of-vocab token ids. "
-            f"Vocabulary size: {vocab}", param="logit_bias",
-        )  # fmt: skip
+            f"Vocabulary size: {vocab}",
+            param="logit_bias",
+        )
     return tuple(out)
 
 
@@ -223,8 +236,9 @@ def _prompts(body: dict[str, Any], engine: Engine) -> list[str | tuple[int, ...]
     raw = body.get("prompt")
     bad = InvalidRequest(
         "'prompt' must be a string, an array of strings, an array of token ids or an array of "
-        "arrays of token ids, not empty", param="prompt",
-    )  # fmt: skip
+        "arrays of token ids, not empty",
+        param="prompt",
+    )
     if isinstance(raw, str) and raw:
         return [raw]
     if not isinstance(raw, list) or not raw:
@@ -235,12 +249,14 @@ def _prompts(body: dict[str, Any], engine: Engine) -> list[str | tuple[int, ...]
     if not all(p and all(type(i) is int for i in p) for p in lists):
         raise bad
     if Feature.TOKEN_PROMPTS not in engine.features:
-        raise InvalidRequest(f"'prompt' as token ids is not supported by {engine.name}",
-                             param="prompt")  # fmt: skip
+        raise InvalidRequest(
+            f"'prompt' as token ids is not supported by {engine.name}", param="prompt"
+        )
     vocab = engine.vocab_size
     if not all(0 <= i < vocab for p in lists for i in p):
-        raise InvalidRequest(f"'prompt' token ids must be between 0 and {vocab - 1}",
-                             param="prompt")  # fmt: skip
+        raise InvalidRequest(
+            f"'prompt' token ids must be between 0 and {vocab - 1}", param="prompt"
+        )
     return [tuple(p) for p in lists]
 
 
@@ -251,8 +267,9 @@ def _check_length(
     if tokens + params.max_tokens > limit:
         raise InvalidRequest(
             f"prompt ({tokens} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
-            f"model's context length of {limit} tokens", param="prompt",
-        )  # fmt: skip
+            f"model's context length of {limit} tokens",
+            param="prompt",
+        )
 
 
 def _chat_prompt(body: dict[str, Any], service: GenerationService, tools: ToolPlan | None) -> str:
@@ -286,8 +303,9 @@ def _message(i: int, message: Any) -> dict[str, Any]:
         )
     unknown = sorted(set(message) - _MESSAGE_KEYS)
     if unknown:
-        raise InvalidRequest(f"messages[{i}].{unknown[0]} is not a field this endpoint knows",
-                             param="messages")  # fmt: skip
+        raise InvalidRequest(
+            f"messages[{i}].{unknown[0]} is not a field this endpoint knows", param="messages"
+        )
     out: dict[str, Any] = {"role": role, "content": _content(i, message.get("content"), role)}
     for key in ("name", "tool_call_id"):
         if message.get(key) is not None:
@@ -309,8 +327,9 @@ def _content(i: int, content: Any, role: str) -> str:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise InvalidRequest(f"messages[{i}].content must be a string or text parts",
-                             param="messages")  # fmt: skip
+        raise InvalidRequest(
+            f"messages[{i}].content must be a string or text parts", param="messages"
+        )
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
@@ -319,11 +338,13 @@ def _content(i: int, content: Any, role: str) -> str:
         elif kind in ("image_url", "input_audio", "video_url", "audio_url", "file"):
             raise InvalidRequest(
                 f"messages[{i}].content[{j}]: '{kind}' parts are not supported: the served "
-                "model takes text only", param="messages",
-            )  # fmt: skip
+                "model takes text only",
+                param="messages",
+            )
         else:
-            raise InvalidRequest(f"messages[{i}].content[{j}] must be a text part",
-                                 param="messages")  # fmt: skip
+            raise InvalidRequest(
+                f"messages[{i}].content[{j}] must be a text part", param="messages"
+            )
     return "\n".join(texts)
 
 
@@ -331,8 +352,9 @@ def _tool_calls(i: int, calls: Any) -> list[dict[str, Any]]:
     """An assistant's earlier tool calls, as vLLM hands them to a template: each call's
     ``arguments`` JSON read into an object."""
     if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
-        raise InvalidRequest(f"messages[{i}].tool_calls must be an array of objects",
-                             param="messages")  # fmt: skip
+        raise InvalidRequest(
+            f"messages[{i}].tool_calls must be an array of objects", param="messages"
+        )
     out = []
     for call in calls:
         call = dict(call)
@@ -341,7 +363,8 @@ def _tool_calls(i: int, calls: Any) -> list[dict[str, Any]]:
             try:
                 call["function"] = function | {"arguments": json.loads(function["arguments"])}
             except json.JSONDecodeError as exc:
-                raise InvalidRequest(f"messages[{i}].tool_calls: arguments are not JSON: {exc}",
-                                     param="messages") from exc  # fmt: skip
+                raise InvalidRequest(
+                    f"messages[{i}].tool_calls: arguments are not JSON: {exc}", param="messages"
+                ) from exc
         out.append(call)
     return out

@@ -61,8 +61,12 @@ class ApiProcess:
     def from_environ(cls, config: GatewayConfig) -> ApiProcess | None:
         if not os.environ.get(SUPERVISOR_ENV) or config.api_processes < 2:
             return None
-        return cls(int(os.environ[SLOT_ENV]), config.api_processes,
-                   Path(os.environ[METRICS_ENV]), os.environ.get(RESTARTED_ENV) == "1")  # fmt: skip
+        return cls(
+            int(os.environ[SLOT_ENV]),
+            config.api_processes,
+            Path(os.environ[METRICS_ENV]),
+            os.environ.get(RESTARTED_ENV) == "1",
+        )
 
     def workers(self, total: int) -> range:
         """The gateway-wide indices of this process's engine workers."""
@@ -76,8 +80,14 @@ class Supervisor:
         self._dir = Path(tempfile.mkdtemp(prefix="hangup-gateway-"))
         self._ports = (0, 0)
         self._restarted: set[int] = set()
-        self.children = Children("API process", config.api_processes, self._command, self._dir,
-                                 ready_wait=_READY_WAIT, on_exit=self._exited)  # fmt: skip
+        self.children = Children(
+            "API process",
+            config.api_processes,
+            self._command,
+            self._dir,
+            ready_wait=_READY_WAIT,
+            on_exit=self._exited,
+        )
 
     def _command(self, slot: int, ready: Path) -> tuple[Sequence[str], Mapping[str, str]]:
         env = {
@@ -98,12 +108,14 @@ class Supervisor:
             "--ready-file",
             str(ready),
         ]
-        return argv, env  # fmt: skip
+        return argv, env
 
     def _exited(self, slot: int, pid: int, code: int | None) -> None:
         self._restarted.add(slot)
-        log.warning("API process exited; starting it again", extra={"fields": {
-            "api_process": slot, "pid": pid, "exit": code}})  # fmt: skip
+        log.warning(
+            "API process exited; starting it again",
+            extra={"fields": {"api_process": slot, "pid": pid, "exit": code}},
+        )
 
     async def serve(self, stop: asyncio.Event, hurry: asyncio.Event) -> None:
         config = self.config

@@ -42,8 +42,14 @@ def field(body: dict[str, Any], name: str, kind: type[T] | tuple[type, ...], def
 
 
 def _type_name(kind: type) -> str:
-    return {str: "a string", int: "an integer", float: "a number", bool: "a boolean",
-            list: "an array", dict: "an object"}.get(kind, kind.__name__)  # fmt: skip
+    return {
+        str: "a string",
+        int: "an integer",
+        float: "a number",
+        bool: "a boolean",
+        list: "an array",
+        dict: "an object",
+    }.get(kind, kind.__name__)
 
 
 def sampling_params(

@@ -79,9 +79,12 @@ class GatewayServer:
             engines = [factory(i) for i in share or range(config.workers)]
         self.metrics = GatewayMetrics(self.metrics_registry, [config.model_name])
         self.pool = EnginePool(
-            engines, share.start if share else 0, factory=factory,
-            policy=restart_policy(config), on_restart=self.metrics.count_engine_restart,
-        )  # fmt: skip
+            engines,
+            share.start if share else 0,
+            factory=factory,
+            policy=restart_policy(config),
+            on_restart=self.metrics.count_engine_restart,
+        )
         self.metrics.create_worker_series(w.name for w in self.pool.workers)
         self.watchdog = LoopWatchdog(config.loop_stall_limit)
         self.registry = CallRegistry(self.metrics, tombstone_ttl=config.tombstone_ttl)

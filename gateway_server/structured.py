@@ -37,10 +37,18 @@ class Constraint(enum.StrEnum):
     """Only set by the gateway itself (vLLM's tool parsers constrain tool calls with one)."""
 
 
-_OPTIONS = {"disable_any_whitespace": bool, "disable_additional_properties": bool,
-            "whitespace_pattern": str}  # fmt: skip
-_CLIENT_CONSTRAINTS = (Constraint.JSON, Constraint.JSON_OBJECT, Constraint.REGEX,
-                       Constraint.CHOICE, Constraint.GRAMMAR)  # fmt: skip
+_OPTIONS = {
+    "disable_any_whitespace": bool,
+    "disable_additional_properties": bool,
+    "whitespace_pattern": str,
+}
+_CLIENT_CONSTRAINTS = (
+    Constraint.JSON,
+    Constraint.JSON_OBJECT,
+    Constraint.REGEX,
+    Constraint.CHOICE,
+    Constraint.GRAMMAR,
+)
 _EXCLUSIVE = (Constraint.JSON, Constraint.REGEX, Constraint.CHOICE)
 """The constraints vLLM refuses beside a named ``tool_choice``."""
 
@@ -68,9 +76,11 @@ class StructuredOutput:
         elif self.kind is Constraint.CHOICE:
             value = list(self.value)  # type: ignore[arg-type]
         args: dict[str, Any] = {self.kind.value: value}
-        args.update(disable_any_whitespace=self.disable_any_whitespace,
-                    disable_additional_properties=self.disable_additional_properties,
-                    whitespace_pattern=self.whitespace_pattern)  # fmt: skip
+        args.update(
+            disable_any_whitespace=self.disable_any_whitespace,
+            disable_additional_properties=self.disable_additional_properties,
+            whitespace_pattern=self.whitespace_pattern,
+        )
         return args
 
 
@@ -212,9 +222,11 @@ def from_vllm(params: Any, source: str) -> StructuredOutput | None:
         elif kind is Constraint.CHOICE:
             value = tuple(value)
         return StructuredOutput(
-            kind, value, source,
+            kind,
+            value,
+            source,
             disable_any_whitespace=bool(params.disable_any_whitespace),
             disable_additional_properties=bool(params.disable_additional_properties),
             whitespace_pattern=params.whitespace_pattern,
-        )  # fmt: skip
+        )
     return None

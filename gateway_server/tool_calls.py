@@ -60,9 +60,11 @@ class ToolCalling:
             manager: Any = import_module("vllm.parser").ParserManager
             try:
                 self._parser_cls = manager.get_parser(
-                    tool_parser_name=settings.parser, enable_auto_tools=settings.auto,
-                    model_name=model, tokenizer=tokenizer,
-                )  # fmt: skip
+                    tool_parser_name=settings.parser,
+                    enable_auto_tools=settings.auto,
+                    model_name=model,
+                    tokenizer=tokenizer,
+                )
             except (TypeError, KeyError, ValueError) as exc:
                 raise EngineError(f"--tool-call-parser {settings.parser}: {exc}") from exc
 
@@ -171,9 +173,12 @@ class ChoiceTools:
         """The ``delta`` for the next piece of the answer; None: nothing to send yet. (The
         prompt's token ids only tell a reasoning parser where reasoning ends: none is used.)"""
         delta = self._parser.parse_delta(
-            delta_text=text, delta_token_ids=[], request=self._request, prompt_token_ids=[],
+            delta_text=text,
+            delta_token_ids=[],
+            request=self._request,
+            prompt_token_ids=[],
             finished=finish is not None,
-        )  # fmt: skip
+        )
         if delta is None:
             return None if finish is None else {}
         out: dict[str, Any] = delta.model_dump(exclude_unset=True)

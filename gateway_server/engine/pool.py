@@ -75,10 +75,14 @@ class Worker:
 
 class EnginePool:
     def __init__(
-        self, engines: list[Engine], first_index: int = 0, *,
-        factory: EngineFactory | None = None, policy: RestartPolicy | None = None,
+        self,
+        engines: list[Engine],
+        first_index: int = 0,
+        *,
+        factory: EngineFactory | None = None,
+        policy: RestartPolicy | None = None,
         on_restart: Callable[[Worker], None] = lambda worker: None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``first_index``: the gateway-wide index of the first worker (an API process's share
         of the workers starts there). Without ``factory`` a dead engine stays dead.
         ``on_restart`` runs once a worker serves again on a new engine (metrics)."""
@@ -148,8 +152,14 @@ class EnginePool:
         liveness reads ``down_for`` to give up on the container instead)."""
         dead = worker.engine
         worker.down_since = self._clock()
-        log_event(log, "engine_worker_died", logging.ERROR, worker=worker.index,
-                  cause=dead.death_cause or "unknown", in_flight=worker.in_flight)  # fmt: skip
+        log_event(
+            log,
+            "engine_worker_died",
+            logging.ERROR,
+            worker=worker.index,
+            cause=dead.death_cause or "unknown",
+            in_flight=worker.in_flight,
+        )
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self.policy.shutdown_timeout_s):
                 await dead.shutdown()
@@ -162,9 +172,15 @@ class EnginePool:
                 await engine.start()
             except Exception as exc:
                 failures += 1
-                log_event(log, "engine_worker_restart_failed", logging.ERROR,
-                          worker=worker.index, attempt=failures, error=str(exc),
-                          retry_in_s=self.policy.delay(failures))  # fmt: skip
+                log_event(
+                    log,
+                    "engine_worker_restart_failed",
+                    logging.ERROR,
+                    worker=worker.index,
+                    attempt=failures,
+                    error=str(exc),
+                    retry_in_s=self.policy.delay(failures),
+                )
                 with contextlib.suppress(Exception):
                     await engine.shutdown()
                 continue
@@ -172,5 +188,10 @@ class EnginePool:
         took = self._clock() - worker.down_since
         worker.engine, worker.down_since = engine, None
         self._on_restart(worker)
-        log_event(log, "engine_worker_restarted", worker=worker.index, attempts=failures + 1,
-                  restart_s=round(took, 3))  # fmt: skip
+        log_event(
+            log,
+            "engine_worker_restarted",
+            worker=worker.index,
+            attempts=failures + 1,
+            restart_s=round(took, 3),
+        )

@@ -86,10 +86,18 @@ class SimulatedEngine:
     """Implements :class:`~gateway_server.engine.base.Engine` without a model (see module doc)."""
 
     name = "the simulated engine"
-    features = frozenset({
-        Feature.TOP_K, Feature.MIN_P, Feature.LOGIT_BIAS, Feature.STOP_TOKEN_IDS,
-        Feature.MIN_TOKENS, Feature.LOGPROBS, Feature.ECHO, Feature.TOKEN_PROMPTS,
-    })  # fmt: skip
+    features = frozenset(
+        {
+            Feature.TOP_K,
+            Feature.MIN_P,
+            Feature.LOGIT_BIAS,
+            Feature.STOP_TOKEN_IDS,
+            Feature.MIN_TOKENS,
+            Feature.LOGPROBS,
+            Feature.ECHO,
+            Feature.TOKEN_PROMPTS,
+        }
+    )
     vocab_size = len(VOCAB)
 
     def __init__(self, config: SimConfig) -> None:
@@ -222,8 +230,9 @@ class SimulatedEngine:
         capacity = self._config.slots * self._config.max_model_len
         held = sum(seq.held_tokens for seq in self._running)
         blocks = -(-capacity // SIM_BLOCK_SIZE)  # the cache as blocks of vLLM's default size
-        return EngineLoad(len(self._running), len(self._waiting), held / capacity, blocks,
-                          SIM_BLOCK_SIZE)  # fmt: skip
+        return EngineLoad(
+            len(self._running), len(self._waiting), held / capacity, blocks, SIM_BLOCK_SIZE
+        )
 
     # -- the step loop ---------------------------------------------------------------------
 

@@ -166,8 +166,11 @@ class VllmEngine:
             return ""
         manager = getattr(getattr(self._llm, "engine_core", None), "resources", None)
         processes = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
-        causes = [_exit_status(p.pid, p.exitcode) for p in processes
-                  if getattr(p, "exitcode", None) not in (None, 0)]  # fmt: skip
+        causes = [
+            _exit_status(p.pid, p.exitcode)
+            for p in processes
+            if getattr(p, "exitcode", None) not in (None, 0)
+        ]
         return "; ".join(causes) or "vLLM marked its engine core dead"
 
     async def start(self) -> None:
@@ -187,12 +190,15 @@ class VllmEngine:
             ) from exc
         self._processes = process_tree.snapshot(self.engine_core_pids)
         log_event(
-            log, "vllm_worker_ready", worker=self.index, model=self.model,
+            log,
+            "vllm_worker_ready",
+            worker=self.index,
+            model=self.model,
             max_model_len=self.max_model_len,
             devices=list(self.devices.ids) if self.devices else [],
             engine_core_pids=self.engine_core_pids,
             start_s=round(time.monotonic() - started, 1),
-        )  # fmt: skip
+        )
 
     @property
     def engine_core_pids(self) -> list[int]:
@@ -228,8 +234,9 @@ class VllmEngine:
         finally:
             left = process_tree.kill_leftovers(self._processes)
             if left:
-                log_event(log, "vllm_leftovers_killed", logging.WARNING, worker=self.index,
-                          pids=left)  # fmt: skip
+                log_event(
+                    log, "vllm_leftovers_killed", logging.WARNING, worker=self.index, pids=left
+                )
 
     # -- requests --------------------------------------------------------------------------
 
@@ -248,11 +255,13 @@ class VllmEngine:
         if not getattr(tokenizer, "chat_template", None):
             raise NoChatTemplate(f"model {self.model!r} has no chat template; use /v1/completions")
         prompt = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=options.add_generation_prompt,
+            messages,
+            tokenize=False,
+            add_generation_prompt=options.add_generation_prompt,
             continue_final_message=options.continue_final_message,
             tools=list(options.tools) if options.tools else None,
             **dict(options.template_kwargs),
-        )  # fmt: skip
+        )
         return str(prompt)
 
     def check(self, params: SamplingParams) -> None:
@@ -265,9 +274,11 @@ class VllmEngine:
         client_fault: Any = import_module("vllm.exceptions").VLLMClientError
         try:
             _sampling(params).verify(
-                processor.model_config, processor.speculative_config,
-                processor.structured_outputs_config, self._tokenizer(),
-            )  # fmt: skip
+                processor.model_config,
+                processor.speculative_config,
+                processor.structured_outputs_config,
+                self._tokenizer(),
+            )
         except (ValueError, client_fault) as exc:
             raise RequestRejected(str(exc)) from exc
 
@@ -342,8 +353,9 @@ class VllmEngine:
         if out.prompt_logprobs is not None and not state.prompt_logprobs_sent:
             state.prompt_logprobs_sent = True
             prompt_logprobs = self._logprobs(out.prompt_token_ids, out.prompt_logprobs)
-        return TokenChunk(completion.text, new_tokens, state.prompt_tokens, finish, logprobs,
-                          prompt_logprobs)  # fmt: skip
+        return TokenChunk(
+            completion.text, new_tokens, state.prompt_tokens, finish, logprobs, prompt_logprobs
+        )
 
     def _logprobs(self, token_ids: Sequence[int], steps: Sequence[Any]) -> tuple[TokenLogprob, ...]:
         """vLLM's ``{token id: Logprob}`` per position as :class:`TokenLogprob` (the chosen token
@@ -355,8 +367,9 @@ class VllmEngine:
                 out.append(TokenLogprob(self._decode(token_id, None), None))
                 continue
             top = tuple((self._decode(i, lp), max(lp.logprob, -9999.0)) for i, lp in step.items())
-            out.append(TokenLogprob(self._decode(token_id, chosen), max(chosen.logprob, -9999.0),
-                                    top))  # fmt: skip
+            out.append(
+                TokenLogprob(self._decode(token_id, chosen), max(chosen.logprob, -9999.0), top)
+            )
         return tuple(out)
 
     def _decode(self, token_id: int, logprob: Any) -> str:
@@ -411,9 +424,13 @@ class VllmEngine:
         except TimeoutError:
             # Never seen; a hung engine core must not hang cancel callers with it.
             log_event(
-                log, "vllm_abort_unconfirmed", logging.ERROR, worker=self.index,
-                request_id=request_id, timeout_s=ABORT_CONFIRM_TIMEOUT_S,
-            )  # fmt: skip
+                log,
+                "vllm_abort_unconfirmed",
+                logging.ERROR,
+                worker=self.index,
+                request_id=request_id,
+                timeout_s=ABORT_CONFIRM_TIMEOUT_S,
+            )
         finally:
             self._forget(request_id, state)
 

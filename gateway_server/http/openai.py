@@ -95,8 +95,13 @@ async def unknown_path(request: web.Request) -> web.StreamResponse:
 
 async def list_models(request: web.Request) -> web.Response:
     service: GenerationService = request.app[SERVICE]
-    model = {"id": service.model.name, "object": "model", "created": 0, "owned_by": "hangup",
-             "max_model_len": service.model.max_model_len}  # fmt: skip
+    model = {
+        "id": service.model.name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "hangup",
+        "max_model_len": service.model.max_model_len,
+    }
     return web.json_response({"object": "list", "data": [model]})
 
 
@@ -153,10 +158,13 @@ async def _stream(
     chunks: AsyncGenerator[tuple[int, TokenChunk], None],
 ) -> web.StreamResponse:
     job = answer.job
-    response = web.StreamResponse(headers={
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        REQUEST_ID_HEADER: call.call_id,
-    })  # fmt: skip
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            REQUEST_ID_HEADER: call.call_id,
+        }
+    )
     await response.prepare(request)
     choices = [_Choice() for _ in job.choices]
     if job.chat:
@@ -211,9 +219,13 @@ def _rich_event(
 
 
 async def _write_tool_delta(
-    response: web.StreamResponse, call: Call, answer: _Answer, index: int, chunk: TokenChunk,
+    response: web.StreamResponse,
+    call: Call,
+    answer: _Answer,
+    index: int,
+    chunk: TokenChunk,
     tools: ChoiceTools,
-) -> None:  # fmt: skip
+) -> None:
     """One chunk of a choice whose answer goes through the tool parser (not the per-token
     fast path: the parser decides whether the delta holds ``content`` or ``tool_calls``)."""
     finish = chunk.finish_reason.value if chunk.finish_reason else None
@@ -251,9 +263,11 @@ class StreamEvents:
     def chunk(
         self, index: int, text: str, finish: FinishReason | None, logprobs: str | None = None
     ) -> bytes:
-        tail = self._tails[finish] if logprobs is None else (
-            f', "logprobs": {logprobs}{self._finishes[finish]}'
-        )  # fmt: skip
+        tail = (
+            self._tails[finish]
+            if logprobs is None
+            else (f', "logprobs": {logprobs}{self._finishes[finish]}')
+        )
         return (
             f"{self._head}{index}{self._key}{encode_basestring_ascii(text)}{self._close}{tail}"
         ).encode()
@@ -273,8 +287,12 @@ def _absorb(choice: _Choice, chunk: TokenChunk, *, keep_text: bool, keep_logprob
 
 def _envelope(call: Call, answer: _Answer) -> dict[str, Any]:
     prefix = "chatcmpl" if answer.job.chat else "cmpl"
-    return {"id": f"{prefix}-{call.call_id}", "object": answer.object_name,
-            "created": answer.created, "model": answer.job.model}  # fmt: skip
+    return {
+        "id": f"{prefix}-{call.call_id}",
+        "object": answer.object_name,
+        "created": answer.created,
+        "model": answer.job.model,
+    }
 
 
 def _event(call: Call, answer: _Answer, choices: list[dict[str, Any]]) -> bytes:
@@ -286,19 +304,30 @@ def _final_choice(job: OpenAIJob, index: int, choice: _Choice) -> dict[str, Any]
     if job.chat:
         message = {"role": "assistant", "content": choice.text}
         logprobs = None if top is None else openai_logprobs.chat(choice.logprobs, top)
-        return {"index": index, "message": message, "logprobs": logprobs,
-                "finish_reason": choice.finish_reason}  # fmt: skip
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": choice.finish_reason,
+        }
     text = (job.choices[index].echo or "") + choice.text
     logprobs = None if top is None else openai_logprobs.completion(choice.logprobs, top, 0)[0]
-    return {"index": index, "text": text, "logprobs": logprobs,
-            "finish_reason": choice.finish_reason}  # fmt: skip
+    return {
+        "index": index,
+        "text": text,
+        "logprobs": logprobs,
+        "finish_reason": choice.finish_reason,
+    }
 
 
 def _usage(job: OpenAIJob, choices: list[_Choice]) -> dict[str, int]:
     prompt = sum(c.prompt_tokens for c in choices[:: job.n])  # each prompt once, not n times
     completion = sum(c.tokens for c in choices)
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}  # fmt: skip
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 def _error_body(exc: Exception) -> dict[str, Any]:

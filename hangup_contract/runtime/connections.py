@@ -180,9 +180,10 @@ class LimitedServer(web.Server):
         if reason not in self._logged:
             self._logged.add(reason)
             log.warning(
-                "closed a client connection: %s (further ones are only counted)", reason.value,
+                "closed a client connection: %s (further ones are only counted)",
+                reason.value,
                 extra={"fields": {"listener": self._listener, "reason": reason.value}},
-            )  # fmt: skip
+            )
 
     def pre_shutdown(self) -> None:
         if self._sweeping is not None:

@@ -53,10 +53,11 @@ class OptionTable:
 
     def parser(self) -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(
-            prog=self.prog, description=self.description,
+            prog=self.prog,
+            description=self.description,
             epilog=f"Every option also reads {self.env_prefix}<OPTION> "
             f"(e.g. {self.env_prefix}HTTP_PORT); a flag wins over the variable.",
-        )  # fmt: skip
+        )
         sections: dict[str | None, argparse._ActionsContainer] = {None: parser}
         for name, title in (self.groups or {}).items():
             sections[name] = parser.add_argument_group(title)
@@ -64,12 +65,21 @@ class OptionTable:
             section = sections[option.group]
             if option.negatable:
                 section.add_argument(
-                    option.flag, dest=option.dest, default=None,
-                    action=argparse.BooleanOptionalAction, help=option.help,
-                )  # fmt: skip
+                    option.flag,
+                    dest=option.dest,
+                    default=None,
+                    action=argparse.BooleanOptionalAction,
+                    help=option.help,
+                )
             elif option.parse is parse_bool:  # a bare flag means true; a value may follow
-                section.add_argument(option.flag, dest=option.dest, nargs="?", const="true",
-                                     default=None, help=option.help)  # fmt: skip
+                section.add_argument(
+                    option.flag,
+                    dest=option.dest,
+                    nargs="?",
+                    const="true",
+                    default=None,
+                    help=option.help,
+                )
             else:
                 section.add_argument(option.flag, dest=option.dest, default=None, help=option.help)
         return parser

@@ -148,10 +148,13 @@ class Children:
         ready.unlink(missing_ok=True)
         argv, env = self._command(slot, ready)
         child = await asyncio.create_subprocess_exec(
-            sys.executable, *argv, env=dict(env), stdin=asyncio.subprocess.PIPE,
+            sys.executable,
+            *argv,
+            env=dict(env),
+            stdin=asyncio.subprocess.PIPE,
             process_group=0,  # a group of its own, in this session (a session of its own would
             # put it in a scheduler autogroup of its own: relayed streams came out in bursts)
-        )  # fmt: skip
+        )
         self.processes[slot] = child
         deadline = time.monotonic() + self._ready_wait
         while not ready.exists():
@@ -177,8 +180,9 @@ class Children:
         exits = [asyncio.ensure_future(p.wait()) for p in self.processes.values()]
         exited: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*exits))
         hurried: asyncio.Future[Any] = asyncio.ensure_future(hurry.wait())
-        done, _ = await asyncio.wait([exited, hurried], timeout=limit,
-                                     return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        done, _ = await asyncio.wait(
+            [exited, hurried], timeout=limit, return_when=asyncio.FIRST_COMPLETED
+        )
         if hurried in done:
             self.signal(signal.SIGTERM)
             await asyncio.wait(exits, timeout=after_hurry)
@@ -198,8 +202,9 @@ class Children:
         await asyncio.gather(*self._keepers, return_exceptions=True)
         for child in self.processes.values():
             if child.returncode is None:
-                log.warning(f"{self.what} did not exit: killing it",
-                            extra={"fields": {"pid": child.pid}})  # fmt: skip
+                log.warning(
+                    f"{self.what} did not exit: killing it", extra={"fields": {"pid": child.pid}}
+                )
                 with contextlib.suppress(ProcessLookupError):
                     child.kill()
                 await child.wait()
