@@ -15,7 +15,7 @@ from typing import Any
 from gateway_server.engine.base import ChatOptions, Engine, Feature, SamplingParams
 from gateway_server.errors import InvalidRequest
 from gateway_server.openai_fields import CHAT, COMPLETIONS, check
-from gateway_server.requests import MAX_CHOICES, field
+from gateway_server.requests import MAX_CHOICES, field, stop_strings
 from gateway_server.service import GenerationService
 from gateway_server.structured import StructuredOutput, parse_structured
 from gateway_server.tool_calls import ToolPlan
@@ -158,12 +158,7 @@ def _sampling(
     top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
     if top_p == 0.0:
         raise InvalidRequest("'top_p' must be greater than 0 and at most 1", param="top_p")
-    stop = field(body, "stop", (str, list), [])
-    stops = [stop] if isinstance(stop, str) else stop
-    if not all(isinstance(s, str) for s in stops) or len(stops) > 4:
-        raise InvalidRequest(
-            "'stop' must be a string or an array of at most 4 strings", param="stop"
-        )
+    stops = stop_strings(body)
     seed = field(body, "seed", int, None)
     if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
         raise InvalidRequest("'seed' must be a 64-bit integer", param="seed")

@@ -52,6 +52,17 @@ def _type_name(kind: type) -> str:
     }.get(kind, kind.__name__)
 
 
+def stop_strings(body: dict[str, Any]) -> list[str]:
+    """``stop``: a string or an array of at most 4 strings, as a list."""
+    stop = field(body, "stop", (str, list), [])
+    stops = [stop] if isinstance(stop, str) else stop
+    if not all(isinstance(s, str) for s in stops) or len(stops) > 4:
+        raise InvalidRequest(
+            "'stop' must be a string or an array of at most 4 strings", param="stop"
+        )
+    return stops
+
+
 def sampling_params(
     body: dict[str, Any], *, max_model_len: int, default_max_tokens: int
 ) -> SamplingParams:
@@ -69,12 +80,7 @@ def sampling_params(
     top_p = float(field(body, "top_p", (int, float), 1.0))
     if not 0.0 < top_p <= 1.0:
         raise InvalidRequest("'top_p' must be greater than 0 and at most 1", param="top_p")
-    stop = field(body, "stop", (str, list), [])
-    stops = [stop] if isinstance(stop, str) else stop
-    if not all(isinstance(s, str) for s in stops) or len(stops) > 4:
-        raise InvalidRequest(
-            "'stop' must be a string or an array of at most 4 strings", param="stop"
-        )
+    stops = stop_strings(body)
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
