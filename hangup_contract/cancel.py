@@ -72,7 +72,11 @@ class CancelAnswer:
 
     @classmethod
     def from_json(cls, body: bytes | str) -> CancelAnswer:
-        """Parse an answer. Raises ``ValueError`` naming what is missing or wrong."""
+        """Parse an answer strictly, for a side that knows every phase the sender may name (the
+        gateway's own API processes answering one another). Raises ``ValueError`` naming what is
+        missing or wrong, an unknown phase included; a reader that may face a newer sender (the
+        proxy) reads :func:`answer_state` instead, which accepts phases and fields it does not
+        know."""
         parsed = _answer_object(body)
         state = _state_of(parsed)
         phase = parsed.get("phase")

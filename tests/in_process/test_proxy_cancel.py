@@ -61,6 +61,11 @@ def _dead_url() -> str:
         ((200, {"state": "cancelled", "phase": {}}), CancelResult.ERROR),
         # A newer gateway: a phase and a field this proxy does not know; still cancelled.
         ((200, {"state": "cancelled", "phase": "transfer", "kv_blocks": 7}), CancelResult.OK),
+        # A disaggregated gateway's answer: the transfer phase and a per-leg breakdown.
+        (
+            (200, {"state": "cancelled", "phase": "transfer", "legs": [{"phase": "decode"}]}),
+            CancelResult.OK,
+        ),
     ],
 )
 async def test_answers_map_to_results(

@@ -97,6 +97,10 @@ def test_a_bad_cancel_answer_names_its_problem(text: str, message: str) -> None:
     [
         ('{"state": "cancelled", "phase": "transfer", "kv_blocks": 7}', CancelState.CANCELLED),
         ('{"state": "finished", "generated_tokens": "many", "new": {}}', CancelState.FINISHED),
+        (
+            '{"state": "cancelled", "phase": "transfer", "legs": [{"role": "prefill"}]}',
+            CancelState.CANCELLED,
+        ),
     ],
 )
 def test_the_state_is_read_past_phases_and_fields_this_side_does_not_know(
