@@ -10,7 +10,9 @@ say *when* each step below happens and *how* their upstream call closes; :class:
    it was seen; a client that left before anything was sent gets the adapter's "gone" status),
    count it (client disconnects by stage, cancels by reason), and, when an upstream call is
    open and unfinished, submit the explicit cancel by id to the ``Canceller`` (a task of its own:
-   it outlives the handler). Once per call: a later stop returns the first one's cancel.
+   it outlives the handler). Once per call: a later stop returns the first one's cancel. A
+   ``detached`` call (a background response, ``proxy.responses``) is meant to outlive its
+   client: its end is counted (client disconnects, outcome), but no cancel is made or counted.
 2. :meth:`CallEnding.close_upstream`: close the upstream call once its cancel is answered, or
    after ``--stream-close-grace`` if that is slower; at once when no cancel is pending. Closing
    first would let the upstream record a bare disconnect instead of the real reason.
@@ -77,6 +79,8 @@ class CallEnding:
             self._metrics.disconnected(call.protocol, call.stage)
             if call.status is None:
                 call.status = self._gone_status
+        if call.detached:
+            return None
         self._metrics.cancelled(call.protocol, reason)
         if self.upstream_open and not self.upstream_done and call.request_id is not None:
             self.cancel = self._submit(call.request_id, reason, detected)

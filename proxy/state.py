@@ -46,6 +46,7 @@ class Call:
     cancel_result: CancelResult | None = None
     cancel_answered_at: float | None = None
     stop: Callable[[Reason], None] | None = None  # interrupts the call (set by its listener)
+    detached: bool = False  # meant to outlive its client: no cancel call (proxy.responses)
 
     def record(self) -> dict[str, object]:
         """The structured log fields for this call."""
@@ -62,6 +63,7 @@ class Call:
             "stage": self.stage.value,
             "reason": self.reason.value if self.reason else None,
             "cancel_result": self.cancel_result.value if self.cancel_result else None,
+            "detached": self.detached,
             "error": self.error,
             "duration_ms": round((ended - self.started) * 1000, 3),
             "upstream_ttfb_ms": None

@@ -57,6 +57,10 @@ class SendsNow(Protocol):
 class TagsRequests(Protocol):
     """An adapter whose upstream takes a call's id from the request body, not from a header."""
 
+    def tags(self, method: str, path: str) -> bool:
+        """Whether this request's body is read whole and given the call's id."""
+        ...
+
     def tag_body(self, body: bytes, request_id: str) -> bytes:
         """``body`` carrying ``request_id``; raises ``ValueError`` saying why it cannot."""
         ...

@@ -8,8 +8,10 @@ still arriving, while waiting for the upstream's first byte, and while streaming
 only shuts down its write side looks the same to the transport and is treated as a hang-up (see
 README, "Half-closed connections").
 
-Per call: admit (limits) → choose ids → stream the body up → relay the response chunk by chunk
-as it arrives (no batching of SSE events) → release. The upstream side is ``proxy.upstream.client``:
+Per call: admit (limits) → choose ids → stream the body up (read whole first where the proxy
+must see it: a body the adapter tags, a ``POST /v1/responses`` that may ask for a background
+response, ``proxy.responses``) → relay the response chunk by chunk as it arrives (no batching of
+SSE events) → release. The upstream side is ``proxy.upstream.client``:
 each chunk the upstream sends is written to the client's transport in the callback that parsed
 it (:class:`_ClientSink`), so no task runs per event; the handler waits for the body's end.
 How the call ends (the reason, the explicit cancel by request id, closing the upstream once
@@ -35,6 +37,7 @@ from aiohttp import web
 
 from hangup_contract.runtime.connections import BodyStalled, body_chunks
 from hangup_contract.vocabulary import Reason
+from proxy import responses
 from proxy.cancel.choice import body_tagger
 from proxy.errors import (
     BadTarget,
@@ -70,6 +73,10 @@ _NO_BODY_STATUSES = frozenset({204, 304})
 _SCRAPE_HEADERS = frozenset({"accept", "accept-encoding", "authorization"})
 SCRAPE_TIMEOUT_S = 10.0
 SCRAPE_MAX_BYTES = 16 << 20
+
+
+def _as_is(body: bytes, request_id: str) -> bytes:
+    return body
 
 
 class _ClientSink:
@@ -267,13 +274,10 @@ class HttpRelay:
             request.headers.items(), ids=ids, client_addr=request.remote, scheme=request.scheme
         )
         await self._continue(request)
+        call.detached = responses.names_a_response(request.path)
         body: Body = None
         if request.body_exists:
-            body = self._arrived(ex)
-            if body is None:
-                body = self._body(ex)
-            if self._tagger is not None and not isinstance(body, bytes):
-                body, headers = await self._tagged(body, headers, ids.upstream)
+            body, headers = await self._request_body(ex, headers, ids.upstream)
         sent = time.monotonic()
         # The upstream call runs in a task of its own, so a hang-up that cancels this handler
         # leaves it open until the explicit cancel has been answered (CallEnding.close_upstream).
@@ -304,14 +308,43 @@ class HttpRelay:
         await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         request.writer.output_size = 0  # the response proper has not started
 
-    async def _tagged(
-        self, body: AsyncIterator[bytes], headers: list[tuple[str, str]], request_id: str
+    async def _request_body(
+        self, ex: _Exchange, headers: list[tuple[str, str]], request_id: str
+    ) -> tuple[Body, list[tuple[str, str]]]:
+        """The body to send up, and the headers to send it with: streamed as it arrives, or read
+        whole where the proxy must see it (the adapter's upstream reads the call's id in it,
+        ``TagsRequests``; or it may ask for a background response, ``proxy.responses``)."""
+        request = ex.request
+        tags = self._tagger is not None and self._tagger.tags(request.method, request.path)
+        reads = responses.reads_body(request.method, request.path)
+        body: Body = None if tags else self._arrived(ex)
+        if body is None:
+            body = self._body(ex)
+            if tags or reads:
+                body, headers = await self._whole(body, headers, request_id, tag=tags)
+        if reads and isinstance(body, bytes):
+            ex.call.detached = responses.asks_for_background(body)
+        elif reads:
+            log.warning(
+                "Responses body over the proxy's read limit: relayed as a call whose hang-up is "
+                "cancelled, whether or not it asks for a background response",
+                extra={"fields": {"request_id": request_id}},
+            )
+        return body, headers
+
+    async def _whole(
+        self,
+        body: AsyncIterator[bytes],
+        headers: list[tuple[str, str]],
+        request_id: str,
+        *,
+        tag: bool,
     ) -> tuple[bytes | AsyncIterator[bytes], list[tuple[str, str]]]:
-        """The body with the call's id written in (the adapter's upstream reads it there)."""
-        assert self._tagger is not None
+        """The body read whole (up to the limit), with the call's id written in when ``tag``."""
         limit = self._config.max_body_size or TAG_LIMIT
-        sent, untagged = await tag_body(body, self._tagger.tag_body, request_id, limit)
-        if untagged is not None:
+        write = self._tagger.tag_body if tag and self._tagger is not None else _as_is
+        sent, untagged = await tag_body(body, write, request_id, limit)
+        if untagged is not None and tag:
             log.warning(
                 "request body not tagged with the call's id: %s",
                 untagged,
@@ -325,10 +358,10 @@ class HttpRelay:
         """The whole body if it has all arrived already (a small request usually comes in one
         packet with its head), else None: then it is streamed up as it arrives. Sent as bytes,
         it goes out with the head in one write, and can be sent again if a reused upstream
-        connection turns out closed (``proxy.upstream.client``). Not for a tagging adapter, which
-        rewrites the body as it streams."""
+        connection turns out closed (``proxy.upstream.client``). Not for a body the adapter
+        tags, which is rewritten as it is read."""
         content = ex.request.content
-        if self._tagger is not None or not content.is_eof() or content.exception() is not None:
+        if not content.is_eof() or content.exception() is not None:
             return None
         body = content.read_nowait()
         limit = self._config.max_body_size

@@ -1,10 +1,12 @@
 """``--cancel-adapter vllm`` at the adapter level (the real ``vllm serve`` behind the proxy is in
 ``tests/vllm/test_vllm_serve_adapter.py``): by default a hang-up closes the upstream stream and
 makes no call; with ``--vllm-abort-endpoint`` it also asks ``POST /abort_requests`` to abort the
-engine request ids vLLM derives from the ``X-Request-Id`` the proxy sent."""
+engine request ids vLLM derives from the ``X-Request-Id`` the proxy sent, or for a Responses call
+from the ``request_id`` the proxy wrote into its body."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
 import pytest
@@ -17,7 +19,7 @@ from proxy.cancel.servers import VllmAbort
 from proxy.config import AdapterName, build_config
 from proxy.errors import CancelAttemptFailed
 from proxy.vocabulary import CancelResult
-from tests.support.proxy_harness import metric, raw_request, running_proxy
+from tests.support.proxy_harness import metric, raw_request, running_proxy, wait_metric
 from tests.support.scripted_upstream import ScriptedUpstream
 
 
@@ -61,7 +63,7 @@ async def test_the_abort_names_the_engine_ids_vllm_gave_the_call(endpoint: Abort
     finally:
         await adapter.close()
     body, auth = endpoint.calls[0]
-    assert body == {"request_ids": ["chatcmpl-abc123", "cmpl-abc123-0"]}
+    assert body == {"request_ids": ["chatcmpl-abc123", "cmpl-abc123-0", "resp_abc123_0"]}
     assert auth == "Bearer tok"
 
 
@@ -122,3 +124,62 @@ async def test_without_the_abort_endpoint_a_hang_up_closes_the_stream_and_calls_
         assert not upstream.cancels
         assert metric(proxy, "hangup_proxy_requests_total", protocol="http", outcome="cancelled")
         assert not metric(proxy, "hangup_proxy_cancel_calls_total", adapter="vllm", result="ok")
+
+
+@pytest.mark.parametrize("background", [False, True])
+async def test_a_responses_call_is_aborted_by_the_id_the_proxy_wrote_in_its_body(
+    upstream: ScriptedUpstream, endpoint: AbortEndpoint, background: bool
+) -> None:
+    """vLLM's Responses route ignores ``X-Request-Id``: its engine request is
+    ``{body's request_id}_0``. The proxy writes ``resp_{call id}`` there (the client's own is
+    replaced); a hang-up aborts ``resp_{call id}_0``, unless the response is a background one,
+    which is meant to outlive its client."""
+    sent = {"model": "m", "input": "Hi", "stream": True, "request_id": "mine"}
+    body = json.dumps({**sent, "background": background}).encode()
+    head = (
+        "POST /v1/responses HTTP/1.1\r\nHost: m\r\nX-Request-Id: call-7\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    async with running_proxy(
+        upstream.url,
+        cancel_adapter=AdapterName.VLLM,
+        vllm_abort_endpoint=True,
+        cancel_url=endpoint.url,
+        trust_client_request_id=True,
+    ) as proxy:
+        _, writer = await raw_request(proxy.addresses["http"], head.encode() + body)
+        await upstream.held.wait()
+        (relayed,) = upstream.held_bodies
+        assert json.loads(relayed) == {
+            **sent,
+            "background": background,
+            "request_id": "resp_call-7",
+        }
+        writer.close()
+        await upstream.closed.wait()
+        assert proxy.state is not None
+        if background:
+            assert proxy.state.canceller.pending == 0 and not endpoint.calls
+            return
+        await wait_metric(proxy, "hangup_proxy_cancel_calls_total", 1, adapter="vllm", result="ok")
+    ((abort, _),) = endpoint.calls
+    assert abort == {"request_ids": ["chatcmpl-call-7", "cmpl-call-7-0", "resp_call-7_0"]}
+
+
+async def test_a_chat_body_is_relayed_untouched_beside_the_responses_tagging(
+    upstream: ScriptedUpstream, endpoint: AbortEndpoint
+) -> None:
+    """Only ``POST /v1/responses`` bodies are rewritten: a chat completion's id is its header."""
+    body = b'{"model": "m", "messages": [], "request_id": "mine"}'
+    async with running_proxy(
+        upstream.url,
+        cancel_adapter=AdapterName.VLLM,
+        vllm_abort_endpoint=True,
+        cancel_url=endpoint.url,
+    ) as proxy:
+        head = f"POST /hold HTTP/1.1\r\nHost: m\r\nContent-Length: {len(body)}\r\n\r\n"
+        _, writer = await raw_request(proxy.addresses["http"], head.encode() + body)
+        await upstream.held.wait()
+        writer.close()
+        await upstream.closed.wait()
+    assert upstream.held_bodies == [body]

@@ -78,6 +78,24 @@ async def test_a_client_gone_before_the_upstream_call_costs_no_cancel() -> None:
     assert s.count("hangup_proxy_requests_total", outcome="cancelled") == 1
 
 
+@pytest.mark.parametrize("reason", [Reason.CLIENT_DISCONNECT, Reason.PROXY_TIMEOUT])
+async def test_a_detached_call_ends_without_a_cancel(reason: Reason) -> None:
+    """A background response outlives its client: the hang-up is counted, nothing is cancelled,
+    and the upstream stream is closed at once."""
+    s = Scripted()
+    s.call.detached = True
+    s.ending.upstream_open = True
+    assert s.ending.stop(reason) is None
+    assert s.submitted == []
+    assert s.count("hangup_proxy_cancels_total", reason=reason) == 0
+    s.ending.close_upstream(s.close)
+    assert s.closes == 1
+    s.ending.finish()
+    ((line),) = s.lines
+    assert line["detached"] is True and line["cancel_result"] is None
+    assert line["outcome"] == "cancelled" and line["reason"] == reason
+
+
 async def test_the_upstream_stays_open_until_the_cancel_is_answered() -> None:
     s = Scripted(grace=60.0)
     s.ending.upstream_open = True

@@ -6,6 +6,7 @@ sees is recorded so tests can assert on it without sleeping.
 - ``/echo``                 answers the request's method, path, headers and body as JSON
 - ``/sse?events=N``         streams N SSE events; with ``gate=1`` each waits for ``release()``
 - ``/hold``                 reads the body, never answers; ``held`` / ``closed`` events
+  (also ``/v1/responses`` and below: a Responses call that runs until its client leaves)
 - ``/status/{code}``        answers ``code`` with a JSON error body
 - ``/break``                sends headers and one chunk, then drops the connection
 - ``POST /v2/requests/{id}/cancel``  records the call and answers per ``cancel_script``
@@ -35,6 +36,7 @@ class ScriptedUpstream:
     cancel_default: tuple[int, dict[str, object]] | str = (200, {"state": "cancelled"})
     cancels: list[CancelCall] = field(default_factory=list)
     requests: list[dict[str, object]] = field(default_factory=list)
+    held_bodies: list[bytes] = field(default_factory=list)
     cancels_inflight: int = 0
     cancels_inflight_max: int = 0
 
@@ -58,6 +60,8 @@ class ScriptedUpstream:
         app.router.add_route("*", "/echo/{tail:.*}", self._echo)
         app.router.add_get("/sse", self._sse)
         app.router.add_route("*", "/hold", self._hold)
+        app.router.add_route("*", "/v1/responses", self._hold)
+        app.router.add_route("*", "/v1/responses/{tail:.*}", self._hold)
         app.router.add_get("/status/{code}", self._status)
         app.router.add_get("/break", self._break)
         app.router.add_post("/v2/requests/{id}/cancel", self._cancel)
@@ -108,8 +112,11 @@ class ScriptedUpstream:
 
     async def _hold(self, request: web.Request) -> web.StreamResponse:
         try:
-            async for _ in request.content.iter_any():
+            body = bytearray()
+            async for chunk in request.content.iter_any():
                 self.body_started.set()
+                body += chunk
+            self.held_bodies.append(bytes(body))
             self.held.set()
             await asyncio.Event().wait()
         finally:

@@ -85,17 +85,28 @@ def vllm_gateway(
 
 @contextlib.contextmanager
 def vllm_serve(
-    model: Path, tmp: Path, engine_args: list[str] = ENGINE_ARGS, *, dev_mode: bool = False
+    model: Path,
+    tmp: Path,
+    engine_args: list[str] = ENGINE_ARGS,
+    *,
+    dev_mode: bool = False,
+    env: dict[str, str] | None = None,
 ) -> Iterator[str]:
     """vLLM's own OpenAI server (what ``vllm serve`` runs) on 127.0.0.1, its base URL; with
-    ``dev_mode`` it runs with ``VLLM_SERVER_DEV_MODE=1`` (``POST /abort_requests`` exists)."""
-    with vllm_serve_process(model, tmp, engine_args, dev_mode=dev_mode) as (url, _):
+    ``dev_mode`` it runs with ``VLLM_SERVER_DEV_MODE=1`` (``POST /abort_requests`` exists);
+    ``env`` adds variables (``VLLM_ENABLE_RESPONSES_API_STORE``...)."""
+    with vllm_serve_process(model, tmp, engine_args, dev_mode=dev_mode, env=env) as (url, _):
         yield url
 
 
 @contextlib.contextmanager
 def vllm_serve_process(
-    model: Path, tmp: Path, engine_args: list[str] = ENGINE_ARGS, *, dev_mode: bool = False
+    model: Path,
+    tmp: Path,
+    engine_args: list[str] = ENGINE_ARGS,
+    *,
+    dev_mode: bool = False,
+    env: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """:func:`vllm_serve`, and its process (benchmarks read its CPU)."""
     with socket.socket() as probe:
@@ -106,11 +117,13 @@ def vllm_serve_process(
     args = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL,
             *engine_args]  # fmt: skip
-    env = child_env({"VLLM_SERVER_DEV_MODE": "1"} if dev_mode else {})
+    extra = {**({"VLLM_SERVER_DEV_MODE": "1"} if dev_mode else {}), **(env or {})}
     tmp.mkdir(parents=True, exist_ok=True)
     log = tmp / "vllm-serve.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, env=child_env(extra), cwd=REPO
+        )
     url = f"http://127.0.0.1:{port}"
     try:
         poll_until(

@@ -6,8 +6,8 @@ proxy also calls ``/abort_requests`` by the ids vLLM derived from the proxy's ``
 Verified from outside: vLLM's own ``/metrics`` (nothing running or waiting, the KV cache empty,
 ``vllm:generation_tokens_total`` stops), vLLM's own log (``--enable-log-requests``: every engine
 request a hung-up call made is logged aborted, and by which path: ``Aborted request(s)
-chatcmpl-{id},cmpl-{id}-0.`` from the endpoint, ``Request cmpl-{id}-0 aborted.`` on disconnect),
-and the proxy's metrics.
+chatcmpl-{id},cmpl-{id}-0,resp_{id}_0.`` from the endpoint, ``Request cmpl-{id}-0 aborted.`` on
+disconnect), and the proxy's metrics. Responses calls: ``tests/vllm/test_vllm_serve_responses.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from proxy.cancel.servers import vllm_request_ids
 from tests.support.processes import Process, spawn
 from tests.support.scrape import Samples, metric_sum, scrape, total
 from tests.support.vllm_stack import (
@@ -63,7 +64,7 @@ class Served:
 
     def aborted_by_endpoint(self, call_id: str) -> bool:
         """vLLM's ``/abort_requests`` aborted the call's engine requests (the ``abort`` mode)."""
-        return f"Aborted request(s) chatcmpl-{call_id},cmpl-{call_id}-0." in self._log()
+        return f"Aborted request(s) {','.join(vllm_request_ids(call_id))}." in self._log()
 
     def aborted_on_disconnect(self, call_id: str) -> bool:
         """vLLM aborted the call's engine request because its connection closed."""
