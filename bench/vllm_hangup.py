@@ -15,7 +15,8 @@ Setups (one at a time, each with the same engine options):
 Scenarios: streaming and non-streaming completions that hang up in *prefill* (a ~7,400-token
 prompt prefilled in 64-token chunks: the client hangs up once the server reports the request
 running and holding KV cache, before any output token) and in *decode* (after 20 output tokens).
-The client is aiohttp; hanging up closes its TCP connection.
+The client is aiohttp; hanging up closes its TCP connection. ``--api responses`` runs the same
+scenarios as Responses calls (``POST /v1/responses``, not background), on the setups that serve it.
 
 Measured per hang-up, from each server's own ``/metrics`` (polled every few ms; both count the
 tokens the engine delivered to its front end):
@@ -27,7 +28,8 @@ tokens the engine delivered to its front end):
   server is printed). A request the server does not abort runs to ``max_tokens`` and counts as
   *not aborted*.
 
-Run: ``.venv/bin/python -m bench.vllm_hangup`` (``--reps 3 --setups hangup,vllm`` to shorten).
+Run: ``.venv/bin/python -m bench.vllm_hangup`` (``--reps 3 --setups hangup,vllm`` to shorten;
+``--api responses --setups vllm,vllm+hangup,vllm+hangup-abort`` for Responses calls).
 """
 
 from __future__ import annotations
@@ -83,6 +85,29 @@ VLLM_GAUGES = Gauges(
 )
 
 
+@dataclass(frozen=True)
+class Api:
+    """The OpenAI route the scenarios call: its path, how a request names its prompt and output
+    length, and the SSE line that marks one streamed token."""
+
+    path: str
+    prompt_field: str
+    max_field: str
+    token_line: bytes
+
+    def body(self, prompt: str, max_tokens: int, stream: bool) -> dict[str, object]:
+        return {"model": MODEL, self.prompt_field: prompt, self.max_field: max_tokens,
+                "stream": stream, "ignore_eos": True, "temperature": 1.0}  # fmt: skip
+
+
+APIS = {
+    "completions": Api("/v1/completions", "prompt", "max_tokens", b"data: {"),
+    "responses": Api(
+        "/v1/responses", "input", "max_output_tokens", b"event: response.output_text.delta"
+    ),
+}
+
+
 @dataclass
 class Target:
     name: str
@@ -116,16 +141,15 @@ async def wait_idle(session: aiohttp.ClientSession, target: Target) -> Readings:
 
 
 async def one_hangup(
-    session: aiohttp.ClientSession, target: Target, *, stream: bool, phase: str
+    session: aiohttp.ClientSession, target: Target, api: Api, *, stream: bool, phase: str
 ) -> tuple[float, float | None]:
     """One request that hangs up in ``phase``; returns (tokens after hang-up, ms to freed)."""
     g = target.gauges
     before = await wait_idle(session, target)
     prompt = LONG_PROMPT if phase == "prefill" else "Hello"
     max_tokens = PREFILL_MAX_TOKENS if phase == "prefill" else MAX_TOKENS
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream,
-            "ignore_eos": True, "temperature": 1.0}  # fmt: skip
-    post = asyncio.ensure_future(session.post(target.url + "/v1/completions", json=body))
+    body = api.body(prompt, max_tokens, stream)
+    post = asyncio.ensure_future(session.post(target.url + api.path, json=body))
     events = 0
     at_hangup: Readings = {}
     while True:
@@ -144,7 +168,7 @@ async def one_hangup(
         if phase == "decode" and stream and post.done():
             response = post.result()
             async for line in response.content:
-                events += line.startswith(b"data: {")
+                events += line.startswith(api.token_line)
                 if events >= DECODE_TOKENS_BEFORE_HANGUP:
                     break
             at_hangup = await scrape(session, target)
@@ -169,7 +193,7 @@ async def one_hangup(
     return after, (freed if generated < max_tokens else None)
 
 
-async def run_target(target: Target, reps: int) -> dict[str, Result]:
+async def run_target(target: Target, reps: int, api: Api) -> dict[str, Result]:
     results: dict[str, Result] = {}
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(timeout=timeout) as session:
@@ -185,7 +209,9 @@ async def run_target(target: Target, reps: int) -> dict[str, Result]:
                 key = f"{'streaming' if stream else 'non-streaming'} / {phase}"
                 result = results[key] = Result()
                 for _ in range(reps):
-                    after, freed = await one_hangup(session, target, stream=stream, phase=phase)
+                    after, freed = await one_hangup(
+                        session, target, api, stream=stream, phase=phase
+                    )
                     result.tokens_after.append(after)
                     if freed is None:
                         result.not_aborted += 1
@@ -277,6 +303,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--setups", default=",".join(["hangup", "hangup+proxy", *VLLM_FRONTS]))
     parser.add_argument("--model", type=Path, help="a model directory (default: a fresh tiny one)")
+    parser.add_argument("--api", choices=sorted(APIS), default="completions")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hangup-bench-") as tmp_name:
         tmp = Path(tmp_name)
@@ -286,7 +313,7 @@ def main() -> None:
             print(f"{name}: starting", flush=True)
             try:
                 with factory() as target:
-                    table[name] = asyncio.run(run_target(target, args.reps))
+                    table[name] = asyncio.run(run_target(target, args.reps, APIS[args.api]))
             except (RuntimeError, TimeoutError) as exc:
                 print(f"{name}: skipped: {str(exc).splitlines()[0]}", flush=True)
         print(

@@ -3,7 +3,8 @@
 - ``hangup``: HTTP ``POST /v2/requests/{id}/cancel`` (the contract); gRPC
   ``hangup.v1.Cancellation/Cancel``.
 - ``vllm``: close the stream (vLLM aborts on disconnect); with ``--vllm-abort-endpoint`` also
-  ``POST /abort_requests`` (``proxy.cancel.servers``).
+  ``POST /abort_requests``, a Responses call's id written into its body first
+  (``proxy.cancel.servers``).
 - ``sglang``: the id in the body's ``rid``, then ``POST /abort_request``.
 - ``none``: close the stream.
 
