@@ -1,7 +1,7 @@
 """OpenAI Responses calls that outlive their client: the proxy makes no cancel call for them.
 
 A response created with ``"background": true`` is meant to run on after its client leaves
-(OpenAI's contract; vLLM and hangup's gateway keep it, and cancel it only by
+(OpenAI's contract, which vLLM keeps: it cancels one only by
 ``POST /v1/responses/{id}/cancel``). The proxy cannot learn that from the answer: a background
 ``POST /v1/responses`` with ``"stream": true`` answers with a stream as long as the generation,
 like a streaming response that is not background. So it reads the body of every
