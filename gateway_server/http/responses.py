@@ -249,7 +249,7 @@ async def _work(
     try:
         async with service.call(record.call_id, job.model, Protocol.OPENAI) as call:
             call.hangup_reason = Reason.SHUTDOWN  # only shutdown cancels this task
-            record.emit([record.events.created()])
+            record.emit([record.events.created(), record.events.queued()])
             opened.set_result(None)
             try:
                 await _run(service, call, record, job, keep)

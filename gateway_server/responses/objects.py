@@ -4,6 +4,7 @@ A response has one output item, a ``message`` with one ``output_text`` part. Its
 OpenAI's order, each event with the next ``sequence_number`` (from 0):
 
     response.created                 the response, status queued (background) or in_progress
+    response.queued                  background responses only
     response.in_progress
     response.output_item.added       once the engine answers (not when cancelled before)
     response.content_part.added
@@ -128,6 +129,9 @@ class Events:
 
     def created(self) -> dict[str, Any]:
         return self._event("response.created", response=self._answer.to_json())
+
+    def queued(self) -> dict[str, Any]:
+        return self._event("response.queued", response=self._answer.to_json())
 
     def in_progress(self) -> dict[str, Any]:
         return self._event("response.in_progress", response=self._answer.to_json())

@@ -212,6 +212,7 @@ async def test_background_stream_resumes_after_a_sequence_number() -> None:
         tail = [e async for e in await c.responses.retrieve(made.id, stream=True, starting_after=4)]
     assert [e.sequence_number for e in whole] == list(range(len(whole)))
     assert whole[0].type == "response.created" and whole[0].response.status == "queued"  # type: ignore[union-attr]
+    assert whole[1].type == "response.queued" and whole[2].type == "response.in_progress"
     assert whole[-1].type == "response.incomplete"
     assert [e.model_dump() for e in tail] == [e.model_dump() for e in whole[5:]]
 
