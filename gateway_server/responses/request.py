@@ -66,7 +66,7 @@ RESPONSES: Mapping[str, Rule] = {
     "text": honoured(Feature.STRUCTURED, *_TEXT_OFF),
     "chat_template_kwargs": honoured(None, {}),
     **{name: CHAT[name] for name in _SHARED_HONOURED + _SHARED_REFUSED},
-    "metadata": METADATA,
+    "metadata": honoured(),  # stored and echoed
     "user": METADATA,
     "service_tier": METADATA,
     "safety_identifier": METADATA,
@@ -156,13 +156,29 @@ def read(
         store=store,
         instructions=instructions,
         max_output_tokens=wanted,
-        metadata=field(body, "metadata", dict, None),
+        metadata=_metadata(body),
         previous_response_id=field(body, "previous_response_id", str, None),
         text_format=fmt,
         turns=turns,
         temperature=params.temperature,
         top_p=params.top_p,
     )
+
+
+def _metadata(body: dict[str, Any]) -> dict[str, str] | None:
+    """``metadata`` within OpenAI's bounds (it is stored with the response): at most 16 pairs,
+    keys up to 64 characters, string values up to 512. Raises InvalidRequest."""
+    given: dict[str, Any] | None = field(body, "metadata", dict, None)
+    if given is None:
+        return None
+    fits = all(isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in given.items())
+    if len(given) > 16 or not fits:
+        raise InvalidRequest(
+            "'metadata' must hold at most 16 pairs, keys of up to 64 characters and string "
+            "values of up to 512",
+            param="metadata",
+        )
+    return given
 
 
 def _chat_body(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -13,7 +14,7 @@ import openai
 import pytest
 
 from gateway_server.engine.sim import SimConfig
-from tests.support.gateway import LONG, MODEL, Gateway, running_gateway
+from tests.support.gateway import LONG, MODEL, Gateway, running_api_processes, running_gateway
 from tests.support.waiting import wait_until
 
 ONE_SLOT = SimConfig(slots=1, step_base_s=0.005)
@@ -311,6 +312,7 @@ async def test_background_responses_in_flight_are_bounded() -> None:
             "input",
             "only text parts",
         ),
+        ({"metadata": {"k": "v" * 513}}, "metadata", "string values of up to 512"),
         ({"max_output_tokens": 0}, "max_output_tokens", "'max_output_tokens' must be between"),
         (
             {"text": {"format": {"type": "json_object"}}},
@@ -337,3 +339,21 @@ async def _decoding(gw: Gateway, rid: str) -> bool:
 async def _tokens(gw: Gateway, rid: str, at_least: int) -> bool:
     entry = (await gw.in_flight()).get(rid)
     return entry is not None and entry["generated_tokens"] >= at_least
+
+
+async def test_a_response_cancel_reaches_another_api_process(tmp_path: Path) -> None:
+    async with running_api_processes(tmp_path, 2, sim=SimConfig(step_base_s=0.005)) as gws:
+        runs, other = gws
+        resp = await post(
+            runs,
+            {"model": MODEL, "input": "x", "stream": True, "max_output_tokens": LONG},
+            rid="far",
+        )
+        await first_delta(resp)
+        async with client(other) as c:
+            answered = await c.responses.cancel("resp_far")
+            with pytest.raises(openai.NotFoundError):  # the store is per API process
+                await c.responses.retrieve("resp_far")
+        assert answered.status == "cancelled" and answered.id == "resp_far"
+        assert (await events_of(resp))[-1]["response"]["status"] == "cancelled"
+        assert await runs.in_flight() == {}

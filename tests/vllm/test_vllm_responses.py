@@ -35,17 +35,21 @@ def test_response_text_is_the_chat_completions(gateway: Process, client_for: Ope
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPT}]
     chat = api.chat.completions.create(
         model=MODEL,
-        messages=messages,
+        messages=messages,  # type: ignore[arg-type]
         max_tokens=16,
-        temperature=0,  # type: ignore[arg-type]
+        temperature=0,
     )
     made = api.responses.create(
         model=MODEL, instructions="Be brief.", input=PROMPT, max_output_tokens=16, temperature=0
     )
     stream = api.responses.create(
-        model=MODEL, instructions="Be brief.", input=PROMPT, max_output_tokens=16,
-        temperature=0, stream=True,
-    )  # fmt: skip
+        model=MODEL,
+        instructions="Be brief.",
+        input=PROMPT,
+        max_output_tokens=16,
+        temperature=0,
+        stream=True,
+    )
     events = list(stream)
     assert made.output_text == chat.choices[0].message.content != ""
     assert made.usage is not None and chat.usage is not None
@@ -59,13 +63,19 @@ def test_response_text_is_the_chat_completions(gateway: Process, client_for: Ope
 def test_text_format_is_the_chat_response_format(gateway: Process, client_for: OpenAIFor) -> None:
     api = client_for(gateway)
     chat = api.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": PROMPT}], max_tokens=32, temperature=0,
+        model=MODEL,
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=32,
+        temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": SCHEMA}},
-    )  # fmt: skip
+    )
     made = api.responses.create(
-        model=MODEL, input=PROMPT, max_output_tokens=32, temperature=0,
+        model=MODEL,
+        input=PROMPT,
+        max_output_tokens=32,
+        temperature=0,
         text={"format": {"type": "json_schema", "name": "c", "schema": SCHEMA}},
-    )  # fmt: skip
+    )
     free = api.responses.create(model=MODEL, input=PROMPT, max_output_tokens=32, temperature=0)
     assert made.output_text == chat.choices[0].message.content
     assert made.output_text.startswith("{") and '"colour"' in made.output_text
