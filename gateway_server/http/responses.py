@@ -104,9 +104,10 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     if not record.background:
         raise InvalidRequest("only background responses can be streamed again", param="stream")
     raw = request.query.get("starting_after", "-1")
-    if not raw.lstrip("-").isdigit() or int(raw) < -1:
+    after = int(raw) if raw.removeprefix("-").isdigit() else -2
+    if after < -1:
         raise InvalidRequest("'starting_after' must be a sequence number", param="starting_after")
-    return await _follow(request, record, int(raw), {REQUEST_ID_HEADER: request_id(request)})
+    return await _follow(request, record, after, {REQUEST_ID_HEADER: request_id(request)})
 
 
 async def delete(request: web.Request) -> web.Response:

@@ -211,6 +211,11 @@ async def test_background_stream_resumes_after_a_sequence_number() -> None:
         )
         whole = [e async for e in await c.responses.retrieve(made.id, stream=True)]
         tail = [e async for e in await c.responses.retrieve(made.id, stream=True, starting_after=4)]
+        for bad in ("--1", "x", "-2"):
+            url = f"{gw.url}/v1/responses/{made.id}?stream=true&starting_after={bad}"
+            async with gw.session.get(url) as resp:
+                assert resp.status == 400
+                assert (await resp.json())["error"]["param"] == "starting_after"
     assert [e.sequence_number for e in whole] == list(range(len(whole)))
     assert whole[0].type == "response.created" and whole[0].response.status == "queued"  # type: ignore[union-attr]
     assert whole[1].type == "response.queued" and whole[2].type == "response.in_progress"
