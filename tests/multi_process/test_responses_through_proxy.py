@@ -7,6 +7,7 @@ until its cancel, sent through the proxy, stops it.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 
 import aiohttp
@@ -79,16 +80,25 @@ async def test_background_outlives_its_clients_until_its_cancel(
     stack: Stack, session: aiohttp.ClientSession, proxied: openai.AsyncOpenAI
 ) -> None:
     before = await scrape_async(session, stack.gateway_url)
-    made = await proxied.responses.create(
-        model=MODEL, input="x", max_output_tokens=LONG, background=True
-    )
-    work = made.id.removeprefix("resp_")
-    resumed = await session.get(f"{stack.proxy_url}/v1/responses/{made.id}?stream=true")
-    await resumed.content.readuntil(b"event: response.output_text.delta\n")
-    resumed.close()  # the proxy cancels the GET's id: no engine request is under it
+    body = {
+        "model": MODEL,
+        "input": "x",
+        "max_output_tokens": LONG,
+        "background": True,
+        "stream": True,
+    }
+    posted = await session.post(f"{stack.proxy_url}/v1/responses", json=body)
+    created = json.loads((await posted.content.readuntil(b"\n\n")).split(b"data: ")[1])
+    response_id = created["response"]["id"]
+    await posted.content.readuntil(b"event: response.output_text.delta\n")
+    posted.close()  # the client leaves the POST's stream: the proxy cancels the POST's id
+    work = response_id.removeprefix("resp_")
     seen = await _tokens(session, stack, work, 0)
+    resumed = await session.get(f"{stack.proxy_url}/v1/responses/{response_id}?stream=true")
+    await resumed.content.readuntil(b"event: response.output_text.delta\n")
+    resumed.close()  # and the GET's: no engine request is under either id
     await _tokens(session, stack, work, seen + 20)  # it went on generating
-    cancelled = await proxied.responses.cancel(made.id)  # through the proxy, no cancel token
+    cancelled = await proxied.responses.cancel(response_id)  # through the proxy, no token
     assert cancelled.status == "cancelled"
     await wait_until(lambda: _idle(session, stack), what="nothing in flight")
     after = await scrape_async(session, stack.gateway_url)
