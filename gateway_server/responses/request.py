@@ -22,7 +22,7 @@ from gateway_server.openai_request import parse
 from gateway_server.requests import field
 from gateway_server.service import GenerationService
 
-_TEXT_OFF = ({"format": {"type": "text"}},)
+_TEXT_OFF: tuple[dict[str, Any], ...] = ({"format": {"type": "text"}}, {})
 _SHARED_HONOURED = (
     "seed",
     "stop",
@@ -83,6 +83,11 @@ RESPONSES: Mapping[str, Rule] = {
     "prompt": refused("(stored prompt templates) is not supported: send 'input'"),
     "conversation": refused("(stored conversations) is not supported: use 'previous_response_id'"),
     "context_management": refused(NOT_YET),
+    "background_options": refused(NOT_YET),
+    "prompt_cache_options": refused(NOT_YET),
+    "moderation": refused("(moderation) is not supported"),
+    "image": refused("(image generation) is not supported"),
+    "access_programs": refused("is not supported"),
     "stream_options": refused(NOT_YET),
     "prompt_cache_retention": refused(NOT_YET),
     "enable_response_messages": refused(NOT_YET, False),

@@ -1,12 +1,18 @@
 """The Responses API on the shared vLLM gateway (tiny local model), with the openai client: the
 text of a response is the chat completion's for the same prompt at temperature 0 (plain,
 streamed, and with ``text.format`` through the chat path's structured output), and a cancel of
-a streaming response frees the engine."""
+a streaming response frees the engine; and every field vLLM's Responses server or the openai
+client knows is in the gateway's table (honoured, metadata or refused by name)."""
 
 from __future__ import annotations
 
-import pytest
+import typing
+import warnings
 
+import pytest
+from openai.types.responses import response_create_params
+
+from gateway_server.responses.request import RESPONSES
 from tests.support.processes import Process
 from tests.support.scrape import scrape, total
 from tests.support.vllm_stack import (
@@ -28,6 +34,16 @@ SCHEMA = {
     "required": ["colour"],
     "additionalProperties": False,
 }
+
+
+def test_every_field_vllm_or_openai_knows_is_in_the_table() -> None:
+    with warnings.catch_warnings():  # importing vLLM here warns about torch's own deprecations
+        warnings.simplefilter("ignore")
+        from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
+
+    openai_fields = typing.get_type_hints(response_create_params.ResponseCreateParamsBase)
+    assert set(ResponsesRequest.model_fields) - set(RESPONSES) == set()
+    assert set(openai_fields) - set(RESPONSES) == set()
 
 
 def test_response_text_is_the_chat_completions(gateway: Process, client_for: OpenAIFor) -> None:
