@@ -5,20 +5,23 @@ object. When it ends, one with ``store: true`` is kept for ``--responses-ttl`` s
 ``--responses-max-stored`` of them, oldest dropped first; one with ``store: false`` is
 forgotten. Background responses in flight are bounded by the same count (a new one past it is
 refused with 429), so memory is bounded: each record holds one answer's text and, for a
-background response, its stream's events (for ``GET ...?stream=true``).
+background response, where each of its text deltas ended (4 bytes a delta): a resumed stream
+(``GET ...?stream=true``) rebuilds the events from those, byte for byte the ones the response
+emitted, rather than the gateway keeping every event's bytes (226 for a one-word delta).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from array import array
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway_server.errors import TooManyRequests
-from gateway_server.responses.objects import Answer, Events, encode
+from gateway_server.responses.objects import Answer, Events, Status, encode
 
 
 @dataclass(eq=False)
@@ -30,9 +33,9 @@ class ResponseRecord:
     turns: list[dict[str, Any]]
     """The conversation without the instructions; the answer is added when it ends."""
     events: Events = field(init=False)
-    log: list[bytes] = field(default_factory=list)
-    """The encoded events so far (background responses only: what a resumed stream replays)."""
     task: asyncio.Task[None] | None = None
+    _ends: array[int] = field(default_factory=lambda: array("I"))
+    """Where each text delta ended in the answer's text (background responses only)."""
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
     _ended: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -44,15 +47,21 @@ class ResponseRecord:
         return self.answer.id
 
     def emit(self, events: list[dict[str, Any]]) -> None:
-        """Keep events for resumed streams (background) and wake whoever follows them."""
-        if self.background:
-            self.log.extend(encode(e) for e in events)
-            self._changed.set()
-            self._changed = asyncio.Event()
+        """Note a background response's events for the streams that follow it, and wake them."""
+        if not self.background:
+            return
+        for event in events:
+            if event["type"] == "response.output_text.delta":
+                self._ends.append((self._ends[-1] if self._ends else 0) + len(event["delta"]))
+        self._wake()
 
     def end(self) -> None:
         self._ended.set()
+        self._wake()
+
+    def _wake(self) -> None:
         self._changed.set()
+        self._changed = asyncio.Event()
 
     @property
     def ended(self) -> bool:
@@ -62,16 +71,40 @@ class ResponseRecord:
         await self._ended.wait()
 
     async def follow(self, after: int) -> AsyncIterator[bytes]:
-        """The encoded events numbered after ``after``, then each new one, until the last."""
-        sent = after + 1
+        """A background response's events numbered after ``after``, as it emitted them (rebuilt
+        from its state: see the module doc), then each new one, until the last."""
+        live = self.answer
+        scratch = Answer(live.id, live.model, live.settings, live.created_at)
+        events = Events(scratch)
+        pending = [events.created(), events.queued()]
+        scratch.status = Status.IN_PROGRESS  # the run sets it at once after its call opened
+        pending.append(events.in_progress())
+        shown = 0
         while True:
             changed = self._changed
-            while sent < len(self.log):
-                sent += 1
-                yield self.log[sent - 1]
+            if live.started_output and not scratch.started_output:
+                scratch.started_output = True
+                pending += events.output_started()
+            for end in self._ends[shown:]:
+                start = self._ends[shown - 1] if shown else 0
+                pending.append(events.delta(live.text[start:end]))
+                shown += 1
+            if self.ended:
+                _copy_end(live, scratch)
+                pending += events.ended()
+            for event in pending:
+                if event["sequence_number"] > after:
+                    yield encode(event)
+            pending = []
             if self.ended:
                 return
             await changed.wait()
+
+
+def _copy_end(live: Answer, scratch: Answer) -> None:
+    scratch.status, scratch.text, scratch.error = live.status, live.text, live.error
+    scratch.input_tokens, scratch.output_tokens = live.input_tokens, live.output_tokens
+    scratch.completed_at = live.completed_at
 
 
 class ResponseStore:

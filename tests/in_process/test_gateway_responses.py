@@ -242,6 +242,23 @@ async def test_defaults_spelled_out_are_accepted(gateway: Gateway) -> None:
     assert made.instructions == "be brief" and made.temperature == 0
 
 
+async def test_a_background_stream_replayed_is_the_stream_it_sent(gateway: Gateway) -> None:
+    async with client(gateway) as c:
+        stream = await c.responses.create(
+            model=MODEL, input="x", max_output_tokens=12, background=True, stream=True
+        )
+        live = [e async for e in stream]
+        response_id = live[0].response.id  # type: ignore[union-attr]
+        again = [e async for e in await c.responses.retrieve(response_id, stream=True)]
+    assert [e.type for e in live[:3]] == [
+        "response.created",
+        "response.queued",
+        "response.in_progress",
+    ]
+    assert len([e for e in live if e.type == "response.output_text.delta"]) == 12
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in live]
+
+
 async def test_delete_then_not_found(gateway: Gateway) -> None:
     async with client(gateway) as c:
         made = await c.responses.create(model=MODEL, input="x", max_output_tokens=2)

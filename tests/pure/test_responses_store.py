@@ -4,11 +4,12 @@ otherwise; background responses in flight bounded; a resumed stream's replay and
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from gateway_server.errors import TooManyRequests
-from gateway_server.responses.objects import Answer, Status
+from gateway_server.responses.objects import Answer, Status, encode
 from gateway_server.responses.store import ResponseRecord, ResponseStore
 
 
@@ -59,20 +60,35 @@ async def test_background_responses_in_flight_are_bounded() -> None:
     store.start(record(4, background=True))
 
 
-async def test_follow_replays_after_a_sequence_number_then_waits_for_new_events() -> None:
-    r = record(1, background=True)
-    r.emit([r.events.created(), r.events.in_progress()])
-    seen: list[bytes] = []
+async def test_a_follower_gets_the_events_the_response_emitted_byte_for_byte() -> None:
+    answer = Answer("resp_1", "m", {"background": True}, status=Status.QUEUED)
+    r = ResponseRecord(answer, "1", True, True, [])
+    emitted: list[dict[str, Any]] = []
 
-    async def read() -> None:
-        async for chunk in r.follow(0):
-            seen.append(chunk)
+    async def emit(batch: list[dict[str, Any]]) -> None:
+        emitted.extend(batch)
+        r.emit(batch)
+        await asyncio.sleep(0)  # let the follower run between the batches
 
-    reader = asyncio.create_task(read())
-    r.emit([r.events.delta("a")])
-    r.answer.status = Status.CANCELLED
-    r.emit(r.events.ended())
+    async def read(after: int) -> list[bytes]:
+        return [chunk async for chunk in r.follow(after)]
+
+    live = asyncio.create_task(read(-1))
+    await emit([r.events.created(), r.events.queued()])
+    answer.status = Status.IN_PROGRESS  # as the run does
+    await emit([r.events.in_progress()])
+    answer.started_output = True
+    await emit(r.events.output_started())
+    for piece in ("one", " two", " é"):
+        answer.text += piece
+        answer.output_tokens += 1
+        await emit([r.events.delta(piece)])
+    answer.status, answer.input_tokens = Status.CANCELLED, 5
+    await emit(r.events.ended())
     r.end()
-    await reader
-    assert [b"response.in_progress" in seen[0], b'"delta": "a"' in seen[1]] == [True, True]
-    assert b'"status": "cancelled"' in seen[-1] and len(seen) == 3
+    want = [encode(e) for e in emitted]
+    assert [e["sequence_number"] for e in emitted] == list(range(len(emitted)))
+    assert await live == want
+    assert await read(-1) == want  # replayed after the end
+    assert await read(5) == want[6:]
+    assert b'"status": "cancelled"' in want[-1] and b"response.incomplete" in want[-1]
