@@ -89,7 +89,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         try:
             if job.stream:
                 return await _stream(request, service, call, record, job, headers)
-            await _run(service, call, record, job, _nowhere)
+            await _run(service, call, record, job, None)
         finally:
             store.finish(record)
     return web.json_response(record.answer.to_json(), headers=headers)
@@ -149,33 +149,33 @@ async def cancel(request: web.Request) -> web.Response:
 # -- running a response ------------------------------------------------------------------------
 
 
-async def _nowhere(events: list[dict[str, Any]]) -> None:
-    """A synchronous response's events: nobody reads them."""
-
-
 async def _run(
-    service: GenerationService, call: Call, record: ResponseRecord, job: ResponsesJob, emit: Emit
+    service: GenerationService,
+    call: Call,
+    record: ResponseRecord,
+    job: ResponsesJob,
+    emit: Emit | None,
 ) -> None:
-    """Generate the answer into ``record``, emitting its events from ``in_progress`` on. Ends
-    with the record's final status (a client that left: cancelled, and the CancelledError
-    goes on)."""
+    """Generate the answer into ``record``, emitting its events from ``in_progress`` on (none
+    are built without ``emit``: a synchronous response). Ends with the record's final status
+    (a client that left: cancelled, and the CancelledError goes on)."""
     answer, events = record.answer, record.events
     answer.status = Status.IN_PROGRESS
     finish: FinishReason | None = None
     try:
-        await emit([events.in_progress()])
+        if emit is not None:
+            await emit([events.in_progress()])
         async with aclosing(service.generate(call, job.prompt, job.params)) as chunks:
             async for chunk in chunks:
-                new = [] if answer.started_output else events.output_started()
+                started = answer.started_output
                 answer.started_output = True
                 answer.input_tokens = chunk.prompt_tokens
                 answer.output_tokens += chunk.new_tokens
                 finish = chunk.finish_reason or finish
-                if chunk.text:
-                    answer.text += chunk.text
-                    new.append(events.delta(chunk.text))
-                if new:
-                    await emit(new)
+                answer.text += chunk.text
+                if emit is not None and (chunk.text or not started):
+                    new = [] if started else events.output_started()
+                    await emit([*new, events.delta(chunk.text)] if chunk.text else new)
         answer.status = Status.INCOMPLETE if finish is FinishReason.LENGTH else Status.COMPLETED
     except RequestCancelled:
         answer.status = Status.CANCELLED
@@ -187,7 +187,8 @@ async def _run(
             answer.status = Status.CANCELLED
         answer.completed_at = int(time.time())
         record.turns.append({"role": "assistant", "content": answer.text})
-    await emit(events.ended())
+    if emit is not None:
+        await emit(events.ended())
 
 
 async def _stream(
