@@ -379,3 +379,14 @@ async def test_a_response_cancel_reaches_another_api_process(tmp_path: Path) -> 
         assert answered.status == "cancelled" and answered.id == "resp_far"
         assert (await events_of(resp))[-1]["response"]["status"] == "cancelled"
         assert await runs.in_flight() == {}
+
+
+async def test_shutdown_cancels_a_background_response_after_the_drain() -> None:
+    async with running_gateway(drain_timeout=0.0) as gw, client(gw) as c:
+        made = await c.responses.create(
+            model=MODEL, input="x", max_output_tokens=LONG, background=True
+        )
+        work = made.id.removeprefix("resp_")
+        await wait_until(lambda: _tokens(gw, work, 1), what="the background response decoding")
+    assert gw.cancellations("shutdown", "decode") == 1
+    assert gw.requests("cancelled") == 1
