@@ -390,3 +390,13 @@ async def test_shutdown_cancels_a_background_response_after_the_drain() -> None:
         await wait_until(lambda: _tokens(gw, work, 1), what="the background response decoding")
     assert gw.cancellations("shutdown", "decode") == 1
     assert gw.requests("cancelled") == 1
+
+
+async def test_a_draining_gateway_refuses_a_background_response(gateway: Gateway) -> None:
+    assert gateway.server.service is not None
+    gateway.server.service.draining = True
+    resp = await post(gateway, {"model": MODEL, "input": "x", "background": True})
+    assert resp.status == 503
+    assert "shutting down" in (await resp.json())["error"]["message"]
+    gateway.server.service.draining = False
+    assert len(gateway.server.service.registry) == 0
