@@ -40,6 +40,8 @@ class GatewayConfig:
     max_connections: int = 4096
     body_timeout: float = 60.0
     tombstone_ttl: float = 60.0
+    responses_max_stored: int = 1000
+    responses_ttl: float = 3600.0
     engine_restart_backoff: float = 1.0
     engine_restart_backoff_max: float = 30.0
     engine_down_limit: float = 600.0
@@ -94,6 +96,13 @@ _OPTIONS = (
     Option("--body-timeout", float, "seconds a request body may go without a byte (then 408)"),
     Option("--max-connections", int, "open HTTP client connections (0: no limit)"),
     Option("--tombstone-ttl", float, "seconds a cancel for an unknown id waits for its request"),
+    Option(
+        "--responses-max-stored",
+        int,
+        "stored Responses API responses kept (oldest dropped first); also the most background "
+        "responses in flight",
+    ),
+    Option("--responses-ttl", float, "seconds a stored Responses API response is kept"),
     Option(
         "--engine-restart-backoff",
         float,
@@ -190,6 +199,8 @@ def validate(config: GatewayConfig) -> None:
         "engine_restart_backoff_max",
         "engine_down_limit",
         "loop_stall_limit",
+        "responses_max_stored",
+        "responses_ttl",
     ):
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")

@@ -12,6 +12,7 @@ same classes to gRPC codes. Handlers raise these; one middleware per protocol re
     │   ├── PathNotFound              (404)  no such endpoint (OpenAI shape under /v1)
     │   ├── MethodNotAllowed          (405)
     │   ├── DuplicateRequestId        (409)
+    │   ├── TooManyRequests           (429)  a bound on what a client may hold was reached
     │   └── CancelledBeforeArrival    (499)  a cancel for this id arrived first (tombstone)
     ├── Unavailable                   (503)  draining, no live worker
     ├── EngineFailure                 (500)  the engine failed this request
@@ -81,6 +82,11 @@ class MethodNotAllowed(ClientError):
 class DuplicateRequestId(ClientError):
     status = 409
     error_type = "conflict_error"
+
+
+class TooManyRequests(ClientError):
+    status = 429
+    error_type = "rate_limit_error"
 
 
 class CancelledBeforeArrival(ClientError):

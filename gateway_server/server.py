@@ -164,6 +164,8 @@ class GatewayServer:
             sim_faults=cfg.sim_faults,
             max_body_bytes=cfg.max_body_bytes,
             body_timeout=cfg.body_timeout,
+            responses_max_stored=cfg.responses_max_stored,
+            responses_ttl=cfg.responses_ttl,
         )
         self._runner = LimitedAppRunner(
             app,

@@ -1,5 +1,6 @@
-"""The OpenAI API: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``;
-anything else under ``/v1`` is 404 in OpenAI's error shape.
+"""The OpenAI API: ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
+(``/v1/responses``: :mod:`gateway_server.http.responses`); anything else under ``/v1`` is 404
+in OpenAI's error shape.
 
 What each request field does is :mod:`gateway_server.openai_fields`' table; the body is read by
 :mod:`gateway_server.openai_request`. Log-probabilities are rendered only for requests that ask
@@ -88,7 +89,7 @@ def add_routes(app: web.Application) -> None:
 
 async def unknown_path(request: web.Request) -> web.StreamResponse:
     """Anything else under ``/v1``: 404 (405 for a known path) in OpenAI's error shape."""
-    if request.path in ("/v1/models", "/v1/completions", "/v1/chat/completions"):
+    if request.path in ("/v1/models", "/v1/completions", "/v1/chat/completions", "/v1/responses"):
         raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
     raise PathNotFound(f"{request.method} {request.path} is not an endpoint of this gateway")
 

@@ -106,10 +106,10 @@ async def test_metadata_and_values_that_ask_for_nothing_change_nothing(gateway: 
 
 
 async def test_unknown_paths_under_v1_are_openai_errors(gateway: Gateway) -> None:
-    async with gateway.session.post(gateway.url + "/v1/responses", json={}) as resp:
+    async with gateway.session.post(gateway.url + "/v1/embeddings", json={}) as resp:
         assert resp.status == 404
         error = (await resp.json())["error"]
-    assert "/v1/responses" in error["message"] and error["code"] == 404 and error["type"]
+    assert "/v1/embeddings" in error["message"] and error["code"] == 404 and error["type"]
     async with gateway.session.get(gateway.url + COMPLETIONS_PATH) as resp:
         assert resp.status == 405
         assert "GET" in (await resp.json())["error"]["message"]

@@ -37,6 +37,8 @@ exec:
     - --drain-timeout={{ $g.drainTimeoutSeconds }}
     - --engine-down-limit={{ $g.engineDownLimitSeconds }}
     - --loop-stall-limit={{ $g.loopStallLimitSeconds }}
+    - --responses-max-stored={{ $g.responses.maxStored }}
+    - --responses-ttl={{ $g.responses.ttlSeconds }}
     {{- with $g.extraArgs }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

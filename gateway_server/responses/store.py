@@ -1,0 +1,173 @@
+"""Responses in flight and stored ones, in this API process.
+
+A response is held from its start to its end whatever its ``store``: its cancel answers its
+object. When it ends, one with ``store: true`` is kept for ``--responses-ttl`` seconds and at most
+``--responses-max-stored`` of them, oldest dropped first; one with ``store: false`` is
+forgotten. Background responses in flight are bounded by the same count (a new one past it is
+refused with 429), so memory is bounded: each record holds one answer's text and, for a
+background response, where each of its text deltas ended (4 bytes a delta): a resumed stream
+(``GET ...?stream=true``) rebuilds the events from those, byte for byte the ones the response
+emitted, rather than the gateway keeping every event's bytes (226 for a one-word delta).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from array import array
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway_server.errors import TooManyRequests
+from gateway_server.responses.objects import Answer, Events, Status, encode
+
+
+@dataclass(eq=False)
+class ResponseRecord:
+    answer: Answer
+    call_id: str
+    store: bool
+    background: bool
+    turns: list[dict[str, Any]]
+    """The conversation without the instructions; the answer is added when it ends."""
+    events: Events = field(init=False)
+    task: asyncio.Task[None] | None = None
+    _ends: array[int] = field(default_factory=lambda: array("I"))
+    """Where each text delta ended in the answer's text (background responses only)."""
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+    _ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.events = Events(self.answer)
+
+    @property
+    def id(self) -> str:
+        return self.answer.id
+
+    def emit(self, events: list[dict[str, Any]]) -> None:
+        """Note a background response's events for the streams that follow it, and wake them."""
+        if not self.background:
+            return
+        for event in events:
+            if event["type"] == "response.output_text.delta":
+                self._ends.append((self._ends[-1] if self._ends else 0) + len(event["delta"]))
+        self._wake()
+
+    def end(self) -> None:
+        self._ended.set()
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    @property
+    def ended(self) -> bool:
+        return self._ended.is_set()
+
+    async def wait_ended(self) -> None:
+        await self._ended.wait()
+
+    async def follow(self, after: int) -> AsyncIterator[bytes]:
+        """A background response's events numbered after ``after``, as it emitted them (rebuilt
+        from its state: see the module doc), then each new one, until the last."""
+        live = self.answer
+        scratch = Answer(live.id, live.model, live.settings, live.created_at)
+        events = Events(scratch)
+        pending = [events.created(), events.queued()]
+        scratch.status = Status.IN_PROGRESS  # the run sets it at once after its call opened
+        pending.append(events.in_progress())
+        shown = 0
+        while True:
+            changed = self._changed
+            if live.started_output and not scratch.started_output:
+                scratch.started_output = True
+                pending += events.output_started()
+            for end in self._ends[shown:]:
+                start = self._ends[shown - 1] if shown else 0
+                pending.append(events.delta(live.text[start:end]))
+                shown += 1
+            if self.ended:
+                _copy_end(live, scratch)
+                pending += events.ended()
+            for event in pending:
+                if event["sequence_number"] > after:
+                    yield encode(event)
+            pending = []
+            if self.ended:
+                return
+            await changed.wait()
+
+
+def _copy_end(live: Answer, scratch: Answer) -> None:
+    scratch.status, scratch.text, scratch.error = live.status, live.text, live.error
+    scratch.input_tokens, scratch.output_tokens = live.input_tokens, live.output_tokens
+    scratch.completed_at = live.completed_at
+
+
+class ResponseStore:
+    def __init__(
+        self, max_stored: int, ttl: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._max = max_stored
+        self._ttl = ttl
+        self._clock = clock
+        self._running: dict[str, ResponseRecord] = {}
+        self._stored: OrderedDict[str, tuple[float, ResponseRecord]] = OrderedDict()
+
+    def start(self, record: ResponseRecord) -> None:
+        """Hold a response from its start. Raises TooManyRequests for a background one past the
+        bound."""
+        if record.background:
+            running = sum(1 for r in self._running.values() if r.background)
+            if running >= self._max:
+                raise TooManyRequests(
+                    f"{running} background responses are in flight, the most this gateway "
+                    "holds (--responses-max-stored); wait for one to end or cancel one"
+                )
+        self._running[record.id] = record
+
+    def finish(self, record: ResponseRecord) -> None:
+        """The response ended: keep it if it asked to be stored, wake its followers."""
+        self._running.pop(record.id, None)
+        record.end()
+        if record.store and self._max > 0:
+            self._stored[record.id] = (self._clock() + self._ttl, record)
+            self._stored.move_to_end(record.id)
+            while len(self._stored) > self._max:
+                self._stored.popitem(last=False)
+
+    def forget(self, record: ResponseRecord) -> None:
+        """A response that never ran (its call could not open): not stored."""
+        self._running.pop(record.id, None)
+        record.end()
+
+    def get(self, response_id: str) -> ResponseRecord | None:
+        """A response in flight (whatever its ``store``) or stored, else None."""
+        running = self._running.get(response_id)
+        if running is not None:
+            return running
+        self._expire()
+        entry = self._stored.get(response_id)
+        return None if entry is None else entry[1]
+
+    def delete(self, response_id: str) -> bool:
+        """Forget a stored response; False when none is stored under that id."""
+        self._expire()
+        return self._stored.pop(response_id, None) is not None
+
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The background responses' tasks still running."""
+        return [r.task for r in self._running.values() if r.task is not None]
+
+    def __len__(self) -> int:
+        self._expire()
+        return len(self._stored)
+
+    def _expire(self) -> None:
+        # One TTL for every entry: insertion order is expiry order.
+        now = self._clock()
+        while self._stored and next(iter(self._stored.values()))[0] <= now:
+            self._stored.popitem(last=False)

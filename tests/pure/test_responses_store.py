@@ -1,0 +1,94 @@
+"""The Responses API's store: held while running, kept by count and age when stored, forgotten
+otherwise; background responses in flight bounded; a resumed stream's replay and follow."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gateway_server.errors import TooManyRequests
+from gateway_server.responses.objects import Answer, Status, encode
+from gateway_server.responses.store import ResponseRecord, ResponseStore
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def record(n: int, *, store: bool = True, background: bool = False) -> ResponseRecord:
+    answer = Answer(f"resp_{n}", "m", {}, status=Status.IN_PROGRESS)
+    return ResponseRecord(answer, str(n), store, background, [])
+
+
+async def test_stored_responses_are_kept_by_count_then_age() -> None:
+    clock = ManualClock()
+    store = ResponseStore(2, 60.0, clock)
+    kept = [record(i) for i in range(3)]
+    for r in kept:
+        store.start(r)
+        assert store.get(r.id) is r  # held while it runs
+        store.finish(r)
+    assert store.get("resp_0") is None  # the oldest went
+    assert store.get("resp_1") is kept[1] and len(store) == 2
+    clock.now += 60.0
+    assert store.get("resp_2") is None and len(store) == 0
+
+
+async def test_store_false_is_held_only_while_running() -> None:
+    store = ResponseStore(10, 60.0, ManualClock())
+    r = record(1, store=False)
+    store.start(r)
+    assert store.get(r.id) is r
+    store.finish(r)
+    assert store.get(r.id) is None and r.ended
+
+
+async def test_background_responses_in_flight_are_bounded() -> None:
+    store = ResponseStore(1, 60.0, ManualClock())
+    first = record(1, background=True)
+    store.start(first)
+    store.start(record(2))  # a synchronous one is bounded by the registry, not here
+    with pytest.raises(TooManyRequests, match="1 background responses are in flight"):
+        store.start(record(3, background=True))
+    store.finish(first)
+    store.start(record(4, background=True))
+
+
+async def test_a_follower_gets_the_events_the_response_emitted_byte_for_byte() -> None:
+    answer = Answer("resp_1", "m", {"background": True}, status=Status.QUEUED)
+    r = ResponseRecord(answer, "1", True, True, [])
+    emitted: list[dict[str, Any]] = []
+
+    async def emit(batch: list[dict[str, Any]]) -> None:
+        emitted.extend(batch)
+        r.emit(batch)
+        await asyncio.sleep(0)  # let the follower run between the batches
+
+    async def read(after: int) -> list[bytes]:
+        return [chunk async for chunk in r.follow(after)]
+
+    live = asyncio.create_task(read(-1))
+    await emit([r.events.created(), r.events.queued()])
+    answer.status = Status.IN_PROGRESS  # as the run does
+    await emit([r.events.in_progress()])
+    answer.started_output = True
+    await emit(r.events.output_started())
+    for piece in ("one", " two", " é"):
+        answer.text += piece
+        answer.output_tokens += 1
+        await emit([r.events.delta(piece)])
+    answer.status, answer.input_tokens = Status.CANCELLED, 5
+    await emit(r.events.ended())
+    r.end()
+    want = [encode(e) for e in emitted]
+    assert [e["sequence_number"] for e in emitted] == list(range(len(emitted)))
+    assert await live == want
+    assert await read(-1) == want  # replayed after the end
+    assert await read(5) == want[6:]
+    assert b'"status": "cancelled"' in want[-1] and b"response.incomplete" in want[-1]
