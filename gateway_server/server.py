@@ -84,6 +84,7 @@ class GatewayServer:
             factory=factory,
             policy=restart_policy(config),
             on_restart=self.metrics.count_engine_restart,
+            roles=config.roles if config.worker_roles else None,
         )
         self.metrics.create_worker_series(w.name for w in self.pool.workers)
         self.watchdog = LoopWatchdog(config.loop_stall_limit)
