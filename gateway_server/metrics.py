@@ -55,6 +55,14 @@ class GatewayMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.cancel_to_freed = Histogram(
+            "hangup_gateway_cancel_to_freed_seconds",
+            "Disaggregated serving: from a cancel received to every leg aborted and the KV held "
+            "between them released.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
         self.cancel_forward = Histogram(
             "hangup_gateway_cancel_forward_seconds",
             "With --api-processes: time a cancel spent asking a sibling process (one hop each).",
@@ -118,6 +126,7 @@ class GatewayMetrics:
         self.generated_tokens.labels(model)
         self.wasted_tokens.labels(model)
         self.cancel_to_abort.labels(model)
+        self.cancel_to_freed.labels(model)
         self.time_to_first_token.labels(model)
         self.inter_token_latency.labels(model)
         for protocol in Protocol:

@@ -14,8 +14,8 @@ A call served disaggregated (P/D) runs two engine requests, its *legs*, on two w
 3. **decode**: then generates, as :meth:`~.base.Engine.generate` does (``phase``: ``DECODE``).
 
 Whoever ends the call (it completed, a cancel, a hang-up, a failure) calls
-:meth:`DisaggregatedEngine.release` on the prefill engine: the KV it still holds for the
-handoff is freed (idempotent; a decode that pulled the KV normally freed it already). The
+:meth:`DisaggregatedEngine.release` with the key on the prefill engine: the KV it still holds
+for the call is freed (idempotent; a decode that pulled the KV normally freed it already). The
 gateway never trusts a notification to do it: a lost one, an expired lease or a decode leg that
 never arrived all end in the same ``release``.
 
@@ -139,9 +139,10 @@ class DisaggregatedEngine(Engine, Protocol):
         recomputed, or :class:`HandoffError` is raised."""
         ...
 
-    async def release(self, handoff: KvHandoff) -> int:
-        """Free the KV this engine still holds for ``handoff``; returns the blocks freed (0
-        when it held none: pulled, released or expired already). Idempotent, never raises."""
+    async def release(self, key: str) -> int:
+        """Free the KV this engine still holds under ``key`` (a handoff's, or a prefill's that
+        ended as it was aborted); returns the blocks freed (0 when it held none: pulled,
+        released or expired already). Idempotent, never raises; works on a dead engine."""
         ...
 
     def kv_blocks(self, request_id: str) -> int:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway_server.engine.pool import EngineFactory
 from gateway_server.engine.sim import SimConfig, SimulatedEngine
+from gateway_server.engine.sim_kv import SimKvStore
 from gateway_server.engine.sim_options import SIM_OPTIONS
 from gateway_server.engine.vllm_options import VLLM_OPTIONS, VllmOptions
 from hangup_contract.runtime.options import Option
@@ -49,7 +50,8 @@ class EngineKind:
 
 
 def _simulated(config: GatewayConfig) -> EngineFactory:
-    return lambda index: SimulatedEngine(config.sim)
+    kv = SimKvStore()  # every worker's, a restarted one's too: where P/D legs find the KV
+    return lambda index: SimulatedEngine(config.sim, kv)
 
 
 def _vllm(config: GatewayConfig) -> EngineFactory:
