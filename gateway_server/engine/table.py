@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from gateway_server.engine.handoff import disaggregated
 from gateway_server.engine.pool import EngineFactory
 from gateway_server.engine.sim import SimConfig, SimulatedEngine
 from gateway_server.engine.sim_kv import SimKvStore
@@ -56,6 +57,10 @@ def _simulated(config: GatewayConfig) -> EngineFactory:
 
 def _vllm(config: GatewayConfig) -> EngineFactory:
     # Imported only when asked for: importing vLLM takes seconds and a lot of memory.
+    if disaggregated(config.roles):  # prefill and decode workers, with a KV connector
+        vllm_pd: Any = import_module("gateway_server.engine.vllm_pd")
+        pd_factory: EngineFactory = vllm_pd.pd_factory(config)
+        return pd_factory
     vllm: Any = import_module("gateway_server.engine.vllm")
     factory: EngineFactory = vllm.vllm_engine_factory(config.model, config.vllm, config.workers)
     return factory

@@ -1,0 +1,82 @@
+"""Two vLLM engines handing a prompt's KV over through hangup's connector, as a script the vLLM
+tier runs in a process of its own (vLLM spawns its engine cores from it; pytest's warning
+filters stay out of vLLM's way). Prints one JSON object: what the test asserts on.
+
+``python -m tests.support.kv_handoff_probe MODEL STORE_DIR``
+
+Worker 0 prefills, worker 1 decodes; both have prefix caching off, so every prompt token that
+worker 1 did not compute came from the handoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gateway_server.engine.base import EngineRequest, SamplingParams
+from gateway_server.engine.kv_handoff import HandoffStore
+from gateway_server.engine.vllm_options import VllmOptions
+from gateway_server.engine.vllm_pd import VllmPdEngine
+
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 24
+OTHER = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday. " * 20
+OPTIONS = VllmOptions(
+    enforce_eager=True,
+    kv_cache_memory_bytes=256 << 20,
+    max_model_len=2048,
+    max_num_batched_tokens=64,  # the prompts are prefilled in several chunks
+    enable_prefix_caching=False,
+)
+GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+async def text(engine: VllmPdEngine, request: EngineRequest, handoff: Any = None) -> str:
+    stream = engine.generate(request) if handoff is None else engine.decode(request, handoff)
+    return "".join([chunk.text async for chunk in stream])
+
+
+def idle(engine: VllmPdEngine) -> bool:
+    load = engine.load()
+    return load.running == 0 and load.waiting == 0 and load.kv_cache_usage == 0.0
+
+
+async def probe(model: str, store: HandoffStore) -> dict[str, Any]:
+    prefill = VllmPdEngine(model, OPTIONS, store, index=0)
+    decode = VllmPdEngine(model, OPTIONS, store, index=1)
+    await prefill.start()
+    await decode.start()
+    try:
+        out: dict[str, Any] = {"block_size": decode.load().block_size}
+        out["prompt_tokens"] = decode.count_prompt_tokens(PROMPT)
+        out["aggregated"] = await text(decode, EngineRequest("agg", PROMPT, GREEDY))
+        handoff = await prefill.prefill(EngineRequest("p1", PROMPT, GREEDY), "call-1")
+        out["held_after_prefill"] = store.holding().blocks
+        out["handoff_blocks"] = prefill.handoff_blocks()
+        out["pd"] = await text(decode, EngineRequest("d1", PROMPT, GREEDY), handoff)
+        out["loaded"] = decode.loaded_tokens_total
+        out["held_after_decode"] = store.holding().files
+        # A handoff released before decode (a cancel in transfer): decode finds nothing to load.
+        out["other_aggregated"] = await text(decode, EngineRequest("agg2", OTHER, GREEDY))
+        released = await prefill.prefill(EngineRequest("p2", OTHER, GREEDY), "call-2")
+        out["released_blocks"] = await prefill.release("call-2")
+        out["held_after_release"] = store.holding().files
+        out["other_pd"] = await text(decode, EngineRequest("d2", OTHER, GREEDY), released)
+        out["loaded_after_release"] = decode.loaded_tokens_total - out["loaded"]
+        out["idle"] = [idle(prefill), idle(decode)]
+        return out
+    finally:
+        await prefill.shutdown()
+        await decode.shutdown()
+
+
+def main() -> None:
+    model, root = sys.argv[1], Path(sys.argv[2])
+    result = asyncio.run(probe(model, HandoffStore(root)))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
