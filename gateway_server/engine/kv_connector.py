@@ -23,10 +23,11 @@ scheduler's builds, each step, the metadata that tells the runner's what to move
   request's prompt. vLLM allocates blocks for them and the runner copies the file into them
   before the forward pass (``start_load_kv``), then deletes the file. vLLM counts these tokens
   in the request's ``num_cached_tokens``; they are not computed again.
-- Deletion. Loaded: the runner deletes the file. A decode request that finishes without
-  loading (an abort before it was scheduled, nothing to load) and a prefill request that is
-  aborted delete theirs when vLLM reports them finished (``request_finished``). The gateway
-  deletes what is left when it cancels a call (:meth:`.kv_handoff.HandoffStore.discard`).
+- Deletion. Loaded: the runner deletes the file at once. Any other handoff (a cancel before
+  decode loaded it, a decode that could not use it) is deleted by the gateway, which releases
+  every call's handoff when the call ends, whatever ended it, and says in the cancel answer
+  what that freed (:meth:`.kv_handoff.HandoffStore.discard`). A prompt with no whole block
+  to hand over writes no file (decode computes it).
 
 Nothing here may raise into vLLM's engine loop for a request's sake (the engine core would die
 with it): a handoff that cannot be read is a miss (the decode worker computes the prompt), one
@@ -58,7 +59,6 @@ from gateway_server.engine.kv_handoff import (
 _base: Any = import_module("vllm.distributed.kv_transfer.kv_connector.v1.base")
 _torch: Any = import_module("torch")
 _safetensors: Any = import_module("safetensors.torch")
-_RequestStatus: Any = import_module("vllm.v1.request").RequestStatus
 
 log = logging.getLogger("hangup.gateway.kv_connector")
 
@@ -221,18 +221,17 @@ class HangupHandoffConnector(_base.KVConnectorBase_V1):  # type: ignore[misc]  #
             return
         del self._saving[rid]
         blocks = (len(saving.prompt) - 1) // self._block_size
+        if blocks == 0:
+            return  # nothing whole to hand over: decode computes the prompt
         tokens = blocks * self._block_size
         digest = prompt_digest(saving.prompt[:tokens])
         meta.saves.append(_SaveJob(saving.key, saving.block_ids[:blocks], tokens, digest))
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, Any]:
-        part = self._parts.pop(request.request_id, None)
+        # The request's own blocks are free at once (False): a handoff is a file, not blocks.
+        self._parts.pop(request.request_id, None)
         self._saving.pop(request.request_id, None)
-        aborted = request.status == _RequestStatus.FINISHED_ABORTED
-        if part is not None and (part.role == LOAD or aborted):
-            # The decode leg is over (it loaded the file or never will), or the prefill leg was
-            # aborted: nothing will read this handoff.
-            self._delete(part.key)
+        self._to_load.pop(request.request_id, None)
         return False, None
 
     # -- runner side -----------------------------------------------------------------------

@@ -18,8 +18,9 @@ temporary directory every worker of the gateway shares, deleted when the gateway
   computes the prompt's rest and generates. ``phase`` answers ``TRANSFER`` until its first
   token (loading is part of the step that computes that token), ``DECODE`` after.
 - ``release``: deletes the call's file (what the handoff held on the prefill side), and answers
-  the blocks it held; the connector itself deletes it once decode loaded it, and when a decode
-  leg or a prefill leg ends by an abort.
+  the blocks it held; the connector itself deletes it as soon as decode has loaded it. The
+  gateway releases every call's handoff when the call ends, so a cancel in ``transfer`` (the
+  decode leg aborted before it loaded the KV) frees the file and reports its blocks.
 
 Aborting a leg is the vLLM engine's ``abort`` (it returns once the engine core applied it:
 a decode leg aborted before it was scheduled has allocated nothing; one aborted after has had
@@ -119,7 +120,14 @@ class VllmPdEngine(VllmEngine):
             self._params[rid] = {"do_remote_decode": True, "do_remote_prefill": False}
         else:
             self._params[rid] = {"hangup_handoff": file_key, "hangup_role": "save"}
-        one = dataclasses.replace(request.params, max_tokens=1, min_tokens=0, logprobs=None)
+        one = dataclasses.replace(
+            request.params,
+            max_tokens=1,
+            min_tokens=0,
+            logprobs=None,
+            prompt_logprobs=None,  # the decode leg computes them (and its whole prompt then)
+            structured=None,
+        )
         prompt_tokens, finish, out_params = 0, None, None
         try:
             async for chunk in self.generate(dataclasses.replace(request, params=one)):
