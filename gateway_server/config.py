@@ -221,6 +221,11 @@ def _validate_roles(config: GatewayConfig) -> None:
         roles = config.roles
     except ValueError as exc:
         raise ConfigError(f"--worker-roles: {exc}") from exc
+    if disaggregated(roles) and not engine_kind(config.engine).disaggregates:
+        raise ConfigError(
+            f"--worker-roles other than 'both' needs an engine that serves prefill and decode "
+            f"legs; --engine {config.engine} does not (yet)"
+        )
     if disaggregated(roles) and config.api_processes > 1:
         raise ConfigError(
             "--worker-roles with --api-processes above 1 is not supported: both legs of a "

@@ -39,6 +39,7 @@ from gateway_server.http.app import build_app
 from gateway_server.metrics import (
     EngineLoadCollector,
     GatewayMetrics,
+    HandoffCollector,
     InflightCollector,
     worker_loads,
 )
@@ -105,6 +106,7 @@ class GatewayServer:
         live = (
             InflightCollector([model], self.registry.phases_in_flight),
             EngineLoadCollector(loads),
+            HandoffCollector(lambda: len(self.registry.handoffs())),
         )
         if self.api_process is None:
             pool = PoolProtocolCollector(model, loads)

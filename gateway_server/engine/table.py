@@ -48,6 +48,9 @@ class EngineKind:
     """Its settings from its flags' values (by field name)."""
     options: tuple[Option, ...]
     """Its flags; each one's ``group`` is the engine's name."""
+    disaggregates: bool = False
+    """Its engines implement :class:`~.handoff.DisaggregatedEngine`: they serve
+    ``--worker-roles`` other than ``both``."""
 
 
 def _simulated(config: GatewayConfig) -> EngineFactory:
@@ -68,7 +71,7 @@ def _vllm(config: GatewayConfig) -> EngineFactory:
 
 ENGINES: Mapping[EngineName, EngineKind] = {
     EngineName.SIM: EngineKind(
-        _simulated, "hangup-sim", "simulated engine", SimConfig, SIM_OPTIONS
+        _simulated, "hangup-sim", "simulated engine", SimConfig, SIM_OPTIONS, disaggregates=True
     ),
     EngineName.VLLM: EngineKind(_vllm, None, "vLLM engine", VllmOptions, VLLM_OPTIONS),
 }

@@ -38,6 +38,19 @@ def test_roles_come_from_the_flag_or_the_environment() -> None:
             ["--workers", "2", "--api-processes", "2", "--worker-roles", "prefill,decode"],
             "not supported",
         ),
+        (
+            [
+                "--engine",
+                "vllm",
+                "--model",
+                "m",
+                "--workers",
+                "2",
+                "--worker-roles",
+                "prefill,both",
+            ],
+            "--engine vllm does not",
+        ),
     ],
 )
 def test_roles_that_cannot_serve_are_refused_by_name(argv: list[str], message: str) -> None:
