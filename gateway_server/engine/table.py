@@ -73,7 +73,9 @@ ENGINES: Mapping[EngineName, EngineKind] = {
     EngineName.SIM: EngineKind(
         _simulated, "hangup-sim", "simulated engine", SimConfig, SIM_OPTIONS, disaggregates=True
     ),
-    EngineName.VLLM: EngineKind(_vllm, None, "vLLM engine", VllmOptions, VLLM_OPTIONS),
+    EngineName.VLLM: EngineKind(
+        _vllm, None, "vLLM engine", VllmOptions, VLLM_OPTIONS, disaggregates=True
+    ),
 }
 
 

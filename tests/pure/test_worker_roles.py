@@ -3,12 +3,18 @@ of a disaggregated call is routed."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gateway_server.config import from_args
+from gateway_server.engine.base import EngineError
 from gateway_server.engine.handoff import WorkerRole
+from gateway_server.engine.kv_handoff import HandoffStore
 from gateway_server.engine.pool import EnginePool
 from gateway_server.engine.sim import SimConfig, SimulatedEngine
+from gateway_server.engine.vllm_options import VllmOptions
+from gateway_server.engine.vllm_pd import vllm_pd_engine_factory
 from gateway_server.errors import Unavailable
 from hangup_contract.runtime.options import ConfigError
 
@@ -38,24 +44,20 @@ def test_roles_come_from_the_flag_or_the_environment() -> None:
             ["--workers", "2", "--api-processes", "2", "--worker-roles", "prefill,decode"],
             "not supported",
         ),
-        (
-            [
-                "--engine",
-                "vllm",
-                "--model",
-                "m",
-                "--workers",
-                "2",
-                "--worker-roles",
-                "prefill,both",
-            ],
-            "--engine vllm does not",
-        ),
     ],
 )
 def test_roles_that_cannot_serve_are_refused_by_name(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         from_args(argv, {})
+
+
+def test_vllm_workers_take_roles_and_a_kv_connector() -> None:
+    argv = "--engine vllm --model m --workers 2 --worker-roles prefill,decode".split()
+    argv += ["--kv-connector", "NixlConnector"]
+    config = from_args(argv, {})
+    assert [r.value for r in config.roles] == ["prefill", "decode"]
+    assert config.vllm.kv_connector == "NixlConnector"
+    assert from_args(argv[:-2], {}).vllm.kv_connector == "hangup"
 
 
 async def test_each_leg_goes_to_the_least_loaded_worker_of_its_role() -> None:
@@ -79,3 +81,8 @@ async def test_each_leg_goes_to_the_least_loaded_worker_of_its_role() -> None:
 def test_an_aggregated_pool_is_not_disaggregated() -> None:
     pool = EnginePool([SimulatedEngine(SimConfig())])
     assert not pool.disaggregated and pool.workers[0].role is B
+
+
+def test_an_unknown_kv_connector_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(EngineError, match="--kv-connector 'Lmcache' is not known"):
+        vllm_pd_engine_factory("m", VllmOptions(kv_connector="Lmcache"), 2, HandoffStore(tmp_path))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from gateway_server.engine.kv_handoff import HandoffStore
 from gateway_server.engine.vllm_options import VllmOptions
 from gateway_server.engine.vllm_pd import VllmPdEngine
 
-PROMPT = "The quick brown fox jumps over the lazy dog. " * 24
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 20  # 461 tokens
 OTHER = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday. " * 20
 OPTIONS = VllmOptions(
     enforce_eager=True,
@@ -36,6 +37,16 @@ GREEDY = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 async def text(engine: VllmPdEngine, request: EngineRequest, handoff: Any = None) -> str:
     stream = engine.generate(request) if handoff is None else engine.decode(request, handoff)
     return "".join([chunk.text async for chunk in stream])
+
+
+def zero_handoff(path: Path) -> None:
+    """Overwrite a handoff file's KV with zeros, its header (tokens, prompt digest) kept."""
+    safetensors: Any = import_module("safetensors")
+    storage: Any = import_module("safetensors.torch")
+    with safetensors.safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+        zeros = {name: f.get_tensor(name).zero_() for name in f.keys()}  # noqa: SIM118 (not a dict)
+    storage.save_file(zeros, str(path), metadata=meta)
 
 
 def idle(engine: VllmPdEngine) -> bool:
@@ -65,6 +76,13 @@ async def probe(model: str, store: HandoffStore) -> dict[str, Any]:
         out["held_after_release"] = store.holding().files
         out["other_pd"] = await text(decode, EngineRequest("d2", OTHER, GREEDY), released)
         out["loaded_after_release"] = decode.loaded_tokens_total - out["loaded"]
+        # The control: the same handoff with its KV zeroed is loaded just the same, and the
+        # answer changes, so the answers above came from the KV that was handed over.
+        zeroed = await prefill.prefill(EngineRequest("p3", PROMPT, GREEDY), "call-3")
+        zero_handoff(store.path(zeroed.transfer_params["hangup_handoff"]))
+        before = decode.loaded_tokens_total
+        out["zeroed_pd"] = await text(decode, EngineRequest("d3", PROMPT, GREEDY), zeroed)
+        out["zeroed_loaded"] = decode.loaded_tokens_total - before
         out["idle"] = [idle(prefill), idle(decode)]
         return out
     finally:

@@ -52,6 +52,12 @@ def test_disaggregated_text_equals_one_engines_text_at_temperature_zero(
     assert probe["pd"] == probe["aggregated"]
 
 
+def test_decode_answers_from_the_kv_it_loaded(probe: dict[str, Any]) -> None:
+    """The control: the handoff's KV zeroed, loaded just the same, changes the answer."""
+    assert probe["zeroed_loaded"] == probe["loaded"]
+    assert probe["zeroed_pd"] != probe["aggregated"]
+
+
 def test_the_handoff_is_deleted_once_loaded_or_released(probe: dict[str, Any]) -> None:
     assert probe["held_after_decode"] == 0
     assert probe["released_blocks"] > 0
