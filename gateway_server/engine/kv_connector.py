@@ -31,7 +31,12 @@ scheduler's builds, each step, the metadata that tells the runner's what to move
 
 Nothing here may raise into vLLM's engine loop for a request's sake (the engine core would die
 with it): a handoff that cannot be read is a miss (the decode worker computes the prompt), one
-that cannot be loaded is reported as a load error (vLLM recomputes those blocks).
+that cannot be loaded is reported as a load error (vLLM recomputes those blocks: the P/D
+engine sets ``kv_load_failure_policy`` to ``recompute``).
+
+Not handled: with asynchronous scheduling (vLLM turns it off on CPUs), an abort can be applied
+while the step that writes a prefill's file is still running, and the file then appears after
+the gateway deleted it. On GPUs, disaggregated workers take NIXL (``--kv-connector``).
 
 The module imports vLLM and torch at import time: only vLLM's processes import it.
 """
@@ -49,9 +54,13 @@ from typing import Any
 
 from gateway_server.engine.kv_handoff import (
     KEY_PATTERN,
+    LOAD,
     META_BLOCK_SIZE,
     META_TOKENS,
+    PARAM_KEY,
+    PARAM_ROLE,
     PARTIAL,
+    SAVE,
     SUFFIX,
     read_meta,
 )
@@ -62,16 +71,7 @@ _safetensors: Any = import_module("safetensors.torch")
 
 log = logging.getLogger("hangup.gateway.kv_connector")
 
-PARAM_KEY = "hangup_handoff"
-PARAM_ROLE = "hangup_role"
-SAVE = "save"
-LOAD = "load"
 META_DIGEST = "prompt_digest"
-
-
-def transfer_params(key: str, role: str) -> dict[str, str]:
-    """The ``kv_transfer_params`` that make a request save (prefill) or load (decode) ``key``."""
-    return {PARAM_KEY: key, PARAM_ROLE: role}
 
 
 def prompt_digest(token_ids: list[int]) -> str:

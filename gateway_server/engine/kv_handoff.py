@@ -32,6 +32,16 @@ KEY_PATTERN = re.compile(r"[0-9a-f]{32}")
 """What a handoff key looks like (:func:`handoff_key`); the connector ignores any other."""
 META_TOKENS = "tokens"
 META_BLOCK_SIZE = "block_size"
+PARAM_KEY = "hangup_handoff"
+PARAM_ROLE = "hangup_role"
+SAVE = "save"
+LOAD = "load"
+
+
+def transfer_params(key: str, role: str) -> dict[str, str]:
+    """The ``kv_transfer_params`` that make a request save (``SAVE``, the prefill leg) or load
+    (``LOAD``, the decode leg) the handoff ``key`` (hangup's connector reads them)."""
+    return {PARAM_KEY: key, PARAM_ROLE: role}
 
 
 def handoff_key(call_id: str) -> str:

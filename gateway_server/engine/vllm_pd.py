@@ -45,7 +45,13 @@ from typing import TYPE_CHECKING, Any
 
 from gateway_server.engine.base import EngineError, EngineRequest, FinishReason, TokenChunk
 from gateway_server.engine.handoff import KvHandoff
-from gateway_server.engine.kv_handoff import HandoffStore, handoff_key
+from gateway_server.engine.kv_handoff import (
+    LOAD,
+    SAVE,
+    HandoffStore,
+    handoff_key,
+    transfer_params,
+)
 from gateway_server.engine.vllm import VllmEngine, vllm_engine_factory
 from gateway_server.engine.vllm_options import VllmOptions
 from hangup_contract.vocabulary import Phase
@@ -69,6 +75,7 @@ def kv_transfer_config(connector: str, store: HandoffStore) -> Any:
         kv_connector_module_path="gateway_server.engine.kv_connector",
         kv_role="kv_both",
         kv_connector_extra_config={"handoff_dir": str(store.root)},
+        kv_load_failure_policy="recompute",  # a handoff that cannot be loaded is recomputed
     )
 
 
@@ -99,7 +106,8 @@ class VllmPdEngine(VllmEngine):
 
     def _chunk(self, state: Any, out: Any) -> TokenChunk:
         rid = out.request_id
-        if out.finished and rid in self._params and out.kv_transfer_params is not None:
+        prefilling = rid in self._params and rid not in self._decoding
+        if out.finished and prefilling and out.kv_transfer_params is not None:
             self._finished_params[rid] = out.kv_transfer_params
         if rid in self._decoding and not state.output_tokens:
             self.loaded_tokens_total += int(out.num_cached_tokens or 0)
@@ -119,7 +127,7 @@ class VllmPdEngine(VllmEngine):
         if self.connector == NIXL_CONNECTOR:
             self._params[rid] = {"do_remote_decode": True, "do_remote_prefill": False}
         else:
-            self._params[rid] = {"hangup_handoff": file_key, "hangup_role": "save"}
+            self._params[rid] = transfer_params(file_key, SAVE)
         one = dataclasses.replace(
             request.params,
             max_tokens=1,
@@ -142,7 +150,7 @@ class VllmPdEngine(VllmEngine):
         if self.connector == NIXL_CONNECTOR:
             transfer: Mapping[str, Any] = dict(out_params or {})
         else:
-            transfer = {"hangup_handoff": file_key, "hangup_role": "load"}
+            transfer = transfer_params(file_key, LOAD)
         blocks = self.store.holding_of(file_key).blocks
         return KvHandoff(key, rid, prompt_tokens, blocks, math.inf, transfer)
 
@@ -170,9 +178,9 @@ class VllmPdEngine(VllmEngine):
         """Blocks a running leg holds, from its token counts (vLLM's scheduler does not tell
         this process); 0 for a leg not running here."""
         state = self._live.get(request_id)
-        if state is None or not self.max_model_len:
+        block_size = self.load().block_size
+        if state is None or not block_size:
             return 0
-        block_size = self.load().block_size or 16
         return -(-(state.prompt_tokens + state.output_tokens) // block_size)
 
     def handoff_blocks(self) -> int:

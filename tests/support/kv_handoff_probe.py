@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway_server.engine.base import EngineRequest, SamplingParams
-from gateway_server.engine.kv_handoff import HandoffStore
+from gateway_server.engine.kv_handoff import PARAM_KEY, HandoffStore
 from gateway_server.engine.vllm_options import VllmOptions
 from gateway_server.engine.vllm_pd import VllmPdEngine
 
@@ -79,10 +79,18 @@ async def probe(model: str, store: HandoffStore) -> dict[str, Any]:
         # The control: the same handoff with its KV zeroed is loaded just the same, and the
         # answer changes, so the answers above came from the KV that was handed over.
         zeroed = await prefill.prefill(EngineRequest("p3", PROMPT, GREEDY), "call-3")
-        zero_handoff(store.path(zeroed.transfer_params["hangup_handoff"]))
+        zero_handoff(store.path(zeroed.transfer_params[PARAM_KEY]))
         before = decode.loaded_tokens_total
         out["zeroed_pd"] = await text(decode, EngineRequest("d3", PROMPT, GREEDY), zeroed)
         out["zeroed_loaded"] = decode.loaded_tokens_total - before
+        # A damaged handoff (its header whole, its data cut short) cannot be loaded: decode
+        # computes those blocks instead, answers the same, and the engine lives on.
+        damaged = await prefill.prefill(EngineRequest("p4", PROMPT, GREEDY), "call-4")
+        path = store.path(damaged.transfer_params[PARAM_KEY])
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        out["damaged_pd"] = await text(decode, EngineRequest("d4", PROMPT, GREEDY), damaged)
+        out["damaged_alive"] = decode.alive
+        await prefill.release("call-4")
         out["idle"] = [idle(prefill), idle(decode)]
         return out
     finally:

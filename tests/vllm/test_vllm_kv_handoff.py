@@ -26,8 +26,12 @@ def probe(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     store = tmp_path_factory.mktemp("handoff-store")
     done = subprocess.run(
         [sys.executable, "-m", "tests.support.kv_handoff_probe", str(tiny_model), str(store)],
-        env=child_env(), cwd=REPO, capture_output=True, text=True, timeout=START_TIMEOUT_S,
-    )  # fmt: skip
+        env=child_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     result["files_left"] = sorted(p.name for p in store.iterdir())
@@ -67,3 +71,8 @@ def test_the_handoff_is_deleted_once_loaded_or_released(probe: dict[str, Any]) -
     assert probe["other_pd"] == probe["other_aggregated"]
     assert probe["files_left"] == []
     assert probe["idle"] == [True, True]
+
+
+def test_a_handoff_that_cannot_be_loaded_is_computed_instead(probe: dict[str, Any]) -> None:
+    assert probe["damaged_pd"] == probe["aggregated"]
+    assert probe["damaged_alive"]

@@ -22,6 +22,7 @@ import aiohttp
 import pytest
 
 from tests.support.processes import Process
+from tests.support.scrape import Samples, delta, scrape, total
 from tests.support.vllm_stack import (
     IGNORE_EOS,
     LONG_PROMPT,
@@ -85,8 +86,13 @@ def cancel(pd: Process, request_id: str) -> dict[str, Any]:
 
 def completion(client_for: OpenAIFor, target: Process, prompt: str, stream: bool = False) -> str:
     api = client_for(target)
-    kwargs: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": 24,
-                              "temperature": 0.0, "extra_body": IGNORE_EOS}  # fmt: skip
+    kwargs: dict[str, Any] = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 24,
+        "temperature": 0.0,
+        "extra_body": IGNORE_EOS,
+    }
     if not stream:
         return str(api.completions.create(**kwargs).choices[0].text)
     return "".join(c.choices[0].text for c in api.completions.create(stream=True, **kwargs))
@@ -113,8 +119,14 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 async def start_stream(
     session: aiohttp.ClientSession, pd: Process, request_id: str, prompt: str, max_tokens: int
 ) -> aiohttp.ClientResponse:
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "temperature": 0.0, **IGNORE_EOS}  # fmt: skip
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0.0,
+        **IGNORE_EOS,
+    }
     response = await session.post(
         pd.url() + "/v1/completions", json=body, headers={"X-Request-Id": request_id}
     )
@@ -124,9 +136,12 @@ async def start_stream(
 
 async def wait_phase(pd: Process, request_id: str, phase: str) -> None:
     await asyncio.to_thread(
-        poll_until, lambda: phase_of(pd, request_id) == phase, WAIT_S,
-        f"call {request_id} in phase {phase}", interval=0.005,
-    )  # fmt: skip
+        poll_until,
+        lambda: phase_of(pd, request_id) == phase,
+        WAIT_S,
+        f"call {request_id} in phase {phase}",
+        interval=0.005,
+    )
 
 
 def leg_states(answer: dict[str, Any]) -> dict[str, str]:
@@ -152,6 +167,7 @@ async def test_cancels_in_transfer_and_in_decode_free_both_workers_and_the_hando
 ) -> None:
     """The first call decodes on the only decode slot; the second one's prompt is prefilled and
     handed over, and its decode leg waits for that slot: in ``transfer``, with a handoff file."""
+    before = await asyncio.to_thread(scrape, pd.url())
     first = await start_stream(session, pd, "pd-decode", "Red green blue", 4000)
     second = None
     try:
@@ -160,6 +176,8 @@ async def test_cancels_in_transfer_and_in_decode_free_both_workers_and_the_hando
         second = await start_stream(session, pd, "pd-transfer", PROMPT, 16)
         await wait_phase(pd, "pd-transfer", "transfer")
         assert len(store_files(pd)) == 1, "the handoff is held while the decode leg waits"
+        held = await asyncio.to_thread(scrape, pd.url())
+        assert total(held, "hangup_gateway_handoff_kv_blocks", worker="0") == 3
         in_transfer = await asyncio.to_thread(cancel, pd, "pd-transfer")
         assert store_files(pd) == [], "the cancel answered before the handoff was deleted"
         assert phase_of(pd, "pd-decode") == "decode", "the other call was touched"
@@ -174,3 +192,36 @@ async def test_cancels_in_transfer_and_in_decode_free_both_workers_and_the_hando
     assert in_decode["phase"] == "decode"
     assert leg_states(in_decode) == {"prefill": "ended", "decode": "aborted"}
     await asyncio.to_thread(wait_all_freed, pd)
+    after = await asyncio.to_thread(scrape, pd.url())
+    for phase in ("transfer", "decode"):
+        assert cancelled(after, before, "explicit", phase) == 1, phase
+    assert total(after, "hangup_gateway_handoff_kv_blocks") == 0
+
+
+async def test_a_hang_up_in_transfer_frees_the_handoff_and_both_workers(
+    pd: Process, session: aiohttp.ClientSession
+) -> None:
+    before = await asyncio.to_thread(scrape, pd.url())
+    busy = await start_stream(session, pd, "pd-busy", "Red green blue", 4000)
+    try:
+        await busy.content.readline()
+        leaving = await start_stream(session, pd, "pd-leaving", PROMPT, 16)
+        await wait_phase(pd, "pd-leaving", "transfer")
+        leaving.close()  # the client hangs up while its KV waits for the decode worker
+        await asyncio.to_thread(
+            poll_until,
+            lambda: not store_files(pd) and not call_of(pd, "pd-leaving"),
+            WAIT_S,
+            "the hung-up call gone and its handoff deleted",
+        )
+        assert phase_of(pd, "pd-busy") == "decode", "the other call was touched"
+    finally:
+        busy.close()  # a hang-up in decode
+    await asyncio.to_thread(wait_all_freed, pd)
+    after = await asyncio.to_thread(scrape, pd.url())
+    for phase in ("transfer", "decode"):
+        assert cancelled(after, before, "client_disconnect", phase) == 1, phase
+
+
+def cancelled(after: Samples, before: Samples, reason: str, phase: str) -> float:
+    return delta(after, before, "hangup_gateway_cancellations_total", reason=reason, phase=phase)
