@@ -70,7 +70,8 @@ async def run_legs(
         finally:
             _give_back(pool, legs.decode)
     finally:
-        await asyncio.shield(legs.release())
+        if not legs.released:  # a cancel released it already: nothing to wait for
+            await asyncio.shield(legs.release())
 
 
 def _give_back(pool: EnginePool, leg: Leg) -> None:

@@ -17,11 +17,12 @@ import aiohttp
 import grpc
 import pytest
 import tritonclient.grpc.aio as triton
+from tritonclient.utils import InferenceServerException
 
 from gateway_server.engine.sim import SimConfig
 from hangup_contract.protos import cancellation_pb2
 from tests.support.gateway import MODEL, Gateway, running_gateway
-from tests.support.triton_io import Stream
+from tests.support.triton_io import Stream, inputs
 from tests.support.waiting import wait_until
 
 TOKEN = "pd-token"
@@ -309,3 +310,16 @@ async def test_a_decode_worker_that_dies_in_transfer_leaves_nothing_held(pd: Gat
     assert pd.metric("hangup_gateway_handoff_kv_blocks", worker="0") == 0
     assert pd.metric("hangup_gateway_handoffs_in_flight") == 0
     assert pd.requests("error") == 1
+
+
+async def test_a_grpc_deadline_in_transfer_frees_both_legs(pd: Gateway) -> None:
+    await fault(pd, "1", "stall_transfer")  # the call stays in transfer until its deadline
+    address = pd.server.listeners["grpc"]
+    async with triton.InferenceServerClient(address) as client:
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            await client.infer(
+                MODEL, inputs(PROMPT, stream=False, max_tokens=2000), client_timeout=2.0
+            )
+    await wait_until(lambda: pd.cancellations("deadline_exceeded", "transfer") == 1)
+    await wait_until(lambda: len(pd.server.registry) == 0, what="the call to close")
+    assert_all_freed(pd)
