@@ -292,6 +292,7 @@ async def test_a_decode_leg_whose_kv_never_arrives_is_freed_by_the_cancel(pd: Ga
     task = await start(pd, "stuck", stream=True)
     await reach(pd, "stuck", "transfer")
     assert pd.metric("hangup_gateway_handoffs_in_flight") == 1
+    assert pd.metric("hangup_gateway_inflight_requests", model=MODEL, phase="transfer") == 1
     assert pd.metric("hangup_gateway_engine_kv_blocks_held", worker="1", role="decode") == BLOCKS
     _, answer = await pd.cancel("stuck")
     assert answer["phase"] == "transfer"
