@@ -84,6 +84,7 @@ class Legs:
     """The prefill leg ended with its KV held: the request is in transfer or beyond."""
     released: bool = False
     """The key's KV has been released on the prefill engine."""
+    _aborting: asyncio.Future[None] | None = None
     _releasing: asyncio.Future[int] | None = None
 
     def __post_init__(self) -> None:
@@ -112,7 +113,13 @@ class Legs:
         return self.prefilled and not self.released
 
     async def abort(self) -> None:
-        """Abort both legs (those running), then release the KV; idempotent."""
+        """Abort both legs (those running), then release the KV. Idempotent: a second caller
+        (a hang-up racing the proxy's cancel) waits for the first one's abort to complete."""
+        if self._aborting is None:
+            self._aborting = asyncio.ensure_future(self._abort())
+        await asyncio.shield(self._aborting)
+
+    async def _abort(self) -> None:
         await asyncio.gather(self.prefill.abort(), self.decode.abort())
         await self.release()
 

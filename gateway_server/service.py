@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from gateway_server.disagg import run_legs
+from gateway_server.disagg import give_back_workers, run_legs
 from gateway_server.engine.base import (
     ChatOptions,
     Engine,
@@ -281,8 +281,10 @@ class GenerationService:
     def _close_books(
         self, call: Call, request: EngineCall, worker: Worker, alias: str | None, book: _Books
     ) -> None:
-        if request.legs is None:  # the legs' runner gives its workers back itself
+        if request.legs is None:
             self.pool.release(worker)
+        else:  # the legs' runner gave its workers back, unless it never ran
+            give_back_workers(self.pool, request.legs)
         self.registry.detach(call, request)
         if alias is not None:
             self.directory.release(alias, request.generated_tokens)

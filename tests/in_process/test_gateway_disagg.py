@@ -149,6 +149,21 @@ async def test_a_cancel_in_each_phase_frees_both_legs_before_it_answers(
     assert pd.metric("hangup_gateway_cancel_to_freed_seconds_count", model=MODEL) == 1
 
 
+async def test_two_cancels_at_once_both_answer_only_once_everything_is_freed(pd: Gateway) -> None:
+    task = await start(pd, "twice", stream=True)
+    await reach(pd, "twice", "transfer")
+    cancels = {asyncio.create_task(pd.cancel("twice")) for _ in range(2)}
+    while cancels:
+        done, cancels = await asyncio.wait(cancels, return_when=asyncio.FIRST_COMPLETED)
+        assert_all_freed(pd)  # whichever answered, the second one too
+        for answered in done:
+            status, answer = answered.result()
+            assert (status, answer["phase"]) == (200, "transfer")
+            assert answer["legs"]["prefill"]["kv_blocks_freed"] == BLOCKS
+    await task
+    assert pd.cancellations("explicit", "transfer") == 1
+
+
 async def test_a_cancel_while_queued_never_starts_either_leg(pd: Gateway) -> None:
     first = await start(pd, "first", stream=True)
     second = await start(pd, "second", stream=True)
