@@ -128,20 +128,22 @@ async def test_a_cancel_in_each_phase_frees_both_legs_before_it_answers(
 ) -> None:
     task = await start(pd, "c", stream=stream)
     await reach(pd, "c", phase)
-    prefill_worker = pd.server.pool.workers[0].engine
-    await wait_until(lambda: prefill_worker.load().kv_cache_usage > 0, what="a prompt block read")
+    if phase == "prefill":
+        prefill_worker = pd.server.pool.workers[0].engine
+        await wait_until(lambda: prefill_worker.load().kv_cache_usage > 0, what="a block read")
     status, answer = await pd.cancel("c")
     assert_all_freed(pd)  # confirmed before the answer came
     assert (status, answer["state"], answer["phase"]) == (200, "cancelled", phase)
     prefill, decode = answer["legs"]["prefill"], answer["legs"]["decode"]
-    assert prefill["worker"] == "0" and prefill["kv_blocks_freed"] > 0
+    assert prefill["worker"] == "0"
     if phase == "prefill":
         assert (prefill["state"], decode["state"]) == ("aborted", "never_started")
-        assert decode["kv_blocks_freed"] == 0
+        assert prefill["kv_blocks_freed"] > 0 and decode["kv_blocks_freed"] == 0
     elif phase == "transfer":  # the prefill's KV was still held, and the decode's allocation
         assert prefill["kv_blocks_freed"] == decode["kv_blocks_freed"] == BLOCKS
-    else:
-        assert decode["state"] == "aborted" and decode["kv_blocks_freed"] > BLOCKS
+    else:  # decode pulled the prefill's KV: nothing was left there
+        assert (prefill["state"], prefill["kv_blocks_freed"]) == ("ended", 0)
+        assert decode["state"] == "aborted" and decode["kv_blocks_freed"] >= BLOCKS
     status_code, _ = await task
     assert status_code == (200 if stream else 499)
     await wait_until(lambda: len(pd.server.registry) == 0, what="the call to close")
@@ -271,6 +273,11 @@ async def test_shutdown_cancels_in_transfer_and_frees_both_legs() -> None:
 
 
 async def test_a_lost_notification_leaves_the_prefill_kv_to_the_gateway(pd: Gateway) -> None:
+    told = await start(pd, "told", stream=True)
+    await reach(pd, "told", "decode")
+    assert pd.metric("hangup_gateway_handoff_kv_blocks", worker="0") == 0  # freed once pulled
+    await pd.cancel("told")
+    await told
     await fault(pd, "0", "lose_notification")
     done = await start(pd, "lost", stream=False, max_tokens=30)
     await reach(pd, "lost", "decode")
@@ -339,3 +346,24 @@ async def test_a_grpc_deadline_in_transfer_frees_both_legs(pd: Gateway) -> None:
     await wait_until(lambda: pd.cancellations("deadline_exceeded", "transfer") == 1)
     await wait_until(lambda: len(pd.server.registry) == 0, what="the call to close")
     assert_all_freed(pd)
+
+
+async def test_each_choice_of_a_call_has_its_own_legs_and_one_cancel_frees_them_all(
+    pd: Gateway,
+) -> None:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2000, "n": 2}
+    post = pd.session.post(f"{pd.url}/v1/completions", json=body, headers={"X-Request-Id": "n2"})
+    task = asyncio.create_task(post)
+    await wait_until(lambda: pd.phase_of("n2"), what="the call in flight")
+    decoding = {"model": MODEL, "phase": "decode"}
+    await wait_until(
+        lambda: pd.metric("hangup_gateway_inflight_requests", **decoding) == 2, what="both decode"
+    )
+    assert len((await pd.in_flight())["n2"]["legs"]) == 4  # two requests, two legs each
+    _, answer = await pd.cancel("n2")
+    assert_all_freed(pd)
+    assert answer["legs"]["decode"]["engine_request_id"] == ["n2-1-decode", "n2-2-decode"]
+    assert answer["legs"]["prefill"]["kv_blocks_freed"] == 0  # both pulled by decode
+    async with await task as resp:
+        assert resp.status == 499
+    assert pd.requests("cancelled") == 2
