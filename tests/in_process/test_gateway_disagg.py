@@ -304,6 +304,7 @@ async def test_an_expired_lease_makes_decode_recompute_the_prompt(pd: Gateway) -
     await reach(pd, "x", "transfer")
     await fault(pd, "0", "expire_leases")
     assert pd.metric("hangup_gateway_handoff_kv_blocks", worker="0") == 0
+    await reach(pd, "x", "prefill")  # the decode worker found no KV: it reads the prompt itself
     async with await task as resp:
         assert (await resp.json())["choices"][0]["text"] == expected
     assert_all_freed(pd)
