@@ -109,8 +109,10 @@ class Legs:
 
     @property
     def holds_handoff(self) -> bool:
-        """KV is held on the prefill side for this request (a handoff in flight)."""
-        return self.prefilled and not self.released
+        """A handoff in flight: the prefill side holds the KV, the decode side has not admitted
+        the request yet (``transfer``)."""
+        in_transfer = self.phase(started_decode=False) is Phase.TRANSFER
+        return self.prefilled and not self.released and in_transfer
 
     async def abort(self) -> None:
         """Abort both legs (those running), then release the KV. Idempotent: a second caller

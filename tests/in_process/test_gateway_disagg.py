@@ -276,6 +276,7 @@ async def test_a_lost_notification_leaves_the_prefill_kv_to_the_gateway(pd: Gate
     told = await start(pd, "told", stream=True)
     await reach(pd, "told", "decode")
     assert pd.metric("hangup_gateway_handoff_kv_blocks", worker="0") == 0  # freed once pulled
+    assert pd.metric("hangup_gateway_handoffs_in_flight") == 0  # no longer in transfer
     await pd.cancel("told")
     await told
     await fault(pd, "0", "lose_notification")
