@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from gateway_server.engine.base import EngineRequest, FinishReason, SamplingParams, TokenChunk
 from gateway_server.engine.handoff import WorkerRole
 from gateway_server.engine.pool import EnginePool, Worker
-from gateway_server.legs import Leg, LegState
+from gateway_server.legs import Leg, Legs, LegState
 
 if TYPE_CHECKING:
     from gateway_server.registry import EngineCall
@@ -70,7 +70,14 @@ async def run_legs(
         finally:
             _give_back(pool, legs.decode)
     finally:
-        await asyncio.shield(legs.release())
+        if not legs.released:  # a cancel released it already: nothing to wait for
+            await asyncio.shield(legs.release())
+
+
+def give_back_workers(pool: EnginePool, legs: Legs) -> None:
+    """Both legs' workers back to the router's count, those not given back yet (idempotent)."""
+    _give_back(pool, legs.prefill)
+    _give_back(pool, legs.decode)
 
 
 def _give_back(pool: EnginePool, leg: Leg) -> None:

@@ -84,6 +84,7 @@ class Legs:
     """The prefill leg ended with its KV held: the request is in transfer or beyond."""
     released: bool = False
     """The key's KV has been released on the prefill engine."""
+    _aborting: asyncio.Future[None] | None = None
     _releasing: asyncio.Future[int] | None = None
 
     def __post_init__(self) -> None:
@@ -108,11 +109,19 @@ class Legs:
 
     @property
     def holds_handoff(self) -> bool:
-        """KV is held on the prefill side for this request (a handoff in flight)."""
-        return self.prefilled and not self.released
+        """A handoff in flight: the prefill side holds the KV, the decode side has not admitted
+        the request yet (``transfer``)."""
+        in_transfer = self.phase(started_decode=False) is Phase.TRANSFER
+        return self.prefilled and not self.released and in_transfer
 
     async def abort(self) -> None:
-        """Abort both legs (those running), then release the KV; idempotent."""
+        """Abort both legs (those running), then release the KV. Idempotent: a second caller
+        (a hang-up racing the proxy's cancel) waits for the first one's abort to complete."""
+        if self._aborting is None:
+            self._aborting = asyncio.ensure_future(self._abort())
+        await asyncio.shield(self._aborting)
+
+    async def _abort(self) -> None:
         await asyncio.gather(self.prefill.abort(), self.decode.abort())
         await self.release()
 

@@ -246,9 +246,14 @@ class CallRegistry:
         repeated (the first reason wins)."""
         started = time.perf_counter()
         pending = [r for r in requests if r.cancel_reason is None]
+        # A disaggregated request whose cancel is under way: wait for it, so that this cancel
+        # too answers only once both legs and the KV between them are freed.
+        joined = [r for r in requests if r.cancel_reason is not None and r.legs is not None]
         for r in pending:
             r.cancel_reason = reason
             r.cancel_phase = r.phase()
+        if joined:
+            await asyncio.gather(*(r.abort() for r in joined))
         if not pending:
             return
         if len(pending) == 1:  # the common case, without gather's extra hop through the loop

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from gateway_server.disagg import run_legs
+from gateway_server.disagg import give_back_workers, run_legs
 from gateway_server.engine.base import (
     ChatOptions,
     Engine,
@@ -40,7 +40,7 @@ from gateway_server.engine.base import (
     TokenChunk,
 )
 from gateway_server.engine.handoff import WorkerRole
-from gateway_server.engine.pool import EnginePool
+from gateway_server.engine.pool import EnginePool, Worker
 from gateway_server.engine.sim import SimulatedEngine
 from gateway_server.errors import (
     CancelledBeforeArrival,
@@ -273,13 +273,22 @@ class GenerationService:
             name = request.worker.name  # with legs: the worker of the leg that failed
             raise EngineFailure(f"engine worker {name} failed the request: {exc}") from exc
         finally:
-            await stream.aclose()
-            if request.legs is None:  # the legs' runner gives its workers back itself
-                self.pool.release(worker)
-            self.registry.detach(call, request)
-            if alias is not None:
-                self.directory.release(alias, request.generated_tokens)
-            self._record_end(call, request, book)
+            try:
+                await stream.aclose()  # may suspend (a disaggregated request releases its KV)
+            finally:  # the books close even when the handler is cancelled meanwhile
+                self._close_books(call, request, worker, alias, book)
+
+    def _close_books(
+        self, call: Call, request: EngineCall, worker: Worker, alias: str | None, book: _Books
+    ) -> None:
+        if request.legs is None:
+            self.pool.release(worker)
+        else:  # the legs' runner gave its workers back, unless it never ran
+            give_back_workers(self.pool, request.legs)
+        self.registry.detach(call, request)
+        if alias is not None:
+            self.directory.release(alias, request.generated_tokens)
+        self._record_end(call, request, book)
 
     def _stream(
         self, request: EngineCall, prompt: str | tuple[int, ...], params: SamplingParams

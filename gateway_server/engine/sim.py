@@ -125,7 +125,7 @@ class SimulatedEngine:
     def __init__(self, config: SimConfig, kv: SimKvStore | None = None) -> None:
         """``kv``: the store shared with the other engines of a disaggregated gateway."""
         self._config = config
-        self._kv = kv or SimKvStore()
+        self._kv = kv if kv is not None else SimKvStore()
         self._saved = SavedKv(self._kv, SIM_BLOCK_SIZE)
         self._stall_transfers = False
         self._waiting: deque[_Sequence] = deque()

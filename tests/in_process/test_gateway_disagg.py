@@ -17,11 +17,12 @@ import aiohttp
 import grpc
 import pytest
 import tritonclient.grpc.aio as triton
+from tritonclient.utils import InferenceServerException
 
 from gateway_server.engine.sim import SimConfig
 from hangup_contract.protos import cancellation_pb2
 from tests.support.gateway import MODEL, Gateway, running_gateway
-from tests.support.triton_io import Stream
+from tests.support.triton_io import Stream, inputs
 from tests.support.waiting import wait_until
 
 TOKEN = "pd-token"
@@ -127,25 +128,42 @@ async def test_a_cancel_in_each_phase_frees_both_legs_before_it_answers(
 ) -> None:
     task = await start(pd, "c", stream=stream)
     await reach(pd, "c", phase)
-    prefill_worker = pd.server.pool.workers[0].engine
-    await wait_until(lambda: prefill_worker.load().kv_cache_usage > 0, what="a prompt block read")
+    if phase == "prefill":
+        prefill_worker = pd.server.pool.workers[0].engine
+        await wait_until(lambda: prefill_worker.load().kv_cache_usage > 0, what="a block read")
     status, answer = await pd.cancel("c")
     assert_all_freed(pd)  # confirmed before the answer came
     assert (status, answer["state"], answer["phase"]) == (200, "cancelled", phase)
     prefill, decode = answer["legs"]["prefill"], answer["legs"]["decode"]
-    assert prefill["worker"] == "0" and prefill["kv_blocks_freed"] > 0
+    assert prefill["worker"] == "0"
     if phase == "prefill":
         assert (prefill["state"], decode["state"]) == ("aborted", "never_started")
-        assert decode["kv_blocks_freed"] == 0
+        assert prefill["kv_blocks_freed"] > 0 and decode["kv_blocks_freed"] == 0
     elif phase == "transfer":  # the prefill's KV was still held, and the decode's allocation
         assert prefill["kv_blocks_freed"] == decode["kv_blocks_freed"] == BLOCKS
-    else:
-        assert decode["state"] == "aborted" and decode["kv_blocks_freed"] > BLOCKS
+    else:  # decode pulled the prefill's KV: nothing was left there
+        assert (prefill["state"], prefill["kv_blocks_freed"]) == ("ended", 0)
+        assert decode["state"] == "aborted" and decode["kv_blocks_freed"] >= BLOCKS
     status_code, _ = await task
     assert status_code == (200 if stream else 499)
     await wait_until(lambda: len(pd.server.registry) == 0, what="the call to close")
     assert pd.cancellations("explicit", phase) == 1 and pd.requests("cancelled") == 1
     assert pd.metric("hangup_gateway_cancel_to_freed_seconds_count", model=MODEL) == 1
+
+
+async def test_two_cancels_at_once_both_answer_only_once_everything_is_freed(pd: Gateway) -> None:
+    task = await start(pd, "twice", stream=True)
+    await reach(pd, "twice", "transfer")
+    cancels = {asyncio.create_task(pd.cancel("twice")) for _ in range(2)}
+    while cancels:
+        done, cancels = await asyncio.wait(cancels, return_when=asyncio.FIRST_COMPLETED)
+        assert_all_freed(pd)  # whichever answered, the second one too
+        for answered in done:
+            status, answer = answered.result()
+            assert (status, answer["phase"]) == (200, "transfer")
+            assert answer["legs"]["prefill"]["kv_blocks_freed"] == BLOCKS
+    await task
+    assert pd.cancellations("explicit", "transfer") == 1
 
 
 async def test_a_cancel_while_queued_never_starts_either_leg(pd: Gateway) -> None:
@@ -255,6 +273,12 @@ async def test_shutdown_cancels_in_transfer_and_frees_both_legs() -> None:
 
 
 async def test_a_lost_notification_leaves_the_prefill_kv_to_the_gateway(pd: Gateway) -> None:
+    told = await start(pd, "told", stream=True)
+    await reach(pd, "told", "decode")
+    assert pd.metric("hangup_gateway_handoff_kv_blocks", worker="0") == 0  # freed once pulled
+    assert pd.metric("hangup_gateway_handoffs_in_flight") == 0  # no longer in transfer
+    await pd.cancel("told")
+    await told
     await fault(pd, "0", "lose_notification")
     done = await start(pd, "lost", stream=False, max_tokens=30)
     await reach(pd, "lost", "decode")
@@ -281,6 +305,7 @@ async def test_an_expired_lease_makes_decode_recompute_the_prompt(pd: Gateway) -
     await reach(pd, "x", "transfer")
     await fault(pd, "0", "expire_leases")
     assert pd.metric("hangup_gateway_handoff_kv_blocks", worker="0") == 0
+    await reach(pd, "x", "prefill")  # the decode worker found no KV: it reads the prompt itself
     async with await task as resp:
         assert (await resp.json())["choices"][0]["text"] == expected
     assert_all_freed(pd)
@@ -291,6 +316,7 @@ async def test_a_decode_leg_whose_kv_never_arrives_is_freed_by_the_cancel(pd: Ga
     task = await start(pd, "stuck", stream=True)
     await reach(pd, "stuck", "transfer")
     assert pd.metric("hangup_gateway_handoffs_in_flight") == 1
+    assert pd.metric("hangup_gateway_inflight_requests", model=MODEL, phase="transfer") == 1
     assert pd.metric("hangup_gateway_engine_kv_blocks_held", worker="1", role="decode") == BLOCKS
     _, answer = await pd.cancel("stuck")
     assert answer["phase"] == "transfer"
@@ -309,3 +335,37 @@ async def test_a_decode_worker_that_dies_in_transfer_leaves_nothing_held(pd: Gat
     assert pd.metric("hangup_gateway_handoff_kv_blocks", worker="0") == 0
     assert pd.metric("hangup_gateway_handoffs_in_flight") == 0
     assert pd.requests("error") == 1
+
+
+async def test_a_grpc_deadline_in_transfer_frees_both_legs(pd: Gateway) -> None:
+    await fault(pd, "1", "stall_transfer")  # the call stays in transfer until its deadline
+    address = pd.server.listeners["grpc"]
+    async with triton.InferenceServerClient(address) as client:
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            await client.infer(
+                MODEL, inputs(PROMPT, stream=False, max_tokens=2000), client_timeout=2.0
+            )
+    await wait_until(lambda: pd.cancellations("deadline_exceeded", "transfer") == 1)
+    await wait_until(lambda: len(pd.server.registry) == 0, what="the call to close")
+    assert_all_freed(pd)
+
+
+async def test_each_choice_of_a_call_has_its_own_legs_and_one_cancel_frees_them_all(
+    pd: Gateway,
+) -> None:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 2000, "n": 2}
+    post = pd.session.post(f"{pd.url}/v1/completions", json=body, headers={"X-Request-Id": "n2"})
+    task = asyncio.create_task(post)
+    await wait_until(lambda: pd.phase_of("n2"), what="the call in flight")
+    decoding = {"model": MODEL, "phase": "decode"}
+    await wait_until(
+        lambda: pd.metric("hangup_gateway_inflight_requests", **decoding) == 2, what="both decode"
+    )
+    assert len((await pd.in_flight())["n2"]["legs"]) == 4  # two requests, two legs each
+    _, answer = await pd.cancel("n2")
+    assert_all_freed(pd)
+    assert answer["legs"]["decode"]["engine_request_id"] == ["n2-1-decode", "n2-2-decode"]
+    assert answer["legs"]["prefill"]["kv_blocks_freed"] == 0  # both pulled by decode
+    async with await task as resp:
+        assert resp.status == 499
+    assert pd.requests("cancelled") == 2
