@@ -178,6 +178,7 @@ async def test_cancels_in_transfer_and_in_decode_free_both_workers_and_the_hando
         assert len(store_files(pd)) == 1, "the handoff is held while the decode leg waits"
         held = await asyncio.to_thread(scrape, pd.url())
         assert total(held, "hangup_gateway_handoff_kv_blocks", worker="0") == 3
+        assert total(held, "hangup_gateway_handoffs_in_flight") == 1  # the decoding one's: no
         in_transfer = await asyncio.to_thread(cancel, pd, "pd-transfer")
         assert store_files(pd) == [], "the cancel answered before the handoff was deleted"
         assert phase_of(pd, "pd-decode") == "decode", "the other call was touched"
@@ -196,6 +197,7 @@ async def test_cancels_in_transfer_and_in_decode_free_both_workers_and_the_hando
     for phase in ("transfer", "decode"):
         assert cancelled(after, before, "explicit", phase) == 1, phase
     assert total(after, "hangup_gateway_handoff_kv_blocks") == 0
+    assert total(after, "hangup_gateway_handoffs_in_flight") == 0
 
 
 async def test_a_hang_up_in_transfer_frees_the_handoff_and_both_workers(
