@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway_server.engine.handoff import WorkerRole, disaggregated, parse_roles
 from gateway_server.engine.sim import SimConfig
 from gateway_server.engine.table import ENGINES, EngineName, engine_kind
 from gateway_server.engine.vllm_options import VllmOptions
@@ -29,6 +30,8 @@ class GatewayConfig:
     model: str | None = None
     served_model_name: str | None = None
     workers: int = 1
+    worker_roles: str = ""
+    """``prefill,decode,...``, one per worker; "": every worker ``both`` (see :attr:`roles`)."""
     api_processes: int = 1
     cancel_token: str | None = field(default=None, repr=False)
     drain_timeout: float = 30.0
@@ -60,6 +63,11 @@ class GatewayConfig:
         )
 
     @property
+    def roles(self) -> tuple[WorkerRole, ...]:
+        """Each worker's role (validated by :func:`validate`)."""
+        return parse_roles(self.worker_roles, self.workers)
+
+    @property
     def model_name(self) -> str:
         """The name clients use in ``model`` fields."""
         if self.served_model_name:
@@ -81,6 +89,12 @@ _OPTIONS = (
     Option("--model", str, "model path or name (vllm)"),
     Option("--served-model-name", str, "the name clients use in 'model' fields"),
     Option("--workers", int, "engine workers"),
+    Option(
+        "--worker-roles",
+        str,
+        "each worker's role, comma-separated: prefill, decode or both (default: every worker "
+        "both, aggregated serving); e.g. prefill,decode,decode serves disaggregated",
+    ),
     Option(
         "--api-processes",
         int,
@@ -185,6 +199,7 @@ def validate(config: GatewayConfig) -> None:
             "--api-processes must be between 1 and --workers "
             f"({config.workers}): each API process runs its own workers"
         )
+    _validate_roles(config)
     for name in ("http_port", "grpc_port"):
         port = getattr(config, name)
         if not 0 <= port <= 65535:
@@ -210,3 +225,20 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--max-body-bytes must be at least 1024")
     if config.sim.slots < 1 or config.sim.prefill_chunk_tokens < 1:
         raise ConfigError("--sim-slots and --sim-prefill-chunk must be at least 1")
+
+
+def _validate_roles(config: GatewayConfig) -> None:
+    try:
+        roles = config.roles
+    except ValueError as exc:
+        raise ConfigError(f"--worker-roles: {exc}") from exc
+    if disaggregated(roles) and not engine_kind(config.engine).disaggregates:
+        raise ConfigError(
+            f"--worker-roles other than 'both' needs an engine that serves prefill and decode "
+            f"legs; --engine {config.engine} does not (yet)"
+        )
+    if disaggregated(roles) and config.api_processes > 1:
+        raise ConfigError(
+            "--worker-roles with --api-processes above 1 is not supported: both legs of a "
+            "call run in one API process"
+        )

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway_server.engine.handoff import DisaggregatedEngine
 from gateway_server.engine.pool import EnginePool
 from gateway_server.vocabulary import Outcome, Protocol
 from hangup_contract.vocabulary import Phase, Reason
@@ -51,6 +52,14 @@ class GatewayMetrics:
         self.cancel_to_abort = Histogram(
             "hangup_gateway_cancel_to_abort_seconds",
             "From a cancel received to the engine confirming the abort.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.cancel_to_freed = Histogram(
+            "hangup_gateway_cancel_to_freed_seconds",
+            "Disaggregated serving: from a cancel received to every leg aborted and the KV held "
+            "between them released.",
             ["model"],
             buckets=LATENCY_BUCKETS,
             registry=registry,
@@ -118,6 +127,7 @@ class GatewayMetrics:
         self.generated_tokens.labels(model)
         self.wasted_tokens.labels(model)
         self.cancel_to_abort.labels(model)
+        self.cancel_to_freed.labels(model)
         self.time_to_first_token.labels(model)
         self.inter_token_latency.labels(model)
         for protocol in Protocol:
@@ -162,6 +172,9 @@ class WorkerLoad:
     kv: float
     kv_blocks: int
     block_size: int
+    role: str = "both"
+    handoff_blocks: int = 0
+    """KV blocks held for disaggregated handoffs nobody pulled or released yet."""
 
 
 def worker_loads(pool: EnginePool) -> list[WorkerLoad]:
@@ -179,9 +192,15 @@ def worker_loads(pool: EnginePool) -> list[WorkerLoad]:
                 load.kv_cache_usage,
                 load.kv_cache_blocks,
                 load.block_size,
+                worker.role.value,
+                _handoff_blocks(engine) if engine.alive else 0,
             )
         )
     return loads
+
+
+def _handoff_blocks(engine: object) -> int:
+    return engine.handoff_blocks() if isinstance(engine, DisaggregatedEngine) else 0
 
 
 class EngineLoadCollector(Collector):
@@ -214,10 +233,38 @@ class EngineLoadCollector(Collector):
         up = GaugeMetricFamily(
             "hangup_gateway_worker_up", "1 while the engine worker is alive.", labels=["worker"]
         )
+        held = GaugeMetricFamily(
+            "hangup_gateway_engine_kv_blocks_held",
+            "KV-cache blocks in use, by worker and its role (prefill, decode, both).",
+            labels=["worker", "role"],
+        )
+        handoff = GaugeMetricFamily(
+            "hangup_gateway_handoff_kv_blocks",
+            "KV blocks a prefill worker holds for decode workers that have not loaded them.",
+            labels=["worker"],
+        )
         for load in self._read():
             running.add_metric([load.name], load.running)
             waiting.add_metric([load.name], load.waiting)
             kv.add_metric([load.name], load.kv)
             blocks.add_metric([load.name], load.kv_blocks)
             up.add_metric([load.name], 1.0 if load.up else 0.0)
-        yield from (running, waiting, kv, blocks, up)
+            held.add_metric([load.name, load.role], round(load.kv * load.kv_blocks))
+            handoff.add_metric([load.name], load.handoff_blocks)
+        yield from (running, waiting, kv, blocks, up, held, handoff)
+
+
+class HandoffCollector(Collector):
+    """``hangup_gateway_handoffs_in_flight``: engine requests whose prompt's KV waits on the
+    prefill side for the decode side (in ``transfer``), read from the live calls at scrape."""
+
+    def __init__(self, count: Callable[[], int]) -> None:
+        self._count = count
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "hangup_gateway_handoffs_in_flight",
+            "Disaggregated requests whose prompt's KV is held for a decode worker.",
+        )
+        family.add_metric([], self._count())
+        yield family

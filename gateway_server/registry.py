@@ -21,6 +21,7 @@ from typing import Generic, TypeVar
 from gateway_server.engine.base import Engine
 from gateway_server.engine.pool import Worker
 from gateway_server.errors import CancelledBeforeArrival, DuplicateRequestId, RequestNotFound
+from gateway_server.legs import Legs, merge_answers
 from gateway_server.metrics import GatewayMetrics
 from gateway_server.vocabulary import Protocol
 from hangup_contract.cancel import CancelAnswer
@@ -73,13 +74,24 @@ class EngineCall:
     cancel_reason: Reason | None = None
     cancel_phase: Phase | None = None
     started_decode: bool = False
+    legs: Legs | None = None
+    """Served disaggregated: its prefill and decode legs (``worker`` is the leg's running)."""
     engine: Engine = field(init=False)
     """The engine it runs on: kept, as its worker gets a new engine when this one dies."""
 
     def __post_init__(self) -> None:
         self.engine = self.worker.engine
 
+    async def abort(self) -> None:
+        """Abort it on its engine (both legs, and the KV between them, when disaggregated)."""
+        if self.legs is not None:
+            await self.legs.abort()
+        else:
+            await self.engine.abort(self.engine_request_id)
+
     def phase(self) -> Phase:
+        if self.legs is not None:
+            return self.legs.phase(self.started_decode)
         seen = self.engine.phase(self.engine_request_id)
         if seen is not None:
             return seen
@@ -196,14 +208,19 @@ class CallRegistry:
                 call.cancel_reason = reason
             phase = call.phase()
             tokens = call.generated_tokens
-            await self.abort_requests(call, list(call.requests.values()), reason)
-            return CancelAnswer(request_id, CancelState.CANCELLED, phase, tokens)
+            requests = list(call.requests.values())
+            await self.abort_requests(call, requests, reason)
+            return CancelAnswer(
+                request_id, CancelState.CANCELLED, phase, tokens, _legs_answer(requests)
+            )
         alias = self._aliases.get(request_id)
         if alias is not None:
             owner, request = alias
             phase = request.phase()
             await self.abort_requests(owner, [request], reason)
-            return CancelAnswer(request_id, CancelState.CANCELLED, phase, request.generated_tokens)
+            tokens = request.generated_tokens
+            legs = _legs_answer([request])
+            return CancelAnswer(request_id, CancelState.CANCELLED, phase, tokens, legs)
         return None
 
     def finished(self, request_id: str) -> CancelAnswer | None:
@@ -229,18 +246,25 @@ class CallRegistry:
         repeated (the first reason wins)."""
         started = time.perf_counter()
         pending = [r for r in requests if r.cancel_reason is None]
+        # A disaggregated request whose cancel is under way: wait for it, so that this cancel
+        # too answers only once both legs and the KV between them are freed.
+        joined = [r for r in requests if r.cancel_reason is not None and r.legs is not None]
         for r in pending:
             r.cancel_reason = reason
             r.cancel_phase = r.phase()
+        if joined:
+            await asyncio.gather(*(r.abort() for r in joined))
         if not pending:
             return
         if len(pending) == 1:  # the common case, without gather's extra hop through the loop
-            await pending[0].engine.abort(pending[0].engine_request_id)
+            await pending[0].abort()
         else:
-            await asyncio.gather(*(r.engine.abort(r.engine_request_id) for r in pending))
+            await asyncio.gather(*(r.abort() for r in pending))
         elapsed = time.perf_counter() - started
-        for _ in pending:
+        for request in pending:
             self._metrics.cancel_to_abort.labels(call.model).observe(elapsed)
+            if request.legs is not None:
+                self._metrics.cancel_to_freed.labels(call.model).observe(elapsed)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -274,8 +298,18 @@ class CallRegistry:
                 "generated_tokens": call.generated_tokens,
                 "engine_requests": len(call.requests),
                 "cancelling": call.cancel_reason.value if call.cancel_reason else None,
+                **_legs_of(call),
             }
             for call in self.calls()
+        ]
+
+    def handoffs(self) -> list[Legs]:
+        """Engine requests here whose prompt's KV is held for a decode worker (in transfer)."""
+        return [
+            r.legs
+            for call in self.calls()
+            for r in list(call.requests.values())
+            if r.legs is not None and r.legs.holds_handoff
         ]
 
     def __len__(self) -> int:
@@ -287,3 +321,20 @@ class CallRegistry:
 
 def not_found(request_id: str) -> RequestNotFound:
     return RequestNotFound(f"no request with id {request_id!r} is in flight or ended recently")
+
+
+def _legs_answer(requests: list[EngineCall]) -> dict[str, dict[str, object]] | None:
+    """The cancel answer's ``legs`` for these engine requests; None when none is disaggregated."""
+    answers = [r.legs.answer() for r in requests if r.legs is not None]
+    return merge_answers(answers) if answers else None
+
+
+def _legs_of(call: Call) -> dict[str, object]:
+    """``GET /v2/requests``' ``legs`` of a disaggregated call (each leg of each request)."""
+    legs = [
+        leg.describe()
+        for r in list(call.requests.values())
+        if r.legs is not None
+        for leg in (r.legs.prefill, r.legs.decode)
+    ]
+    return {"legs": legs} if legs else {}

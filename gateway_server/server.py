@@ -39,6 +39,7 @@ from gateway_server.http.app import build_app
 from gateway_server.metrics import (
     EngineLoadCollector,
     GatewayMetrics,
+    HandoffCollector,
     InflightCollector,
     worker_loads,
 )
@@ -84,6 +85,7 @@ class GatewayServer:
             factory=factory,
             policy=restart_policy(config),
             on_restart=self.metrics.count_engine_restart,
+            roles=config.roles if config.worker_roles else None,
         )
         self.metrics.create_worker_series(w.name for w in self.pool.workers)
         self.watchdog = LoopWatchdog(config.loop_stall_limit)
@@ -104,6 +106,7 @@ class GatewayServer:
         live = (
             InflightCollector([model], self.registry.phases_in_flight),
             EngineLoadCollector(loads),
+            HandoffCollector(lambda: len(self.registry.handoffs())),
         )
         if self.api_process is None:
             pool = PoolProtocolCollector(model, loads)

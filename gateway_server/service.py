@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from gateway_server.disagg import give_back_workers, run_legs
 from gateway_server.engine.base import (
     ChatOptions,
     Engine,
@@ -38,7 +39,8 @@ from gateway_server.engine.base import (
     SamplingParams,
     TokenChunk,
 )
-from gateway_server.engine.pool import EnginePool
+from gateway_server.engine.handoff import WorkerRole
+from gateway_server.engine.pool import EnginePool, Worker
 from gateway_server.engine.sim import SimulatedEngine
 from gateway_server.errors import (
     CancelledBeforeArrival,
@@ -50,6 +52,7 @@ from gateway_server.errors import (
     RequestNotFound,
     Unavailable,
 )
+from gateway_server.legs import Legs
 from gateway_server.metrics import GatewayMetrics
 from gateway_server.registry import Call, CallRegistry, EngineCall
 from gateway_server.scope import CallDirectory, LocalDirectory
@@ -231,8 +234,12 @@ class GenerationService:
         """
         if call.cancel_reason is not None:
             raise RequestCancelled(call.cancel_reason)
-        worker = self.pool.acquire()
+        pd = self.pool.disaggregated
+        worker = self.pool.acquire(WorkerRole.PREFILL if pd else WorkerRole.BOTH)
         request = EngineCall(call.next_engine_request_id(), worker, alias)
+        if pd:
+            request.legs = Legs(request.engine_request_id)
+            request.legs.prefill.bind(worker)
         try:
             self.registry.attach(call, request)
             if alias is not None:
@@ -242,7 +249,7 @@ class GenerationService:
             self.pool.release(worker)
             raise
         book = _Books(time.perf_counter())
-        stream = request.engine.generate(EngineRequest(request.engine_request_id, prompt, params))
+        stream = self._stream(request, prompt, params)
         try:
             async for chunk in stream:
                 book.prompt_tokens = chunk.prompt_tokens
@@ -263,14 +270,32 @@ class GenerationService:
         except EngineRefused as exc:
             raise InvalidRequest(f"the engine refused the request: {exc}") from exc
         except EngineError as exc:
-            raise EngineFailure(f"engine worker {worker.name} failed the request: {exc}") from exc
+            name = request.worker.name  # with legs: the worker of the leg that failed
+            raise EngineFailure(f"engine worker {name} failed the request: {exc}") from exc
         finally:
-            await stream.aclose()
+            try:
+                await stream.aclose()  # may suspend (a disaggregated request releases its KV)
+            finally:  # the books close even when the handler is cancelled meanwhile
+                self._close_books(call, request, worker, alias, book)
+
+    def _close_books(
+        self, call: Call, request: EngineCall, worker: Worker, alias: str | None, book: _Books
+    ) -> None:
+        if request.legs is None:
             self.pool.release(worker)
-            self.registry.detach(call, request)
-            if alias is not None:
-                self.directory.release(alias, request.generated_tokens)
-            self._record_end(call, request, book)
+        else:  # the legs' runner gave its workers back, unless it never ran
+            give_back_workers(self.pool, request.legs)
+        self.registry.detach(call, request)
+        if alias is not None:
+            self.directory.release(alias, request.generated_tokens)
+        self._record_end(call, request, book)
+
+    def _stream(
+        self, request: EngineCall, prompt: str | tuple[int, ...], params: SamplingParams
+    ) -> AsyncGenerator[TokenChunk, None]:
+        if request.legs is not None:
+            return run_legs(self.pool, request, prompt, params)
+        return request.engine.generate(EngineRequest(request.engine_request_id, prompt, params))
 
     def _count_tokens(self, call: Call, request: EngineCall, book: _Books, n: int) -> None:
         now = time.perf_counter()

@@ -1,8 +1,10 @@
 """The cancel call over HTTP: ``POST /v2/requests/{id}/cancel``, its body and its answer.
 
 Request body (optional): ``{"reason": "<Reason>"}``; no body, or no ``reason``, means
-``explicit``. Answer: 200 with ``{"request_id", "state", "phase"?, "generated_tokens"}`` (the
-``phase`` only for a call it cancelled), 404 for an id never seen. The id in the path is
+``explicit``. Answer: 200 with ``{"request_id", "state", "phase"?, "generated_tokens",
+"legs"?}`` (the ``phase`` only for a call it cancelled; ``legs`` only for a call served
+disaggregated: ``{"prefill": {...}, "decode": {...}}``, what each leg's worker freed), 404 for
+an id never seen. The id in the path is
 percent-encoded: a cancel may name one request of a gRPC stream by an alias that carries the
 client's own request id (``<call id>:<id>``), which can hold any character.
 
@@ -14,6 +16,7 @@ accepts phases and fields it does not know: a newer gateway may send them.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -62,12 +65,16 @@ class CancelAnswer:
     phase: Phase | None
     """Where the call was when cancelled; None when it had finished."""
     generated_tokens: int
+    legs: Mapping[str, Mapping[str, object]] | None = None
+    """For a disaggregated call: per leg (``prefill``, ``decode``), what its worker freed."""
 
     def to_json(self) -> dict[str, object]:
         body: dict[str, object] = {"request_id": self.request_id, "state": self.state.value}
         if self.phase is not None:
             body["phase"] = self.phase.value
         body["generated_tokens"] = self.generated_tokens
+        if self.legs is not None:
+            body["legs"] = {name: dict(leg) for name, leg in self.legs.items()}
         return body
 
     @classmethod

@@ -38,18 +38,21 @@ class Reason(enum.StrEnum):
 
 
 class Phase(enum.StrEnum):
-    """Where an engine request is: waiting for a slot, reading its prompt, or generating.
+    """Where an engine request is: waiting for a slot, reading its prompt, its prompt's KV cache
+    on the way from a prefill worker to a decode worker (disaggregated serving only), or
+    generating.
 
     Members in order of progress (``rank``): a new phase goes where it falls in that order,
     and every label set, listing and answer that names phases takes it from here."""
 
     QUEUED = "queued"
     PREFILL = "prefill"
+    TRANSFER = "transfer"
     DECODE = "decode"
 
     @property
     def rank(self) -> int:
-        """Order of progress: the member's position (queued < prefill < decode)."""
+        """Order of progress: the member's position (queued < prefill < transfer < decode)."""
         return _PHASE_RANK[self]
 
 

@@ -2,8 +2,10 @@
 
 Each worker is one engine. A request goes to the live worker with the fewest requests the gateway
 has in flight on it (the gateway's own count: exact, and free of the lag of engine statistics);
-ties go to the lowest index. The caller remembers the engine it got, so a cancel reaches the
-engine that owns the request, even after its worker got a new one.
+ties go to the lowest index. With roles (``--worker-roles``, :mod:`.handoff`) each leg of a
+disaggregated call goes to the least-loaded live worker whose role serves that leg: a worker's
+``in_flight`` counts the legs it runs. The caller remembers the engine it got, so a cancel
+reaches the engine that owns the request, even after its worker got a new one.
 
 Restarts. Given an engine factory, the pool keeps each worker's engine alive: a keeper task per
 worker looks at its engine every ``poll_s`` and, once it has died, (1) logs why, (2) shuts the
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gateway_server.engine.base import Engine, EngineError, EngineLoad
+from gateway_server.engine.handoff import WorkerRole, check_roles, disaggregated
 from gateway_server.errors import Unavailable
 from hangup_contract.runtime.logs import log_event
 
@@ -57,6 +60,7 @@ class RestartPolicy:
 class Worker:
     index: int
     engine: Engine
+    role: WorkerRole = WorkerRole.BOTH
     in_flight: int = 0
     down_since: float | None = None
     """``time.monotonic()`` when its engine was seen dead; None while it serves."""
@@ -82,13 +86,23 @@ class EnginePool:
         factory: EngineFactory | None = None,
         policy: RestartPolicy | None = None,
         on_restart: Callable[[Worker], None] = lambda worker: None,
+        roles: tuple[WorkerRole, ...] | None = None,
     ) -> None:
         """``first_index``: the gateway-wide index of the first worker (an API process's share
         of the workers starts there). Without ``factory`` a dead engine stays dead.
-        ``on_restart`` runs once a worker serves again on a new engine (metrics)."""
+        ``on_restart`` runs once a worker serves again on a new engine (metrics). ``roles``:
+        one per engine (default: every worker ``both``). Raises ValueError for no engine, or
+        roles that do not fit (see :func:`~.handoff.check_roles`)."""
         if not engines:
             raise ValueError("an engine pool needs at least one engine")
-        self.workers = [Worker(first_index + i, e) for i, e in enumerate(engines)]
+        roles = roles or (WorkerRole.BOTH,) * len(engines)
+        if len(roles) != len(engines):
+            raise ValueError(f"{len(roles)} worker roles for {len(engines)} engines")
+        check_roles(roles)
+        pairs = enumerate(zip(engines, roles, strict=True))
+        self.workers = [Worker(first_index + i, e, role) for i, (e, role) in pairs]
+        self.disaggregated = disaggregated(roles)
+        """Whether calls run as a prefill leg and a decode leg (:mod:`gateway_server.disagg`)."""
         self.factory = factory
         self.policy = policy or RestartPolicy()
         self._on_restart = on_restart
@@ -123,14 +137,18 @@ class EnginePool:
         await asyncio.gather(*self._keepers, return_exceptions=True)
         await asyncio.gather(*(w.engine.shutdown() for w in self.workers), return_exceptions=True)
 
-    def acquire(self) -> Worker:
-        """The least-loaded live worker, its in-flight count raised; pair with :meth:`release`.
+    def acquire(self, leg: WorkerRole = WorkerRole.BOTH) -> Worker:
+        """The least-loaded live worker that serves ``leg`` (``PREFILL``, ``DECODE``, or
+        ``BOTH``: a whole request, any worker), its in-flight count raised; pair with
+        :meth:`release`.
 
-        Raises :class:`~gateway_server.errors.Unavailable` when no worker is alive.
+        Raises :class:`~gateway_server.errors.Unavailable` when no such worker is alive.
         """
-        live = [w for w in self.workers if w.engine.alive]
+        live = [w for w in self.workers if w.engine.alive and _serves(w.role, leg)]
         if not live:
-            raise Unavailable("no engine worker is alive")
+            if leg is WorkerRole.BOTH:
+                raise Unavailable("no engine worker is alive")
+            raise Unavailable(f"no engine worker that can {leg.value} is alive")
         worker = min(live, key=lambda w: (w.in_flight, w.index))
         worker.in_flight += 1
         return worker
@@ -195,3 +213,11 @@ class EnginePool:
             attempts=failures + 1,
             restart_s=round(took, 3),
         )
+
+
+def _serves(role: WorkerRole, leg: WorkerRole) -> bool:
+    if leg is WorkerRole.PREFILL:
+        return role.prefills
+    if leg is WorkerRole.DECODE:
+        return role.decodes
+    return True

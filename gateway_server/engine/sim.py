@@ -16,11 +16,21 @@ vocabulary indices). The simulation never emits end-of-sequence: requests end on
 It has no penalties, no special tokens and no prompt log-probabilities: those fields are
 refused by the OpenAI layer (:attr:`SimulatedEngine.features`).
 
+Disaggregated prefill/decode (:mod:`.handoff`): ``prefill`` runs a prompt like any request but,
+once read, keeps its KV in the engine's :class:`~.sim_kv.SavedKv` (counted in its cache use)
+instead of generating. ``decode`` admits a request into a slot with its prompt's blocks
+allocated and in phase ``transfer`` for ``transfer_per_block_s`` per block, then pulls the KV
+from the prefill engine through the shared :class:`~.sim_kv.SimKvStore` and decodes; KV that
+is gone by then (released, lease expired) is recomputed: the request prefills as usual.
+
 Faults (:meth:`SimulatedEngine.inject_fault`, reached through the gateway's fault switch, see
 ``gateway_server.http.faults``): ``kill`` makes the engine die as a vLLM engine core does when
 its process is killed (every request in flight raises :class:`~.base.EngineDead`, ``alive``
 turns false, aborts answer at once); ``hang`` stops its steps as a stopped process would (no
-token, no abort applied) until ``resume``.
+token, no abort applied) until ``resume``. For P/D: ``lose_notification`` (a prefill engine is
+never told its KV was pulled), ``expire_leases`` (every handoff's KV it holds expires now),
+``stall_transfer`` (transfers into this engine never complete: a decode leg whose KV never
+arrives); ``resume`` ends them too.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -45,6 +56,8 @@ from gateway_server.engine.base import (
     SamplingParams,
     TokenChunk,
 )
+from gateway_server.engine.handoff import KvHandoff
+from gateway_server.engine.sim_kv import SavedKv, SimKvStore
 from gateway_server.engine.sim_sampling import VOCAB, Sampler, piece
 from hangup_contract.vocabulary import Phase
 
@@ -58,6 +71,10 @@ class SimConfig:
     prefill_per_token_s: float = 0.00002
     prefill_chunk_tokens: int = 512
     seed: int = 0
+    transfer_per_block_s: float = 0.0005
+    """P/D: seconds a decode engine takes to load one block of a prompt's KV."""
+    kv_lease_s: float = 30.0
+    """P/D: seconds a prefill engine keeps a prompt's KV that nobody pulled or released."""
 
 
 SIM_BLOCK_SIZE = 16
@@ -76,6 +93,11 @@ class _Sequence:
     text: str = ""
     phase: Phase = Phase.QUEUED
     finished: bool = False
+    save_as: str | None = None
+    """Prefill only: keep the prompt's KV under this key once read, then end."""
+    handoff: KvHandoff | None = None
+    """Decode: the prompt's KV comes from this handoff (phase ``transfer`` until loaded)."""
+    transfer_done_at: float = 0.0
 
     @property
     def held_tokens(self) -> int:
@@ -100,8 +122,12 @@ class SimulatedEngine:
     )
     vocab_size = len(VOCAB)
 
-    def __init__(self, config: SimConfig) -> None:
+    def __init__(self, config: SimConfig, kv: SimKvStore | None = None) -> None:
+        """``kv``: the store shared with the other engines of a disaggregated gateway."""
         self._config = config
+        self._kv = kv if kv is not None else SimKvStore()
+        self._saved = SavedKv(self._kv, SIM_BLOCK_SIZE)
+        self._stall_transfers = False
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
@@ -132,7 +158,9 @@ class SimulatedEngine:
     def inject_fault(self, fault: str) -> None:
         """``kill``, ``hang`` or ``resume`` (see the module docstring). Raises ValueError for
         another name."""
-        if fault == "kill":
+        if fault in _PD_FAULTS:
+            self._pd_fault(fault)
+        elif fault == "kill":
             self._die(EngineDead("simulated engine killed (fault injection)"))
             if self._loop_task is not None:
                 self._loop_task.cancel()
@@ -140,8 +168,17 @@ class SimulatedEngine:
             self._stepping.clear()
         elif fault == "resume":
             self._stepping.set()
+            self._saved.keep_on_pull = self._stall_transfers = False
         else:
-            raise ValueError(f"unknown fault {fault!r}: kill, hang or resume")
+            raise ValueError(f"unknown fault {fault!r}: {', '.join(FAULTS)}")
+
+    def _pd_fault(self, fault: str) -> None:
+        if fault == "lose_notification":
+            self._saved.keep_on_pull = True
+        elif fault == "expire_leases":
+            self._saved.expire(now=float("inf"))
+        else:
+            self._stall_transfers = True
 
     async def start(self) -> None:
         self._loop_task = asyncio.create_task(self._run(), name="sim-engine")
@@ -155,6 +192,7 @@ class SimulatedEngine:
             self._finish(seq, FinishReason.ABORT)
         self._waiting.clear()
         self._running.clear()
+        self._saved.clear()
         self._resolve_aborts()
 
     def count_prompt_tokens(self, prompt: str | tuple[int, ...]) -> int:
@@ -186,7 +224,38 @@ class SimulatedEngine:
     def tool_tokenizer(self) -> None:
         return None
 
-    async def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]:
+    def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]:
+        return self._stream(request, None)
+
+    def decode(
+        self, request: EngineRequest, handoff: KvHandoff
+    ) -> AsyncGenerator[TokenChunk, None]:
+        return self._stream(request, handoff)
+
+    async def prefill(self, request: EngineRequest, key: str) -> KvHandoff | None:
+        seq = self._enqueue(request)
+        seq.save_as = key
+        try:
+            chunk = await seq.out.get()
+        finally:
+            if not seq.finished:  # the caller left: free the slot at the next boundary
+                self._aborts.setdefault(request.request_id, [])
+                self._wake.set()
+        if isinstance(chunk, EngineDead):
+            raise chunk
+        return seq.handoff if chunk.finish_reason is not FinishReason.ABORT else None
+
+    async def release(self, key: str) -> int:
+        return self._saved.release(key)
+
+    def kv_blocks(self, request_id: str) -> int:
+        seq = self._by_id.get(request_id)
+        return -(-seq.held_tokens // SIM_BLOCK_SIZE) if seq is not None else 0
+
+    def handoff_blocks(self) -> int:
+        return self._saved.blocks()
+
+    def _enqueue(self, request: EngineRequest) -> _Sequence:
         if not self.alive:
             raise EngineError("simulated engine is not running")
         if request.request_id in self._by_id:
@@ -197,6 +266,13 @@ class SimulatedEngine:
         self._by_id[request.request_id] = seq
         self._waiting.append(seq)
         self._wake.set()
+        return seq
+
+    async def _stream(
+        self, request: EngineRequest, handoff: KvHandoff | None
+    ) -> AsyncGenerator[TokenChunk, None]:
+        seq = self._enqueue(request)
+        seq.handoff = handoff
         try:
             while True:
                 chunk = await seq.out.get()
@@ -228,7 +304,7 @@ class SimulatedEngine:
         if self._last_load is not None:
             return self._last_load
         capacity = self._config.slots * self._config.max_model_len
-        held = sum(seq.held_tokens for seq in self._running)
+        held = sum(seq.held_tokens for seq in self._running) + self._saved.tokens()
         blocks = -(-capacity // SIM_BLOCK_SIZE)  # the cache as blocks of vLLM's default size
         return EngineLoad(
             len(self._running), len(self._waiting), held / capacity, blocks, SIM_BLOCK_SIZE
@@ -280,6 +356,7 @@ class SimulatedEngine:
         self._waiting.clear()
         self._running.clear()
         self._by_id.clear()
+        self._saved.clear()
         self._resolve_aborts()
 
     def _resolve_aborts(self) -> bool:
@@ -303,6 +380,10 @@ class SimulatedEngine:
         while self._waiting and len(self._running) < self._config.slots:
             seq = self._waiting.popleft()
             seq.phase = Phase.PREFILL
+            if seq.handoff is not None:  # the prompt's blocks are allocated, the KV is on its way
+                seq.phase, seq.prefilled = Phase.TRANSFER, seq.prompt_tokens
+                transfer_s = self._config.transfer_per_block_s * seq.handoff.blocks
+                seq.transfer_done_at = time.monotonic() + transfer_s
             self._running.append(seq)
 
     def _plan_prefill(self) -> dict[_Sequence, int]:
@@ -317,12 +398,38 @@ class SimulatedEngine:
 
     def _complete_step(self, prefill: dict[_Sequence, int]) -> None:
         for seq in list(self._running):  # aborted ones already left: they emit nothing more
+            if seq.phase is Phase.TRANSFER:
+                self._transfer(seq)
+                continue
             if seq.phase is Phase.PREFILL:
                 seq.prefilled += prefill.get(seq, 0)
                 if seq.prefilled < seq.prompt_tokens:
                     continue
+                if seq.save_as is not None:
+                    self._save(seq)
+                    continue
                 seq.phase = Phase.DECODE  # the step that ends prefill yields the first token
             self._emit_token(seq)
+
+    def _save(self, seq: _Sequence) -> None:
+        """A prefill-only request read its prompt: keep the KV for a decode engine, and end."""
+        assert seq.save_as is not None
+        blocks, expires = self._saved.save(seq.save_as, seq.prompt_tokens, self._config.kv_lease_s)
+        seq.handoff = KvHandoff(
+            seq.save_as, seq.request.request_id, seq.prompt_tokens, blocks, expires
+        )
+        self._running.remove(seq)
+        self._finish(seq, FinishReason.LENGTH)
+
+    def _transfer(self, seq: _Sequence) -> None:
+        """Load the prompt's KV once its transfer time has passed; recompute it when gone."""
+        if self._stall_transfers or time.monotonic() < seq.transfer_done_at:
+            return
+        assert seq.handoff is not None
+        if self._kv.pull(seq.handoff.key):
+            seq.phase = Phase.DECODE  # the next step yields the first token
+        else:
+            seq.phase, seq.prefilled = Phase.PREFILL, 0
 
     def _emit_token(self, seq: _Sequence) -> None:
         params = seq.request.params
@@ -369,3 +476,8 @@ class SimulatedEngine:
         self._by_id.pop(seq.request.request_id, None)
         if not emitted:
             seq.out.put_nowait(TokenChunk("", 0, seq.prompt_tokens, reason))
+
+
+_PD_FAULTS = ("lose_notification", "expire_leases", "stall_transfer")
+FAULTS = ("kill", "hang", "resume", *_PD_FAULTS)
+"""The faults :meth:`SimulatedEngine.inject_fault` knows."""

@@ -29,5 +29,19 @@ SIM_OPTIONS = (
         group="sim",
         field="prefill_chunk_tokens",
     ),
+    Option(
+        "--sim-transfer-per-block",
+        float,
+        "seconds to load one KV block from a prefill worker (--worker-roles)",
+        group="sim",
+        field="transfer_per_block_s",
+    ),
+    Option(
+        "--sim-kv-lease",
+        float,
+        "seconds a prefill worker keeps KV nobody pulled (--worker-roles)",
+        group="sim",
+        field="kv_lease_s",
+    ),
     Option("--seed", int, "seed of the simulated engine's text", group="sim"),
 )

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from gateway_server.engine.handoff import disaggregated
 from gateway_server.engine.pool import EngineFactory
 from gateway_server.engine.sim import SimConfig, SimulatedEngine
+from gateway_server.engine.sim_kv import SimKvStore
 from gateway_server.engine.sim_options import SIM_OPTIONS
 from gateway_server.engine.vllm_options import VLLM_OPTIONS, VllmOptions
 from hangup_contract.runtime.options import Option
@@ -46,14 +48,22 @@ class EngineKind:
     """Its settings from its flags' values (by field name)."""
     options: tuple[Option, ...]
     """Its flags; each one's ``group`` is the engine's name."""
+    disaggregates: bool = False
+    """Its engines implement :class:`~.handoff.DisaggregatedEngine`: they serve
+    ``--worker-roles`` other than ``both``."""
 
 
 def _simulated(config: GatewayConfig) -> EngineFactory:
-    return lambda index: SimulatedEngine(config.sim)
+    kv = SimKvStore()  # every worker's, a restarted one's too: where P/D legs find the KV
+    return lambda index: SimulatedEngine(config.sim, kv)
 
 
 def _vllm(config: GatewayConfig) -> EngineFactory:
     # Imported only when asked for: importing vLLM takes seconds and a lot of memory.
+    if disaggregated(config.roles):  # prefill and decode workers, with a KV connector
+        vllm_pd: Any = import_module("gateway_server.engine.vllm_pd")
+        pd_factory: EngineFactory = vllm_pd.pd_factory(config)
+        return pd_factory
     vllm: Any = import_module("gateway_server.engine.vllm")
     factory: EngineFactory = vllm.vllm_engine_factory(config.model, config.vllm, config.workers)
     return factory
@@ -61,9 +71,11 @@ def _vllm(config: GatewayConfig) -> EngineFactory:
 
 ENGINES: Mapping[EngineName, EngineKind] = {
     EngineName.SIM: EngineKind(
-        _simulated, "hangup-sim", "simulated engine", SimConfig, SIM_OPTIONS
+        _simulated, "hangup-sim", "simulated engine", SimConfig, SIM_OPTIONS, disaggregates=True
     ),
-    EngineName.VLLM: EngineKind(_vllm, None, "vLLM engine", VllmOptions, VLLM_OPTIONS),
+    EngineName.VLLM: EngineKind(
+        _vllm, None, "vLLM engine", VllmOptions, VLLM_OPTIONS, disaggregates=True
+    ),
 }
 
 

@@ -211,7 +211,7 @@ class VllmEngine:
         engine_args: Any = import_module("vllm.engine.arg_utils")
         async_llm: Any = import_module("vllm.v1.engine.async_llm")
         args = engine_args.AsyncEngineArgs(
-            model=self.model, disable_log_stats=True, **self.options.engine_args()
+            model=self.model, disable_log_stats=True, **self._engine_args()
         )
         # disable_log_stats drops vLLM's logging logger; ours takes the place of its Prometheus
         # logger and still gets every step's scheduler statistics (see vllm_stats).
@@ -222,6 +222,15 @@ class VllmEngine:
         # vLLM tokenizes in a thread of its own; a Hugging Face tokenizer must not be used from
         # two threads at once, so the gateway's counting and chat templating use a copy.
         return llm, copy.deepcopy(llm.get_tokenizer())
+
+    def _engine_args(self) -> dict[str, Any]:
+        """``AsyncEngineArgs``' keywords (model excluded); the P/D engine adds its connector."""
+        return self.options.engine_args()
+
+    def _sampling_for(self, request: EngineRequest) -> Any:
+        """vLLM's sampling parameters for ``request``; the P/D engine adds each leg's
+        ``kv_transfer_params``."""
+        return _sampling(request.params)
 
     async def shutdown(self) -> None:
         """Abort what is running (streams end with ABORT), then stop the engine core."""
@@ -308,7 +317,8 @@ class VllmEngine:
         collector: Any = None
         try:
             try:
-                collector = await llm.add_request(rid, _prompt(request), _sampling(request.params))
+                sampling = self._sampling_for(request)
+                collector = await llm.add_request(rid, _prompt(request), sampling)
             except ValueError as exc:  # vLLM's validation of the request (VLLMValidationError)
                 raise EngineRefused(str(exc)) from exc
             finally:

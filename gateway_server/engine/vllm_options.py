@@ -26,6 +26,10 @@ class VllmOptions:
     kv_cache_memory_bytes: int | None = None
     """KV-cache size per worker; overrides ``gpu_memory_utilization`` (on CPU: share of RAM)."""
     enable_prefix_caching: bool | None = None
+    kv_connector: str = "hangup"
+    """The KV connector of a disaggregated gateway's workers (``--worker-roles``): ``hangup``
+    (hangup's own, file-based, one machine) or ``NixlConnector`` (vLLM's, GPUs); not an
+    ``AsyncEngineArgs`` field, and unused by aggregated serving."""
 
     def engine_args(self) -> dict[str, Any]:
         """Keyword arguments for ``vllm.AsyncEngineArgs`` (model excluded); unset ones left out."""
@@ -61,6 +65,13 @@ VLLM_OPTIONS = (
         "reuse KV blocks of shared prefixes",
         group="vllm",
         negatable=True,
+    ),
+    Option(
+        "--kv-connector",
+        str,
+        "KV connector between prefill and decode workers (--worker-roles): hangup (default, "
+        "file-based, this machine) or NixlConnector (GPUs)",
+        group="vllm",
     ),
 )
 """The vLLM engine's options, each named as in ``vllm serve`` and ``AsyncEngineArgs``."""

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gateway_server.config import from_args
 from tests.support.chart import CHART, HelmEngine, Release, scenario, scenarios
 from tests.support.observability_files import DASHBOARD, RULES
 
@@ -68,6 +69,7 @@ def test_lint_is_clean(helm: HelmEngine, name: str) -> None:
         {"metrics": {"serviceMonitor": {"interval": "often"}}},
         {"gateway": {"unknownKey": 1}},
         {"proxy": {"workers": -1}},
+        {"gateway": {"workers": 2, "workerRoles": "prefill,encode"}},
     ],
     ids=[
         "unknown-engine",
@@ -77,6 +79,7 @@ def test_lint_is_clean(helm: HelmEngine, name: str) -> None:
         "bad-interval",
         "unknown-key",
         "negative-workers",
+        "unknown-worker-role",
     ],
 )
 def test_schema_rejects_bad_values(helm: HelmEngine, values: dict[str, Any]) -> None:
@@ -106,6 +109,15 @@ def test_only_the_proxy_is_exposed(renders: dict[str, Release], name: str) -> No
             == f"http://127.0.0.1:{flag(gateway, 'http-port')}"
         )
         assert flag(by_name["proxy"], "upstream-grpc") == f"127.0.0.1:{flag(gateway, 'grpc-port')}"
+
+
+def test_worker_roles_reach_the_gateway_as_it_parses_them(renders: dict[str, Release]) -> None:
+    for name, roles in (("default-values.yaml", None), ("disaggregated-values.yaml", "P,D,D")):
+        gateway = containers(renders[name])["gateway"]
+        assert flag(gateway, "worker-roles") == (roles and "prefill,decode,decode")
+        args = [a for a in gateway["args"] if not a.startswith("--cancel-token-file=")]
+        config = from_args(args, {})
+        assert "".join(r.value[0].upper() for r in config.roles) == (roles or "B").replace(",", "")
 
 
 @pytest.mark.parametrize("name", scenarios())

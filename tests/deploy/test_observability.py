@@ -47,6 +47,8 @@ STABLE_METRICS = {
     "hangup_gateway_engine_kv_cache_usage_ratio",
     "hangup_gateway_worker_up",
     "hangup_gateway_engine_restarts_total",
+    "hangup_gateway_handoff_kv_blocks",
+    "hangup_gateway_handoffs_in_flight",
     "hangup_proxy_requests_total",
     "hangup_proxy_client_disconnects_total",
     "hangup_proxy_cancel_calls_total",

@@ -71,14 +71,19 @@ def make_tiny_model(directory: Path) -> Path:
 
 @contextlib.contextmanager
 def vllm_gateway(
-    model: Path, tmp: Path, workers: int, api_processes: int = 1, extra: Sequence[str] = ()
+    model: Path,
+    tmp: Path,
+    workers: int,
+    api_processes: int = 1,
+    extra: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> Iterator[Process]:
     """A gateway with ``workers`` vLLM workers on ``model`` in ``api_processes`` processes (and
-    ``extra`` options); stopped (SIGTERM) afterwards."""
+    ``extra`` options, ``env`` variables); stopped (SIGTERM) afterwards."""
     args = ["--engine", "vllm", "--model", str(model), "--served-model-name", MODEL,
             "--workers", str(workers), "--api-processes", str(api_processes),
             "--http-port", "0", "--grpc-port", "0", *ENGINE_ARGS, *extra]  # fmt: skip
-    with spawn("gateway_server", args, tmp, timeout=START_TIMEOUT_S) as proc:
+    with spawn("gateway_server", args, tmp, env=env, timeout=START_TIMEOUT_S) as proc:
         yield proc
         proc.terminate(timeout=60)
 

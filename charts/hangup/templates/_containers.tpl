@@ -33,6 +33,9 @@ exec:
     {{- fail (printf "gateway.apiProcesses=%d is more than gateway.workers=%d: each API process runs its own engine workers" (int $g.apiProcesses) (int $g.workers)) }}
     {{- end }}
     - --api-processes={{ $g.apiProcesses }}
+    {{- with $g.workerRoles }}
+    - --worker-roles={{ . }}
+    {{- end }}
     - --cancel-token-file={{ include "hangup.tokenPath" . }}
     - --drain-timeout={{ $g.drainTimeoutSeconds }}
     - --engine-down-limit={{ $g.engineDownLimitSeconds }}

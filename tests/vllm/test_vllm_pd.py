@@ -1,0 +1,229 @@
+"""A disaggregated gateway on real vLLM (tiny model, CPU): ``--worker-roles prefill,decode``.
+
+Worker 0 prefills, worker 1 decodes; the KV goes between them through hangup's connector and
+the gateway's handoff store (a directory under the gateway's ``TMPDIR``, which the tests look
+into). Both workers run one request at a time (``--max-num-seqs 1``), so a call can be held in
+``transfer``: its prompt is prefilled and handed over while the decode worker is still busy with
+another call. A cancel lands in each phase; afterwards nothing is in flight, the store is empty
+and both workers' KV caches are back to empty. The answers are compared with the shared
+aggregated gateway's (same model, same engine options, temperature 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.support.processes import Process
+from tests.support.scrape import Samples, delta, scrape, total
+from tests.support.vllm_stack import (
+    IGNORE_EOS,
+    LONG_PROMPT,
+    MODEL,
+    WAIT_S,
+    OpenAIFor,
+    calls_in_flight,
+    engines_idle,
+    requires_vllm,
+    vllm_gateway,
+)
+from tests.support.waiting import poll_until
+
+pytestmark = [pytest.mark.vllm, requires_vllm]
+
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 20  # ~460 tokens: 3 whole blocks
+
+
+@pytest.fixture(scope="module")
+def pd(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    tmp = tmp_path_factory.mktemp("vllm-pd")
+    (tmp / "tmpdir").mkdir()
+    extra = ["--worker-roles", "prefill,decode", "--max-num-seqs", "1"]
+    env = {"TMPDIR": str(tmp / "tmpdir")}
+    with vllm_gateway(tiny_model, tmp, workers=2, extra=extra, env=env) as proc:
+        yield proc
+
+
+def store_files(pd: Process) -> list[str]:
+    """What the gateway's handoff store holds now (file names)."""
+    tmpdir = pd.log_path.parent / "tmpdir"
+    stores = list(tmpdir.glob("hangup-kv-handoff-*"))
+    assert len(stores) == 1, f"expected one handoff store in {tmpdir}: {stores}"
+    return sorted(p.name for p in stores[0].iterdir())
+
+
+def all_freed(pd: Process) -> bool:
+    return not calls_in_flight(pd) and not store_files(pd) and engines_idle(pd) is not None
+
+
+def wait_all_freed(pd: Process) -> None:
+    poll_until(lambda: all_freed(pd), WAIT_S, "no call in flight, the handoff store empty, KV idle")
+
+
+def call_of(pd: Process, request_id: str) -> dict[str, Any] | None:
+    return next((c for c in calls_in_flight(pd) if c.get("request_id") == request_id), None)
+
+
+def phase_of(pd: Process, request_id: str) -> str | None:
+    call = call_of(pd, request_id)
+    return str(call["phase"]) if call else None
+
+
+def cancel(pd: Process, request_id: str) -> dict[str, Any]:
+    request = urllib.request.Request(pd.url() + f"/v2/requests/{request_id}/cancel", method="POST")
+    with urllib.request.urlopen(request, timeout=60) as response:
+        assert response.status == 200
+        answer: dict[str, Any] = json.loads(response.read())
+    return answer
+
+
+def completion(client_for: OpenAIFor, target: Process, prompt: str, stream: bool = False) -> str:
+    api = client_for(target)
+    kwargs: dict[str, Any] = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 24,
+        "temperature": 0.0,
+        "extra_body": IGNORE_EOS,
+    }
+    if not stream:
+        return str(api.completions.create(**kwargs).choices[0].text)
+    return "".join(c.choices[0].text for c in api.completions.create(stream=True, **kwargs))
+
+
+def test_a_pd_gateway_answers_as_an_aggregated_one(
+    pd: Process, gateway: Process, client_for: OpenAIFor
+) -> None:
+    expected = completion(client_for, gateway, PROMPT)
+    assert expected
+    assert completion(client_for, pd, PROMPT) == expected
+    assert completion(client_for, pd, PROMPT, stream=True) == expected
+    short = "Hello world"  # no whole block to hand over: decode computes the prompt itself
+    assert completion(client_for, pd, short) == completion(client_for, gateway, short)
+    wait_all_freed(pd)
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        yield s
+
+
+async def start_stream(
+    session: aiohttp.ClientSession, pd: Process, request_id: str, prompt: str, max_tokens: int
+) -> aiohttp.ClientResponse:
+    body = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "temperature": 0.0,
+        **IGNORE_EOS,
+    }
+    response = await session.post(
+        pd.url() + "/v1/completions", json=body, headers={"X-Request-Id": request_id}
+    )
+    assert response.status == 200, await response.text()
+    return response
+
+
+async def wait_phase(pd: Process, request_id: str, phase: str) -> None:
+    await asyncio.to_thread(
+        poll_until,
+        lambda: phase_of(pd, request_id) == phase,
+        WAIT_S,
+        f"call {request_id} in phase {phase}",
+        interval=0.005,
+    )
+
+
+def leg_states(answer: dict[str, Any]) -> dict[str, str]:
+    return {role: str(leg["state"]) for role, leg in answer["legs"].items()}
+
+
+async def test_a_cancel_in_prefill_aborts_it_and_decode_never_starts(
+    pd: Process, session: aiohttp.ClientSession
+) -> None:
+    response = await start_stream(session, pd, "pd-prefill", LONG_PROMPT, 16)
+    try:
+        await wait_phase(pd, "pd-prefill", "prefill")
+        answer = await asyncio.to_thread(cancel, pd, "pd-prefill")
+    finally:
+        response.close()
+    assert answer["state"] == "cancelled" and answer["phase"] == "prefill"
+    assert leg_states(answer) == {"prefill": "aborted", "decode": "never_started"}
+    await asyncio.to_thread(wait_all_freed, pd)
+
+
+async def test_cancels_in_transfer_and_in_decode_free_both_workers_and_the_handoff(
+    pd: Process, session: aiohttp.ClientSession
+) -> None:
+    """The first call decodes on the only decode slot; the second one's prompt is prefilled and
+    handed over, and its decode leg waits for that slot: in ``transfer``, with a handoff file."""
+    before = await asyncio.to_thread(scrape, pd.url())
+    first = await start_stream(session, pd, "pd-decode", "Red green blue", 4000)
+    second = None
+    try:
+        await first.content.readline()  # the first event: it is decoding
+        await wait_phase(pd, "pd-decode", "decode")
+        second = await start_stream(session, pd, "pd-transfer", PROMPT, 16)
+        await wait_phase(pd, "pd-transfer", "transfer")
+        assert len(store_files(pd)) == 1, "the handoff is held while the decode leg waits"
+        held = await asyncio.to_thread(scrape, pd.url())
+        assert total(held, "hangup_gateway_handoff_kv_blocks", worker="0") == 3
+        assert total(held, "hangup_gateway_handoffs_in_flight") == 1  # the decoding one's: no
+        in_transfer = await asyncio.to_thread(cancel, pd, "pd-transfer")
+        assert store_files(pd) == [], "the cancel answered before the handoff was deleted"
+        assert phase_of(pd, "pd-decode") == "decode", "the other call was touched"
+        in_decode = await asyncio.to_thread(cancel, pd, "pd-decode")
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+    assert in_transfer["phase"] == "transfer"
+    assert leg_states(in_transfer) == {"prefill": "ended", "decode": "aborted"}
+    assert in_transfer["legs"]["prefill"]["kv_blocks_freed"] == 3  # the handoff's blocks
+    assert in_decode["phase"] == "decode"
+    assert leg_states(in_decode) == {"prefill": "ended", "decode": "aborted"}
+    await asyncio.to_thread(wait_all_freed, pd)
+    after = await asyncio.to_thread(scrape, pd.url())
+    for phase in ("transfer", "decode"):
+        assert cancelled(after, before, "explicit", phase) == 1, phase
+    assert total(after, "hangup_gateway_handoff_kv_blocks") == 0
+    assert total(after, "hangup_gateway_handoffs_in_flight") == 0
+
+
+async def test_a_hang_up_in_transfer_frees_the_handoff_and_both_workers(
+    pd: Process, session: aiohttp.ClientSession
+) -> None:
+    before = await asyncio.to_thread(scrape, pd.url())
+    busy = await start_stream(session, pd, "pd-busy", "Red green blue", 4000)
+    try:
+        await busy.content.readline()
+        leaving = await start_stream(session, pd, "pd-leaving", PROMPT, 16)
+        await wait_phase(pd, "pd-leaving", "transfer")
+        leaving.close()  # the client hangs up while its KV waits for the decode worker
+        await asyncio.to_thread(
+            poll_until,
+            lambda: not store_files(pd) and not call_of(pd, "pd-leaving"),
+            WAIT_S,
+            "the hung-up call gone and its handoff deleted",
+        )
+        assert phase_of(pd, "pd-busy") == "decode", "the other call was touched"
+    finally:
+        busy.close()  # a hang-up in decode
+    await asyncio.to_thread(wait_all_freed, pd)
+    after = await asyncio.to_thread(scrape, pd.url())
+    for phase in ("transfer", "decode"):
+        assert cancelled(after, before, "client_disconnect", phase) == 1, phase
+
+
+def cancelled(after: Samples, before: Samples, reason: str, phase: str) -> float:
+    return delta(after, before, "hangup_gateway_cancellations_total", reason=reason, phase=phase)
