@@ -4,13 +4,14 @@ serves one leg of a call implements.
 A call served disaggregated (P/D) runs two engine requests, its *legs*, on two workers:
 
 1. **prefill**, on a worker whose role prefills: :meth:`DisaggregatedEngine.prefill` computes
-   the prompt and keeps its KV cache under a *key* (the call id), then returns a
+   the prompt and keeps its KV cache under a *key* (the engine request's id, derived from the
+   call id: ``<call id>-<n>``, one per engine request of the call), then returns a
    :class:`KvHandoff`: where the KV is, how many blocks, until when the prefill side holds it
    (its lease), and what the decode request must carry to load it (``transfer_params``).
 2. **transfer**, from the end of prefill until the decode worker holds the KV and has admitted
    the request: :meth:`DisaggregatedEngine.decode` is called on a worker whose role decodes
    with the whole request (prompt and sampling parameters) and the handoff; the engine
-   allocates blocks for the prompt, loads the KV (``phase`` answers ``TRANSFER`` meanwhile),
+   allocates blocks for the prompt, loads the KV (``phase`` answers ``TRANSFER`` meanwhile);
 3. **decode**: then generates, as :meth:`~.base.Engine.generate` does (``phase``: ``DECODE``).
 
 Whoever ends the call (it completed, a cancel, a hang-up, a failure) calls
@@ -26,6 +27,9 @@ the handoff's ``transfer_params``); ``decode`` is the full request with those
 aborting either leg is ``abort(request_id)``. The simulated engine implements it with its block
 model (:mod:`.sim`, :mod:`.sim_kv`). An engine kind whose engines implement it says so in its
 row of the engine table (``EngineKind.disaggregates``); ``--worker-roles`` is refused for others.
+An engine that must know its worker's role (vLLM's ``kv_role``) is told by its factory, which
+gets the worker's index: ``GatewayConfig.roles[index]``. The legs' engine request ids are
+``<key>-prefill`` and ``<key>-decode``.
 """
 
 from __future__ import annotations

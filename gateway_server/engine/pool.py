@@ -111,7 +111,11 @@ class EnginePool:
 
     @property
     def ready(self) -> bool:
-        return any(w.engine.alive for w in self.workers)
+        """A worker is alive; disaggregated, one that prefills and one that decodes."""
+        live = [w.role for w in self.workers if w.engine.alive]
+        if self.disaggregated:
+            return any(r.prefills for r in live) and any(r.decodes for r in live)
+        return bool(live)
 
     def down_for(self) -> float:
         """Seconds the worker down longest has been down (0 when every worker serves)."""

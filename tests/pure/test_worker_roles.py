@@ -70,10 +70,12 @@ async def test_each_leg_goes_to_the_least_loaded_worker_of_its_role() -> None:
         decodes = [pool.acquire(D).index for _ in range(5)]
         assert prefills == [0, 3, 0]  # the both worker takes its turn
         assert decodes == [1, 2, 1, 2, 3]  # worker 3 runs a prefill leg: it counts
+        assert pool.ready
         engines[0].inject_fault("kill")
         engines[3].inject_fault("kill")
         with pytest.raises(Unavailable, match="no engine worker that can prefill is alive"):
             pool.acquire(P)
+        assert not pool.ready  # decode workers alone cannot serve a call
     finally:
         await pool.shutdown()
 
