@@ -45,9 +45,11 @@ Failures. A worker that fails to start raises :class:`~.base.EngineError` naming
 the model. When an engine core dies later, vLLM's monitor marks the client dead; every request
 in flight on that worker raises :class:`~.base.EngineDead` and :attr:`VllmEngine.alive` turns
 False. Other workers are separate processes and keep serving. :attr:`VllmEngine.death_cause`
-names the core's exit status (or the signal that killed it); shutting the dead engine down kills
+names the core's exit status (or the signal that killed it) and vLLM's last error line, read from
+the output of the core's processes (:mod:`.output_tail`); shutting the dead engine down kills
 what is left of the process tree the core had when it became ready (:mod:`.process_tree`), and
-the pool starts a new engine for the worker.
+the pool starts a new engine for the worker. A shutdown that comes while vLLM loads (a restart
+under way) waits for the loading thread, which cannot be interrupted, then stops what it made.
 
 vLLM is imported through ``importlib`` when a worker starts: importing this module stays cheap and
 the type checker does not walk vLLM and torch.
@@ -85,6 +87,7 @@ from gateway_server.engine.base import (
     TokenLogprob,
 )
 from gateway_server.engine.devices import DevicePin, device_env, device_groups
+from gateway_server.engine.output_tail import OutputTail
 from gateway_server.engine.vllm_devices import visible_devices
 from gateway_server.engine.vllm_options import VllmOptions
 from gateway_server.engine.vllm_stats import (
@@ -147,6 +150,9 @@ class VllmEngine:
         self._arrivals = itertools.count(1)
         self._stats = SchedulerSnapshot()
         self._processes: list[process_tree.ProcessId] = []
+        self._output = OutputTail()
+        self._shutting: asyncio.Future[None] | None = None
+        self._exits: list[str] | None = None
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -164,14 +170,20 @@ class VllmEngine:
     def death_cause(self) -> str:
         if self._llm is None or self.alive:
             return ""
+        # As found when the shutdown began: the shutdown itself stops a core still running.
+        causes = list(self._exits if self._exits is not None else self._exit_statuses())
+        if error := self._output.last_error():
+            causes.append(f"last error: {error}")
+        return "; ".join(causes) or "vLLM marked its engine core dead"
+
+    def _exit_statuses(self) -> list[str]:
         manager = getattr(getattr(self._llm, "engine_core", None), "resources", None)
         processes = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
-        causes = [
+        return [
             _exit_status(p.pid, p.exitcode)
             for p in processes
             if getattr(p, "exitcode", None) not in (None, 0)
         ]
-        return "; ".join(causes) or "vLLM marked its engine core dead"
 
     async def start(self) -> None:
         """Spawn the engine core and load the model (off the event loop).
@@ -181,14 +193,21 @@ class VllmEngine:
         if self._llm is not None:
             return
         started = time.monotonic()
+        building = asyncio.ensure_future(asyncio.to_thread(self._build))
         try:
-            self._llm, self._tokenizer_copy = await asyncio.to_thread(self._build)
+            self._llm, self._tokenizer_copy = await asyncio.shield(building)
+        except asyncio.CancelledError:
+            await self._abandon(building)
+            raise
         except Exception as exc:
+            await asyncio.to_thread(self._output.close)
+            error = self._output.last_error()
             raise EngineError(
                 f"vLLM worker {self.index} could not load {self.model!r}: "
-                f"{type(exc).__name__}: {exc}"
+                f"{type(exc).__name__}: {exc}" + (f" (engine core: {error})" if error else "")
             ) from exc
         self._processes = process_tree.snapshot(self.engine_core_pids)
+        self._output.forget()  # what the core printed while starting, the gateway's lines too
         log_event(
             log,
             "vllm_worker_ready",
@@ -216,27 +235,47 @@ class VllmEngine:
         # disable_log_stats drops vLLM's logging logger; ours takes the place of its Prometheus
         # logger and still gets every step's scheduler statistics (see vllm_stats).
         factory = stat_logger_factory(self._stats)
-        with self._spawn_lock, device_env(self.devices):
+        with self._spawn_lock, device_env(self.devices), self._output.capture():
             llm = async_llm.AsyncLLM.from_engine_args(args, stat_loggers=[factory])
         scheduler_statistics_only(llm)
         # vLLM tokenizes in a thread of its own; a Hugging Face tokenizer must not be used from
         # two threads at once, so the gateway's counting and chat templating use a copy.
         return llm, copy.deepcopy(llm.get_tokenizer())
 
+    async def _abandon(self, building: asyncio.Future[tuple[Any, Any]]) -> None:
+        """Shutdown came while vLLM was loading: wait for the loading thread (it cannot be
+        interrupted), then stop the engine it made (its core must not outlive the gateway)."""
+        log_event(log, "vllm_start_abandoned", logging.WARNING, worker=self.index)
+        with contextlib.suppress(Exception):
+            self._llm, self._tokenizer_copy = await building
+            self._processes = process_tree.snapshot(self.engine_core_pids)
+        await self.shutdown()
+
     async def shutdown(self) -> None:
-        """Abort what is running (streams end with ABORT), then stop the engine core."""
-        llm, self._stopped = self._llm, True
-        if llm is None:
-            return
-        await asyncio.gather(*(self.abort(rid) for rid in list(self._live)))
+        """Abort what is running (streams end with ABORT), then stop the engine core.
+        Idempotent: a second call awaits the first."""
+        self._stopped = True
+        if self._shutting is None:
+            self._shutting = asyncio.ensure_future(self._shutdown())
+        await asyncio.shield(self._shutting)
+
+    async def _shutdown(self) -> None:
+        llm = self._llm
         try:
-            await asyncio.to_thread(llm.shutdown)
+            if llm is None:
+                return
+            await asyncio.gather(*(self.abort(rid) for rid in list(self._live)))
+            self._exits = self._exit_statuses()
+            try:
+                await asyncio.to_thread(llm.shutdown)
+            finally:
+                left = process_tree.kill_leftovers(self._processes)
+                if left:
+                    log_event(
+                        log, "vllm_leftovers_killed", logging.WARNING, worker=self.index, pids=left
+                    )
         finally:
-            left = process_tree.kill_leftovers(self._processes)
-            if left:
-                log_event(
-                    log, "vllm_leftovers_killed", logging.WARNING, worker=self.index, pids=left
-                )
+            await asyncio.to_thread(self._output.close)
 
     # -- requests --------------------------------------------------------------------------
 
