@@ -65,7 +65,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
@@ -104,6 +104,8 @@ EngineFactory = Callable[[int], "VllmEngine"]
 
 ABORT_CONFIRM_TIMEOUT_S = 30.0
 """How long an abort waits for the engine core's confirmation before giving up (logged)."""
+DEATH_POLL_S = 0.05
+"""How often a call waiting on the engine core looks whether the core has died."""
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
@@ -459,7 +461,8 @@ class VllmEngine:
                 # A dead engine core works on nothing: there is nothing left to stop.
                 with contextlib.suppress(Exception):
                     await llm.abort(request_id)
-                    await llm.is_sleeping()  # ordered after the abort in the core's input queue
+                    # Ordered after the abort in the core's input queue.
+                    await self._answered_or_dead(llm, llm.is_sleeping())
         except TimeoutError:
             # Never seen; a hung engine core must not hang cancel callers with it.
             log_event(
@@ -472,6 +475,20 @@ class VllmEngine:
             )
         finally:
             self._forget(request_id, state)
+
+    @staticmethod
+    async def _answered_or_dead(llm: Any, call: Awaitable[object]) -> None:
+        """Await a call to the engine core; return once the core is seen dead instead (vLLM
+        leaves the calls a core was killed under unanswered: a cancel that came just before
+        vLLM noticed the death waited the whole confirmation timeout)."""
+        answer = asyncio.ensure_future(call)
+        try:
+            while not answer.done() and not llm.errored:
+                await asyncio.wait([answer], timeout=DEATH_POLL_S)
+        finally:
+            if not answer.done():
+                answer.cancel()
+            await asyncio.gather(answer, return_exceptions=True)
 
     # -- reading ---------------------------------------------------------------------------
 
