@@ -89,6 +89,7 @@ from gateway_server.engine.base import (
 from gateway_server.engine.devices import DevicePin, device_env, device_groups
 from gateway_server.engine.output_tail import OutputTail
 from gateway_server.engine.vllm_devices import visible_devices
+from gateway_server.engine.vllm_inputs import prompt_input, sampling_params
 from gateway_server.engine.vllm_options import VllmOptions
 from gateway_server.engine.vllm_stats import (
     SchedulerSnapshot,
@@ -314,7 +315,7 @@ class VllmEngine:
         processor = self._llm.input_processor
         client_fault: Any = import_module("vllm.exceptions").VLLMClientError
         try:
-            _sampling(params).verify(
+            sampling_params(params).verify(
                 processor.model_config,
                 processor.speculative_config,
                 processor.structured_outputs_config,
@@ -349,7 +350,9 @@ class VllmEngine:
         collector: Any = None
         try:
             try:
-                collector = await llm.add_request(rid, _prompt(request), _sampling(request.params))
+                collector = await llm.add_request(
+                    rid, prompt_input(request), sampling_params(request.params)
+                )
             except ValueError as exc:  # vLLM's validation of the request (VLLMValidationError)
                 raise EngineRefused(str(exc)) from exc
             finally:
@@ -527,42 +530,6 @@ def _exit_status(pid: int, code: int) -> str:
         with contextlib.suppress(ValueError):
             return f"engine core {pid} killed by {signal.Signals(-code).name}"
     return f"engine core {pid} exited with status {code}"
-
-
-def _prompt(request: EngineRequest) -> Any:
-    if isinstance(request.prompt, tuple):
-        return {"prompt_token_ids": list(request.prompt)}
-    return request.prompt
-
-
-def _sampling(params: SamplingParams) -> Any:
-    vllm_sampling: Any = import_module("vllm.sampling_params")
-    return vllm_sampling.SamplingParams(
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        min_p=params.min_p,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        repetition_penalty=params.repetition_penalty,
-        seed=params.seed,
-        stop=list(params.stop) or None,
-        stop_token_ids=list(params.stop_token_ids) or None,
-        min_tokens=params.min_tokens,
-        logit_bias=dict(params.logit_bias) or None,
-        include_stop_str_in_output=params.include_stop_str_in_output,
-        skip_special_tokens=params.skip_special_tokens,
-        ignore_eos=params.ignore_eos,
-        logprobs=params.logprobs,
-        prompt_logprobs=params.prompt_logprobs,
-        output_kind=vllm_sampling.RequestOutputKind.DELTA,
-        structured_outputs=(
-            None
-            if params.structured is None
-            else vllm_sampling.StructuredOutputsParams(**params.structured.vllm_kwargs())
-        ),
-    )
 
 
 def vllm_engine_factory(model: str, options: VllmOptions, workers: int) -> EngineFactory:

@@ -103,7 +103,7 @@ class ScriptedAsyncLLM:
 
 @pytest.fixture
 def scripted(monkeypatch: pytest.MonkeyPatch) -> tuple[vllm_engine.VllmEngine, ScriptedAsyncLLM]:
-    monkeypatch.setattr(vllm_engine, "_sampling", lambda params: params)
+    monkeypatch.setattr(vllm_engine, "sampling_params", lambda params: params)
     engine = vllm_engine.VllmEngine("scripted", VllmOptions())
     llm = ScriptedAsyncLLM()
     engine._llm = llm
