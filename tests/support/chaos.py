@@ -9,7 +9,7 @@ under way makes its next call once the fault is over, and the phase lasts at lea
     reset_upstream  every proxy → gateway connection reset (TCP RST both ways)
     stop_gateway    the gateway SIGSTOPped until the proxy has given up on the cancels of
                     calls that hung up meanwhile (past its cancel deadline), then SIGCONT
-    kill_gateway    the gateway SIGKILLed and restarted
+    kill_gateway    the gateway (its process group) SIGKILLed and restarted
     kill_engine     the gateway's engine killed through its fault switch (as SIGKILL kills a vLLM
                     engine core); the fault lasts until the gateway has started it again
     hang_engine     the engine hung (the switch's ``hang``, as SIGSTOP stops a vLLM engine core)
