@@ -4,7 +4,9 @@ every fault until ``--calls`` calls have been made; each phase settles and is ch
 byte-identical completions, false stream ends, cancels pending or uncounted, memory and open
 files). Prints one line per phase and the totals.
 
-Run: ``.venv/bin/python -m bench.chaos_soak`` (``--calls 200000``).
+Run: ``.venv/bin/python -m bench.chaos_soak`` (``--calls 200000``); with the real engine:
+``.venv/bin/python -m bench.chaos_soak --engine vllm --calls 5000`` (a one-worker vLLM gateway
+on the tiny local model, made in a temporary directory; its faults are ``chaos.VLLM_FAULTS``).
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ import aiohttp
 
 from tests.support import chaos
 from tests.support.faults import Pod
+from tests.support.vllm_stack import START_TIMEOUT_S, make_tiny_model
 
 
-def gateway_args(args: argparse.Namespace) -> list[str]:
+def gateway_args(args: argparse.Namespace, tmp: Path) -> list[str]:
+    if args.engine == "vllm":
+        return chaos.vllm_gateway_args(str(make_tiny_model(tmp / "tiny-model")))
     return ["--sim-slots", str(args.sim_slots), "--sim-step-base", str(args.sim_step_base),
             "--sim-faults"]  # fmt: skip
 
@@ -33,13 +38,15 @@ async def soak(args: argparse.Namespace, tmp: Path) -> list[chaos.PhaseReport]:
     rng = random.Random(args.seed)
     reports: list[chaos.PhaseReport] = []
     calls = 0
+    faults = chaos.VLLM_FAULTS if args.engine == "vllm" else chaos.FAULTS
+    start_s = START_TIMEOUT_S if args.engine == "vllm" else 60.0
     async with (
-        Pod(tmp, gateway_args(args), proxy_args) as pod,
+        Pod(tmp, gateway_args(args, tmp), proxy_args, args.engine, start_s) as pod,
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
     ):
         expected = await chaos.references(pod, session)
         while calls < args.calls:
-            fault = chaos.FAULTS[len(reports) % len(chaos.FAULTS)]
+            fault = faults[len(reports) % len(faults)]
             report = await chaos.run_phase(pod, session, expected, fault,
                                            seconds=args.phase_seconds,
                                            concurrency=args.concurrency, rng=rng)  # fmt: skip
@@ -80,11 +87,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=200_000)
     parser.add_argument("--phase-seconds", type=float, default=30.0)
-    parser.add_argument("--concurrency", type=int, default=48)
+    parser.add_argument("--concurrency", type=int, default=None, help="48 (sim), 8 (vllm)")
+    parser.add_argument("--engine", choices=["sim", "vllm"], default="sim")
     parser.add_argument("--sim-slots", type=int, default=32)
     parser.add_argument("--sim-step-base", type=float, default=0.004)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
+    if args.concurrency is None:
+        args.concurrency = 8 if args.engine == "vllm" else 48
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hangup-chaos-") as tmp:
         reports = asyncio.run(soak(args, Path(tmp)))

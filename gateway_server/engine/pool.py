@@ -8,15 +8,17 @@ disaggregated call goes to the least-loaded live worker whose role serves that l
 reaches the engine that owns the request, even after its worker got a new one.
 
 Restarts. Given an engine factory, the pool keeps each worker's engine alive: a keeper task per
-worker looks at its engine every ``poll_s`` and, once it has died, (1) logs why, (2) shuts the
-dead engine down (its requests in flight have already failed with
-:class:`~.base.EngineDead`; shutting down releases what it left: vLLM's engine processes and
-their memory), (3) builds a new engine for the same worker index (same devices) and starts it,
-the first attempt at once and each failed one followed by a wait doubling from ``backoff_s`` up
-to ``backoff_max_s``. The worker is out of the routing from its death until the new engine is
-ready; the others serve meanwhile. ``down_for()`` tells liveness how long the longest-down
-worker has been down. A restart still under way when the pool shuts down is abandoned (vLLM
-loads in a thread that cannot be interrupted; the process's exit ends the engine core it made).
+worker looks at its engine every ``poll_s`` and, once it has died, (1) shuts the dead engine down
+(its requests in flight have already failed with :class:`~.base.EngineDead`; shutting down releases
+what it left: vLLM's engine processes and their memory), (2) logs why it died (known best once its
+processes are gone: their exit status, vLLM's last error line), (3) builds a new engine for the
+same worker index (same devices) and starts it, the first attempt at once and each failed one
+followed by a wait doubling from ``backoff_s`` up to ``backoff_max_s``. The worker is out of the
+routing from its death until the new engine is ready; the others serve meanwhile. ``down_for()``
+tells liveness how long the longest-down worker has been down. A restart still under way when the
+pool shuts down is cancelled; the pool's shutdown returns once the engine being started has stopped
+(vLLM loads in a thread that cannot be interrupted: the engine waits for it, then stops what it
+made).
 """
 
 from __future__ import annotations
@@ -172,19 +174,20 @@ class EnginePool:
     async def _restart(self, worker: Worker) -> None:
         """Replace ``worker``'s dead engine; returns once a new one serves (retrying forever:
         liveness reads ``down_for`` to give up on the container instead)."""
-        dead = worker.engine
+        dead, in_flight = worker.engine, worker.in_flight
         worker.down_since = self._clock()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.policy.shutdown_timeout_s):
+                await dead.shutdown()
         log_event(
             log,
             "engine_worker_died",
             logging.ERROR,
             worker=worker.index,
             cause=dead.death_cause or "unknown",
-            in_flight=worker.in_flight,
+            in_flight=in_flight,
+            cleanup_s=round(self._clock() - worker.down_since, 3),
         )
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(self.policy.shutdown_timeout_s):
-                await dead.shutdown()
         failures = 0
         while True:
             await asyncio.sleep(self.policy.delay(failures))

@@ -45,9 +45,11 @@ Failures. A worker that fails to start raises :class:`~.base.EngineError` naming
 the model. When an engine core dies later, vLLM's monitor marks the client dead; every request
 in flight on that worker raises :class:`~.base.EngineDead` and :attr:`VllmEngine.alive` turns
 False. Other workers are separate processes and keep serving. :attr:`VllmEngine.death_cause`
-names the core's exit status (or the signal that killed it); shutting the dead engine down kills
+names the core's exit status (or the signal that killed it) and vLLM's last error line, read from
+the output of the core's processes (:mod:`.output_tail`); shutting the dead engine down kills
 what is left of the process tree the core had when it became ready (:mod:`.process_tree`), and
-the pool starts a new engine for the worker.
+the pool starts a new engine for the worker. A shutdown that comes while vLLM loads (a restart
+under way) waits for the loading thread, which cannot be interrupted, then stops what it made.
 
 vLLM is imported through ``importlib`` when a worker starts: importing this module stays cheap and
 the type checker does not walk vLLM and torch.
@@ -63,7 +65,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
@@ -85,7 +87,9 @@ from gateway_server.engine.base import (
     TokenLogprob,
 )
 from gateway_server.engine.devices import DevicePin, device_env, device_groups
+from gateway_server.engine.output_tail import OutputTail
 from gateway_server.engine.vllm_devices import visible_devices
+from gateway_server.engine.vllm_inputs import prompt_input, sampling_params
 from gateway_server.engine.vllm_options import VllmOptions
 from gateway_server.engine.vllm_stats import (
     SchedulerSnapshot,
@@ -101,6 +105,8 @@ EngineFactory = Callable[[int], "VllmEngine"]
 
 ABORT_CONFIRM_TIMEOUT_S = 30.0
 """How long an abort waits for the engine core's confirmation before giving up (logged)."""
+DEATH_POLL_S = 0.05
+"""How often a call waiting on the engine core looks whether the core has died."""
 
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
@@ -147,6 +153,9 @@ class VllmEngine:
         self._arrivals = itertools.count(1)
         self._stats = SchedulerSnapshot()
         self._processes: list[process_tree.ProcessId] = []
+        self._output = OutputTail()
+        self._shutting: asyncio.Future[None] | None = None
+        self._exits: list[str] | None = None
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -164,14 +173,20 @@ class VllmEngine:
     def death_cause(self) -> str:
         if self._llm is None or self.alive:
             return ""
+        # As found when the shutdown began: the shutdown itself stops a core still running.
+        causes = list(self._exits if self._exits is not None else self._exit_statuses())
+        if error := self._output.last_error():
+            causes.append(f"last error: {error}")
+        return "; ".join(causes) or "vLLM marked its engine core dead"
+
+    def _exit_statuses(self) -> list[str]:
         manager = getattr(getattr(self._llm, "engine_core", None), "resources", None)
         processes = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
-        causes = [
+        return [
             _exit_status(p.pid, p.exitcode)
             for p in processes
             if getattr(p, "exitcode", None) not in (None, 0)
         ]
-        return "; ".join(causes) or "vLLM marked its engine core dead"
 
     async def start(self) -> None:
         """Spawn the engine core and load the model (off the event loop).
@@ -181,14 +196,21 @@ class VllmEngine:
         if self._llm is not None:
             return
         started = time.monotonic()
+        building = asyncio.ensure_future(asyncio.to_thread(self._build))
         try:
-            self._llm, self._tokenizer_copy = await asyncio.to_thread(self._build)
+            self._llm, self._tokenizer_copy = await asyncio.shield(building)
+        except asyncio.CancelledError:
+            await self._abandon(building)
+            raise
         except Exception as exc:
+            await asyncio.to_thread(self._output.close)
+            error = self._output.last_error()
             raise EngineError(
                 f"vLLM worker {self.index} could not load {self.model!r}: "
-                f"{type(exc).__name__}: {exc}"
+                f"{type(exc).__name__}: {exc}" + (f" (engine core: {error})" if error else "")
             ) from exc
         self._processes = process_tree.snapshot(self.engine_core_pids)
+        self._output.forget()  # what the core printed while starting, the gateway's lines too
         log_event(
             log,
             "vllm_worker_ready",
@@ -216,12 +238,21 @@ class VllmEngine:
         # disable_log_stats drops vLLM's logging logger; ours takes the place of its Prometheus
         # logger and still gets every step's scheduler statistics (see vllm_stats).
         factory = stat_logger_factory(self._stats)
-        with self._spawn_lock, device_env(self.devices):
+        with self._spawn_lock, device_env(self.devices), self._output.capture():
             llm = async_llm.AsyncLLM.from_engine_args(args, stat_loggers=[factory])
         scheduler_statistics_only(llm)
         # vLLM tokenizes in a thread of its own; a Hugging Face tokenizer must not be used from
         # two threads at once, so the gateway's counting and chat templating use a copy.
         return llm, copy.deepcopy(llm.get_tokenizer())
+
+    async def _abandon(self, building: asyncio.Future[tuple[Any, Any]]) -> None:
+        """Shutdown came while vLLM was loading: wait for the loading thread (it cannot be
+        interrupted), then stop the engine it made (its core must not outlive the gateway)."""
+        log_event(log, "vllm_start_abandoned", logging.WARNING, worker=self.index)
+        with contextlib.suppress(Exception):
+            self._llm, self._tokenizer_copy = await building
+            self._processes = process_tree.snapshot(self.engine_core_pids)
+        await self.shutdown()
 
     def _engine_args(self) -> dict[str, Any]:
         """``AsyncEngineArgs``' keywords (model excluded); the P/D engine adds its connector."""
@@ -230,22 +261,33 @@ class VllmEngine:
     def _sampling_for(self, request: EngineRequest) -> Any:
         """vLLM's sampling parameters for ``request``; the P/D engine adds each leg's
         ``kv_transfer_params``."""
-        return _sampling(request.params)
+        return sampling_params(request.params)
 
     async def shutdown(self) -> None:
-        """Abort what is running (streams end with ABORT), then stop the engine core."""
-        llm, self._stopped = self._llm, True
-        if llm is None:
-            return
-        await asyncio.gather(*(self.abort(rid) for rid in list(self._live)))
+        """Abort what is running (streams end with ABORT), then stop the engine core.
+        Idempotent: a second call awaits the first."""
+        self._stopped = True
+        if self._shutting is None:
+            self._shutting = asyncio.ensure_future(self._shutdown())
+        await asyncio.shield(self._shutting)
+
+    async def _shutdown(self) -> None:
+        llm = self._llm
         try:
-            await asyncio.to_thread(llm.shutdown)
+            if llm is None:
+                return
+            await asyncio.gather(*(self.abort(rid) for rid in list(self._live)))
+            self._exits = self._exit_statuses()
+            try:
+                await asyncio.to_thread(llm.shutdown)
+            finally:
+                left = process_tree.kill_leftovers(self._processes)
+                if left:
+                    log_event(
+                        log, "vllm_leftovers_killed", logging.WARNING, worker=self.index, pids=left
+                    )
         finally:
-            left = process_tree.kill_leftovers(self._processes)
-            if left:
-                log_event(
-                    log, "vllm_leftovers_killed", logging.WARNING, worker=self.index, pids=left
-                )
+            await asyncio.to_thread(self._output.close)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -282,7 +324,7 @@ class VllmEngine:
         processor = self._llm.input_processor
         client_fault: Any = import_module("vllm.exceptions").VLLMClientError
         try:
-            _sampling(params).verify(
+            sampling_params(params).verify(
                 processor.model_config,
                 processor.speculative_config,
                 processor.structured_outputs_config,
@@ -318,7 +360,7 @@ class VllmEngine:
         try:
             try:
                 sampling = self._sampling_for(request)
-                collector = await llm.add_request(rid, _prompt(request), sampling)
+                collector = await llm.add_request(rid, prompt_input(request), sampling)
             except ValueError as exc:  # vLLM's validation of the request (VLLMValidationError)
                 raise EngineRefused(str(exc)) from exc
             finally:
@@ -430,7 +472,8 @@ class VllmEngine:
                 # A dead engine core works on nothing: there is nothing left to stop.
                 with contextlib.suppress(Exception):
                     await llm.abort(request_id)
-                    await llm.is_sleeping()  # ordered after the abort in the core's input queue
+                    # Ordered after the abort in the core's input queue.
+                    await self._answered_or_dead(llm, llm.is_sleeping())
         except TimeoutError:
             # Never seen; a hung engine core must not hang cancel callers with it.
             log_event(
@@ -443,6 +486,20 @@ class VllmEngine:
             )
         finally:
             self._forget(request_id, state)
+
+    @staticmethod
+    async def _answered_or_dead(llm: Any, call: Awaitable[object]) -> None:
+        """Await a call to the engine core; return once the core is seen dead instead (vLLM
+        leaves the calls a core was killed under unanswered: a cancel that came just before
+        vLLM noticed the death waited the whole confirmation timeout)."""
+        answer = asyncio.ensure_future(call)
+        try:
+            while not answer.done() and not llm.errored:
+                await asyncio.wait([answer], timeout=DEATH_POLL_S)
+        finally:
+            if not answer.done():
+                answer.cancel()
+            await asyncio.gather(answer, return_exceptions=True)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -481,42 +538,6 @@ def _exit_status(pid: int, code: int) -> str:
         with contextlib.suppress(ValueError):
             return f"engine core {pid} killed by {signal.Signals(-code).name}"
     return f"engine core {pid} exited with status {code}"
-
-
-def _prompt(request: EngineRequest) -> Any:
-    if isinstance(request.prompt, tuple):
-        return {"prompt_token_ids": list(request.prompt)}
-    return request.prompt
-
-
-def _sampling(params: SamplingParams) -> Any:
-    vllm_sampling: Any = import_module("vllm.sampling_params")
-    return vllm_sampling.SamplingParams(
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k,
-        min_p=params.min_p,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        repetition_penalty=params.repetition_penalty,
-        seed=params.seed,
-        stop=list(params.stop) or None,
-        stop_token_ids=list(params.stop_token_ids) or None,
-        min_tokens=params.min_tokens,
-        logit_bias=dict(params.logit_bias) or None,
-        include_stop_str_in_output=params.include_stop_str_in_output,
-        skip_special_tokens=params.skip_special_tokens,
-        ignore_eos=params.ignore_eos,
-        logprobs=params.logprobs,
-        prompt_logprobs=params.prompt_logprobs,
-        output_kind=vllm_sampling.RequestOutputKind.DELTA,
-        structured_outputs=(
-            None
-            if params.structured is None
-            else vllm_sampling.StructuredOutputsParams(**params.structured.vllm_kwargs())
-        ),
-    )
 
 
 def vllm_engine_factory(model: str, options: VllmOptions, workers: int) -> EngineFactory:

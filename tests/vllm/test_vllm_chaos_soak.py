@@ -1,0 +1,58 @@
+"""The chaos soak with the real engine, short (``tests/support/chaos.py``; the long run is
+``bench.chaos_soak --engine vllm``): mixed calls through the proxy in front of a one-worker vLLM
+gateway, half hanging up at random points, while the engine core is SIGKILLed (the gateway starts
+it again), SIGSTOPped until the proxy has given up on the cancels of calls that hung up meanwhile
+and then continued, and the gateway is drained and restarted; then a last phase without a fault.
+
+After every phase: nothing in flight on the gateway, the engine serving with its KV cache free,
+every completed (greedy) call byte-identical to the same call made directly, no stream that ended
+cleanly without its end marker, every cancel answered or given up on and counted, nothing of the
+drained gateway's process group left running.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.support import chaos
+from tests.support.faults import Pod
+from tests.support.vllm_stack import START_TIMEOUT_S, requires_vllm
+
+# Three engine starts (the gateway's, the killed core's, the drained gateway's).
+pytestmark = [pytest.mark.vllm, requires_vllm, pytest.mark.timeout(1200)]
+
+PHASE_S = 15.0
+CONCURRENCY = 4
+SCHEDULE = [*chaos.VLLM_FAULTS, "none"]
+
+
+async def test_chaos_soak_with_vllm_leaves_no_zombie_and_no_wrong_answer(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    gateway_args = chaos.vllm_gateway_args(str(tiny_model))
+    rng = random.Random(7)
+    reports = []
+    async with (
+        Pod(tmp_path, gateway_args, chaos.PROXY_ARGS, "vllm", START_TIMEOUT_S) as pod,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
+    ):
+        expected = await chaos.references(pod, session)
+        for fault in SCHEDULE:
+            report = await chaos.run_phase(
+                pod, session, expected, fault, seconds=PHASE_S, concurrency=CONCURRENCY, rng=rng
+            )
+            print(chaos.summary(report))
+            reports.append(report)
+    for report in reports:
+        assert not report.findings, (report.fault, report.findings[:5])
+        complete = sum(n for k, n in report.calls.items() if k.endswith("complete"))
+        assert complete > 0, report  # the pod served again after the fault
+    assert reports[SCHEDULE.index("kill_engine")].engine_restarts == 1
+    assert reports[SCHEDULE.index("hang_engine")].gave_up >= chaos.STOPPED_HANG_UPS
+    assert not reports[-1].failures, reports[-1].failures  # recovered: nothing fails any more
+    hung_up = sum(n for r in reports for k, n in r.calls.items() if "hang-up" in k)
+    assert hung_up > 20, hung_up
