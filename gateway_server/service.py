@@ -53,6 +53,7 @@ from gateway_server.errors import (
 from gateway_server.metrics import GatewayMetrics
 from gateway_server.registry import Call, CallRegistry, EngineCall
 from gateway_server.scope import CallDirectory, LocalDirectory
+from gateway_server.token_books import TokenBooks
 from gateway_server.tool_calls import ToolCalling, ToolSettings
 from gateway_server.vocabulary import Outcome, Protocol
 from hangup_contract.cancel import CancelAnswer
@@ -241,7 +242,8 @@ class GenerationService:
         except GatewayError:
             self.pool.release(worker)
             raise
-        book = _Books(time.perf_counter())
+        started = time.perf_counter()
+        book = _Books(started, TokenBooks(self._tokens, self._inter_token, started))
         stream = request.engine.generate(EngineRequest(request.engine_request_id, prompt, params))
         try:
             async for chunk in stream:
@@ -273,18 +275,22 @@ class GenerationService:
             self._record_end(call, request, book)
 
     def _count_tokens(self, call: Call, request: EngineCall, book: _Books, n: int) -> None:
+        """The call's and request's counts are exact at every token (cancel answers and
+        ``GET /v2/requests`` read them); the shared series get them in batches
+        (:mod:`gateway_server.token_books`), all of them by ``_record_end``."""
         now = time.perf_counter()
         if book.last_token_at is None:
             self._first_token.observe(now - book.started)
             request.started_decode = True
+            book.tally.add(n, now, None)
         else:
-            self._inter_token.observe((now - book.last_token_at) / n)
+            book.tally.add(n, now, (now - book.last_token_at) / n)
         book.last_token_at = now
         request.generated_tokens += n
         call.generated_tokens += n
-        self._tokens.inc(n)
 
     def _record_end(self, call: Call, request: EngineCall, book: _Books) -> None:
+        book.tally.flush(time.perf_counter())
         m = self.metrics
         outcome = Outcome.CANCELLED if request.cancel_reason is not None else book.outcome
         m.requests.labels(call.model, call.protocol.value, outcome.value).inc()
@@ -312,6 +318,7 @@ class GenerationService:
 @dataclass(slots=True)
 class _Books:
     started: float
+    tally: TokenBooks
     last_token_at: float | None = None
     prompt_tokens: int = 0
     outcome: Outcome = Outcome.ERROR
