@@ -267,6 +267,7 @@ class GenerationService:
         except EngineError as exc:
             raise EngineFailure(f"engine worker {worker.name} failed the request: {exc}") from exc
         finally:
+            book.tally.flush(time.perf_counter())  # first: nothing awaited may skip it
             await stream.aclose()
             self.pool.release(worker)
             self.registry.detach(call, request)
@@ -277,7 +278,7 @@ class GenerationService:
     def _count_tokens(self, call: Call, request: EngineCall, book: _Books, n: int) -> None:
         """The call's and request's counts are exact at every token (cancel answers and
         ``GET /v2/requests`` read them); the shared series get them in batches
-        (:mod:`gateway_server.token_books`), all of them by ``_record_end``."""
+        (:mod:`gateway_server.token_books`), all of them when ``generate`` ends."""
         now = time.perf_counter()
         if book.last_token_at is None:
             self._first_token.observe(now - book.started)
@@ -290,7 +291,6 @@ class GenerationService:
         call.generated_tokens += n
 
     def _record_end(self, call: Call, request: EngineCall, book: _Books) -> None:
-        book.tally.flush(time.perf_counter())
         m = self.metrics
         outcome = Outcome.CANCELLED if request.cancel_reason is not None else book.outcome
         m.requests.labels(call.model, call.protocol.value, outcome.value).inc()
