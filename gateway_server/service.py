@@ -56,6 +56,7 @@ from gateway_server.legs import Legs
 from gateway_server.metrics import GatewayMetrics
 from gateway_server.registry import Call, CallRegistry, EngineCall
 from gateway_server.scope import CallDirectory, LocalDirectory
+from gateway_server.token_books import TokenBooks
 from gateway_server.tool_calls import ToolCalling, ToolSettings
 from gateway_server.vocabulary import Outcome, Protocol
 from hangup_contract.cancel import CancelAnswer
@@ -248,7 +249,8 @@ class GenerationService:
         except GatewayError:
             self.pool.release(worker)
             raise
-        book = _Books(time.perf_counter())
+        started = time.perf_counter()
+        book = _Books(started, TokenBooks(self._tokens, self._inter_token, started))
         stream = self._stream(request, prompt, params)
         try:
             async for chunk in stream:
@@ -273,6 +275,7 @@ class GenerationService:
             name = request.worker.name  # with legs: the worker of the leg that failed
             raise EngineFailure(f"engine worker {name} failed the request: {exc}") from exc
         finally:
+            book.tally.flush(time.perf_counter())  # first: nothing awaited may skip it
             try:
                 await stream.aclose()  # may suspend (a disaggregated request releases its KV)
             finally:  # the books close even when the handler is cancelled meanwhile
@@ -298,16 +301,19 @@ class GenerationService:
         return request.engine.generate(EngineRequest(request.engine_request_id, prompt, params))
 
     def _count_tokens(self, call: Call, request: EngineCall, book: _Books, n: int) -> None:
+        """The call's and request's counts are exact at every token (cancel answers and
+        ``GET /v2/requests`` read them); the shared series get them in batches
+        (:mod:`gateway_server.token_books`), all of them when ``generate`` ends."""
         now = time.perf_counter()
         if book.last_token_at is None:
             self._first_token.observe(now - book.started)
             request.started_decode = True
+            book.tally.add(n, now, None)
         else:
-            self._inter_token.observe((now - book.last_token_at) / n)
+            book.tally.add(n, now, (now - book.last_token_at) / n)
         book.last_token_at = now
         request.generated_tokens += n
         call.generated_tokens += n
-        self._tokens.inc(n)
 
     def _record_end(self, call: Call, request: EngineCall, book: _Books) -> None:
         m = self.metrics
@@ -337,6 +343,7 @@ class GenerationService:
 @dataclass(slots=True)
 class _Books:
     started: float
+    tally: TokenBooks
     last_token_at: float | None = None
     prompt_tokens: int = 0
     outcome: Outcome = Outcome.ERROR

@@ -200,3 +200,29 @@ async def test_list_in_flight(gateway: Gateway) -> None:
     assert entry["age_s"] >= 0 and entry["protocol"] == "openai"
     await gateway.cancel("listed")
     await read_events(resp)
+
+
+async def test_token_metrics_equal_what_was_streamed_however_a_stream_ends() -> None:
+    """A stream adds its tokens to the shared series in batches (``token_books``); whether it
+    completed, was cancelled by id or lost its client, every token is counted once it ended."""
+    async with running_gateway(sim=SimConfig(step_base_s=0.002)) as gw:
+        completed = await read_events(await start_stream(gw, "done", max_tokens=37))
+        assert completed[-1] == "[DONE]" and len(completed) == 37 + 1
+        cancelled = await start_stream(gw, "by-id")
+        async with asyncio.timeout(10):
+            for _ in range(21):  # one token per event
+                await cancelled.content.readline()
+                await cancelled.content.readline()
+        assert (await gw.cancel("by-id"))[0] == 200
+        streamed = 21 + sum(1 for e in await read_events(cancelled) if '"text"' in e)
+        async with aiohttp.ClientSession() as client:
+            body = {"model": MODEL, "prompt": "x", "max_tokens": 4000, "stream": True}
+            async with client.post(f"{gw.url}/v1/completions", json=body) as resp:
+                await resp.content.readline()  # then the client hangs up
+        await wait_until(lambda: gw.requests("cancelled") == 2, what="the hang-up's abort")
+        wasted = gw.metric("hangup_gateway_wasted_tokens_total", model=MODEL)
+        tokens = gw.metric("hangup_gateway_generated_tokens_total", model=MODEL)
+        assert wasted > streamed and tokens == 37 + wasted
+        gaps = gw.metric("hangup_gateway_inter_token_latency_seconds_count", model=MODEL)
+        assert gaps == tokens - 3  # one per chunk but a stream's first, a token each
+        assert gw.metric("hangup_gateway_time_to_first_token_seconds_count", model=MODEL) == 3

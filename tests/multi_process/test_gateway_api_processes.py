@@ -1,8 +1,8 @@
 """``python -m gateway_server --workers 2 --api-processes 2`` behind ``python -m proxy --workers
 2``: both scaled, as separate processes on shared ports. Every hang-up is cancelled and counted
-once on each side; cancels sent straight to the gateway land on either process and reach their
-request; one scrape answers for the whole gateway; a killed API process is started again and
-counted; SIGTERM drains every API process.
+once on each side, every token once; cancels sent straight to the gateway land on either
+process and reach their request; one scrape answers for the whole gateway; a killed API process
+is started again and counted; SIGTERM drains every API process.
 """
 
 from __future__ import annotations
@@ -90,6 +90,12 @@ async def test_hang_ups_through_both_scaled_are_cancelled_and_counted_once_each_
     assert total(gateway, "hangup_gateway_requests_total", outcome="cancelled") == 20
     assert total(gateway, "hangup_gateway_inflight_requests") == 0
     assert total(gateway, "hangup_gateway_api_processes") == 2
+    # every token counted, though each process adds a stream's to its files in batches
+    wasted = total(gateway, "hangup_gateway_wasted_tokens_total")
+    tokens = total(gateway, "hangup_gateway_generated_tokens_total")
+    assert wasted >= 20 and tokens == 60 * 3 + wasted
+    assert total(gateway, "hangup_gateway_inter_token_latency_seconds_count") == tokens - 80
+    assert total(gateway, "hangup_gateway_time_to_first_token_seconds_count") == 80
     assert total(proxy, "hangup_proxy_requests_total", outcome="cancelled") == 20
     assert total(proxy, "hangup_proxy_cancel_calls_total", result="ok") == 20
     ends = _log_lines(stack, "request_end")
