@@ -11,15 +11,17 @@ import sys
 import pytest
 
 from gateway_server.engine.output_tail import OutputTail, error_line
+from tests.support.waiting import poll_until
 
 CHILD = r"""
 import sys
+sys.stdin.readline()
+print("ValueError: an uncaught one on stderr", file=sys.stderr, flush=True)
 sys.stdin.readline()
 print("(EngineCore pid=7) INFO 11-24 23:53:35 [core.py:90] serving", flush=True)
 print("(EngineCore pid=7) ERROR 11-24 23:53:35 [core.py:1512] Traceback (most recent call last):")
 print("(EngineCore pid=7) ERROR 11-24 23:53:35 [core.py:1512] RuntimeError: Worker failed: boom")
 print("(EngineCore pid=7) INFO 11-24 23:53:35 [core.py:99] shutting down", flush=True)
-print("ValueError: an uncaught one on stderr", file=sys.stderr, flush=True)
 """
 
 
@@ -33,6 +35,15 @@ def test_a_process_started_while_capturing_is_passed_on_and_its_last_error_kept(
     tail.forget()  # ready: what came before is not the engine's death
     assert child.stdin is not None
     child.stdin.write(b"go\n")
+    child.stdin.flush()
+    # stdout and stderr are two pipes, read apart: the child goes on only once the stderr line
+    # is seen, so which error is the latest is known.
+    poll_until(
+        lambda: tail.last_error() == "ValueError: an uncaught one on stderr",
+        within=10,
+        what="the stderr error line kept",
+    )
+    child.stdin.write(b"go\n")
     child.stdin.close()
     assert child.wait(30) == 0
     tail.close()
@@ -40,7 +51,7 @@ def test_a_process_started_while_capturing_is_passed_on_and_its_last_error_kept(
     assert "[core.py:1512] RuntimeError: Worker failed: boom\n" in out  # passed on, unchanged
     assert "the gateway's own line" in out and "shutting down" in out
     assert err == "ValueError: an uncaught one on stderr\n"
-    assert tail.last_error() == "ValueError: an uncaught one on stderr"
+    assert tail.last_error() == "RuntimeError: Worker failed: boom"
     print("after the capture", flush=True)  # this process's output is its own again
     assert capfd.readouterr().out == "after the capture\n"
 
