@@ -7,8 +7,9 @@ spawned (:meth:`OutputTail.capture`), this process's stdout and stderr are pipes
 started meanwhile (the core, and the workers it starts) inherit them for life. One thread per
 pipe copies every byte to where the output went before (the container's log is unchanged) and
 keeps the latest lines that end a Python traceback (``RuntimeError: ...``), vLLM's log prefix
-(``(EngineCore pid=…) ERROR … [core.py:…]``) taken off: :meth:`OutputTail.last_error`. The two pipes are read apart: errors printed on
-stdout and stderr at the same moment are kept in the order they are read, either one last.
+(``(EngineCore pid=…) ERROR … [core.py:…]``) taken off: :meth:`OutputTail.last_error`. The
+two pipes are read apart: errors printed on stdout and stderr at the same moment are kept in the
+order they are read, either one last.
 
 The gateway's own lines written during the spawn window pass through the same pipes (copied on
 at once, never lost); :meth:`OutputTail.forget` drops what was kept before the engine was ready.
