@@ -4,9 +4,10 @@ Worker 0 prefills, worker 1 decodes; the KV goes between them through hangup's c
 the gateway's handoff store (a directory under the gateway's ``TMPDIR``, which the tests look
 into). Both workers run one request at a time (``--max-num-seqs 1``), so a call can be held in
 ``transfer``: its prompt is prefilled and handed over while the decode worker is still busy with
-another call. A cancel lands in each phase; afterwards nothing is in flight, the store is empty
-and both workers' KV caches are back to empty. The answers are compared with the shared
-aggregated gateway's (same model, same engine options, temperature 0).
+another call. A cancel lands in each phase, by the cancel API, an HTTP client hanging up, a gRPC
+client cancelling its ``ModelStreamInfer`` stream or a gRPC deadline; afterwards nothing is in
+flight, the store is empty and both workers' KV caches are back to empty. The answers are
+compared with the shared aggregated gateway's (same model, same engine options, temperature 0).
 """
 
 from __future__ import annotations
@@ -20,9 +21,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+import tritonclient.grpc.aio as triton
+from tritonclient.utils import InferenceServerException
 
 from tests.support.processes import Process
 from tests.support.scrape import Samples, delta, scrape, total
+from tests.support.triton_io import Stream, inputs
 from tests.support.vllm_stack import (
     IGNORE_EOS,
     LONG_PROMPT,
@@ -223,6 +227,89 @@ async def test_a_hang_up_in_transfer_frees_the_handoff_and_both_workers(
     after = await asyncio.to_thread(scrape, pd.url())
     for phase in ("transfer", "decode"):
         assert cancelled(after, before, "client_disconnect", phase) == 1, phase
+
+
+async def start_busy(
+    session: aiohttp.ClientSession, pd: Process, request_id: str
+) -> aiohttp.ClientResponse:
+    """A long stream on the only decode slot, once it is decoding: a call after it is held in
+    ``transfer`` until this one ends."""
+    busy = await start_stream(session, pd, request_id, "Red green blue", 4000)
+    await busy.content.readline()
+    return busy
+
+
+def engine_requests(samples: Samples, worker: str) -> float:
+    """Requests the worker's engine holds (running or waiting), each until its core has applied
+    its abort."""
+    running = total(samples, "hangup_gateway_engine_running_requests", worker=worker)
+    return running + total(samples, "hangup_gateway_engine_waiting_requests", worker=worker)
+
+
+async def wait_gone(pd: Process, request_id: str, reason: str, before: Samples) -> None:
+    """Until the call held in ``transfer`` is counted cancelled there with ``reason`` and is
+    gone, its handoff deleted and its KV blocks released, and the decode engine holds only the
+    busy call (its decode leg aborted in the core)."""
+
+    def gone() -> bool:
+        now = scrape(pd.url())
+        counted = cancelled(now, before, reason, "transfer") == 1
+        engines = (engine_requests(now, "0"), engine_requests(now, "1")) == (0, 1)
+        handoff = total(now, "hangup_gateway_handoff_kv_blocks") == 0 and not store_files(pd)
+        return counted and engines and handoff and not call_of(pd, request_id)
+
+    await asyncio.to_thread(poll_until, gone, WAIT_S, f"{request_id} cancelled ({reason}), freed")
+
+
+async def test_a_grpc_stream_cancelled_in_transfer_frees_the_handoff_and_both_workers(
+    pd: Process, session: aiohttp.ClientSession
+) -> None:
+    before = await asyncio.to_thread(scrape, pd.url())
+    busy = await start_busy(session, pd, "pd-grpc-busy")
+    try:
+        async with triton.InferenceServerClient(pd.listeners["grpc"]) as client:
+            stream = Stream(client, MODEL, headers={"x-request-id": "pd-grpc-stream"})
+            stream.send("r", PROMPT, max_tokens=16, **IGNORE_EOS)
+            await wait_phase(pd, "pd-grpc-stream", "transfer")
+            assert len(store_files(pd)) == 1, "the handoff is held while the decode leg waits"
+            stream.responses.cancel()  # the gRPC client cancels its stream
+            await wait_gone(pd, "pd-grpc-stream", "grpc_cancelled", before)
+        # Freed while the decode slot is still taken: not by the held call running to its end.
+        assert phase_of(pd, "pd-grpc-busy") == "decode", "the other call ended or was touched"
+    finally:
+        busy.close()
+    await asyncio.to_thread(wait_all_freed, pd)
+    after = await asyncio.to_thread(scrape, pd.url())
+    assert cancelled(after, before, "grpc_cancelled", "transfer") == 1
+    assert cancelled(after, before, "client_disconnect", "decode") == 1
+
+
+async def test_a_grpc_deadline_in_transfer_frees_the_handoff_and_both_workers(
+    pd: Process, session: aiohttp.ClientSession
+) -> None:
+    """A non-streaming ``ModelInfer`` whose 4 s deadline passes while its decode leg waits."""
+    before = await asyncio.to_thread(scrape, pd.url())
+    busy = await start_busy(session, pd, "pd-grpc-busy2")
+    try:
+        async with triton.InferenceServerClient(pd.listeners["grpc"]) as client:
+            infer = client.infer(
+                MODEL,
+                inputs(PROMPT, stream=False, max_tokens=16, **IGNORE_EOS),
+                headers={"x-request-id": "pd-grpc-deadline"},
+                client_timeout=4.0,
+            )
+            task = asyncio.create_task(infer)
+            await wait_phase(pd, "pd-grpc-deadline", "transfer")
+            with pytest.raises(InferenceServerException, match="Deadline"):
+                await task
+            await wait_gone(pd, "pd-grpc-deadline", "deadline_exceeded", before)
+        assert phase_of(pd, "pd-grpc-busy2") == "decode", "the other call ended or was touched"
+    finally:
+        busy.close()
+    await asyncio.to_thread(wait_all_freed, pd)
+    after = await asyncio.to_thread(scrape, pd.url())
+    assert cancelled(after, before, "deadline_exceeded", "transfer") == 1
+    assert cancelled(after, before, "client_disconnect", "decode") == 1
 
 
 def cancelled(after: Samples, before: Samples, reason: str, phase: str) -> float:
