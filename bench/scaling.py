@@ -7,7 +7,8 @@ Tables (``--cores 1,2,3,4``: N simulated cores; ``--core 0.1``: one is a tenth o
 - **proxy**: hangup ``--workers N``, each worker in a cgroup of its own with one core's quota,
   side by side with Envoy ``--concurrency N`` in one cgroup with N cores' quota, relaying
   token-like SSE (``bench/proxy_sse_source.py``, one write per event) to ``--streams`` streaming
-  calls of ``--events`` events each, every call on a new connection (:mod:`bench.scaling_load`);
+  calls of ``--events`` events each, every call on a new connection (``--keep-alive``: each
+  client loop's calls on one) (:mod:`bench.scaling_load`);
 - **gateway**: hangup ``--api-processes N`` (``--workers N``, the simulated engine stepping every
   4 ms with no cost per sequence, so it is never the limit), each API process in a cgroup of
   its own, streaming completions of ``--events`` tokens.
@@ -110,6 +111,7 @@ class Setup:
     load_pids: list[int]  # the upstream's processes (the source), checked like the clients
     work: Path
     load_group: CpuGroup | None = None  # the load generator's (no quota), clients join it
+    keep_alive: bool = False  # each client loop's calls on one connection
 
 
 def place(controller: Controller, relay: Relay, cores: float | None) -> None:
@@ -146,6 +148,7 @@ def _clients(setup: Setup, address: str, start: float, end: float) -> list[subpr
                 f"{start:.6f}",
                 "--end",
                 f"{end:.6f}",
+                *(["--keep-alive"] if setup.keep_alive else []),
             ],
             stdout=subprocess.PIPE,
             text=True,
@@ -418,6 +421,7 @@ def _arguments() -> argparse.Namespace:
     add("--sim-step", type=float, help="the simulated engine's step, seconds (0.004)")
     add("--period-us", type=int, default=PERIOD_US, help="the CFS period of every quota (100000)")
     add("--one-process", action="store_true", help="add rows of one process with N cores' quota")
+    add("--keep-alive", action="store_true", help="each client loop's calls on one connection")
     add("--no-envoy", dest="envoy", action="store_false")
     add("--only", choices=["proxy", "gateway"], default=None)
     parser.set_defaults(**_defaults(sys.argv))
@@ -453,6 +457,7 @@ async def run_tables(args: argparse.Namespace, controller: Controller) -> list[d
                 [],
                 work,
                 load,
+                args.keep_alive,
             )
             if args.only in (None, "proxy"):
                 with sources(args.sources, work) as (upstream, pids):

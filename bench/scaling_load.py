@@ -2,15 +2,17 @@
 own (several run side by side where one core cannot drive the relay).
 
 ``python -m bench.scaling_load --address HOST:PORT --kind sse|completions --concurrency C
---events E --start T0 --end T1``: C loops, each making one call after another, each call on a
-new connection: ``sse`` asks an SSE source (through a relay) for E events
+--events E --start T0 --end T1 [--keep-alive]``: C loops, each making one call after another,
+each call on a new connection (with ``--keep-alive``: each loop's calls on one connection, as a
+client with a connection pool makes them): ``sse`` asks an SSE source (through a relay) for E events
 (``GET /events?n=E``), ``completions`` asks a gateway for a streaming completion of E tokens.
 Events (``\\n\\n``-terminated SSE events) are counted as they arrive. At monotonic time T0 (the
 clock is the host's, shared with the caller) counting starts, at T1 it stops and the process
 prints one JSON line: ``events`` and ``calls`` begun in the window, its own CPU seconds and
 ``sleeps`` (how often it waited for data: each time, a wakeup) in the window, and ``ports``, the
 local port of every call open in the window (the caller maps them to the process that accepted
-each: how the kernel spread the connections). Then it exits.
+each: how the kernel spread the connections; with ``--keep-alive``, of every connection). Then
+it exits.
 """
 
 from __future__ import annotations
@@ -37,12 +39,16 @@ class _Counts:
 
 
 class _Call(asyncio.Protocol):
-    """One call: write the request, count the events of the answer, close at its end."""
+    """One call: write the request, count the events of the answer, close at its end (or, when
+    ``keep``, keep the connection for the next call: :meth:`again`)."""
 
-    def __init__(self, request: bytes, counts: _Counts, done: asyncio.Future[None]) -> None:
+    def __init__(
+        self, request: bytes, counts: _Counts, done: asyncio.Future[None], keep: bool = False
+    ) -> None:
         self._request = request
         self._counts = counts
         self._done = done
+        self._keep = keep
         self._tail = b""
         self._transport: asyncio.Transport | None = None
 
@@ -54,8 +60,19 @@ class _Call(asyncio.Protocol):
         joined = self._tail + data  # an event's end may straddle two reads
         self._counts.events += joined.count(b"\n\n") - self._tail.count(b"\n\n")
         self._tail = joined[-8:]
-        if self._tail.endswith(_END) and self._transport is not None:
+        if not self._tail.endswith(_END) or self._transport is None:
+            return
+        if not self._keep:
             self._transport.close()
+        elif not self._done.done():
+            self._tail = b""
+            self._done.set_result(None)
+
+    def again(self, done: asyncio.Future[None]) -> None:
+        """The next call on the same connection (``keep``): ``done`` when its answer ends."""
+        assert self._transport is not None
+        self._done = done
+        self._transport.write(self._request)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self._done.done():
@@ -91,6 +108,26 @@ def request(kind: str, host: str, events: int) -> bytes:
     return head.encode() + body
 
 
+async def _kept(address: tuple[str, int], payload: bytes, counts: _Counts, end: float) -> None:
+    """Calls one after another on one connection (``--keep-alive``)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    call = _Call(payload, counts, done, keep=True)
+    opened = time.monotonic()
+    transport, _ = await loop.create_connection(functools.partial(_same, call), *address)
+    try:
+        counts.calls += counts.counting
+        await done
+        while time.monotonic() < end and not transport.is_closing():
+            done = loop.create_future()
+            counts.calls += counts.counting
+            call.again(done)
+            await done
+    finally:
+        counts.spans.append((transport.get_extra_info("sockname")[1], opened, time.monotonic()))
+        transport.close()
+
+
 async def _loop(address: tuple[str, int], payload: bytes, counts: _Counts, end: float) -> None:
     loop = asyncio.get_running_loop()
     while time.monotonic() < end:
@@ -110,8 +147,9 @@ async def load(args: argparse.Namespace) -> dict[str, object]:
     host, port = args.address.rsplit(":", 1)
     counts = _Counts()
     payload = request(args.kind, host, args.events)
+    calls = _kept if args.keep_alive else _loop
     loops = [
-        asyncio.ensure_future(_loop((host, int(port)), payload, counts, args.end))
+        asyncio.ensure_future(calls((host, int(port)), payload, counts, args.end))
         for _ in range(args.concurrency)
     ]
     await asyncio.sleep(max(0.0, args.start - time.monotonic()))  # the agreed moment
@@ -137,6 +175,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=400)
     parser.add_argument("--start", type=float, required=True, help="monotonic time")
     parser.add_argument("--end", type=float, required=True, help="monotonic time")
+    parser.add_argument("--keep-alive", action="store_true", help="each loop on one connection")
     args = parser.parse_args()
     print(json.dumps(uvloop.run(load(args))), flush=True)
 
