@@ -45,6 +45,11 @@ def _ms(seconds: Any) -> str:
     return "-" if math.isnan(value) else f"{1000 * value:.0f}"
 
 
+def _freed(seconds: Any) -> str:
+    value = float(seconds)
+    return "NOT within 15 s" if math.isnan(value) else f"{value:.2f} s"
+
+
 def _counts(counts: Mapping[str, float]) -> str:
     return ", ".join(f"{k} {v:g}" for k, v in counts.items() if v) or "none"
 
@@ -64,7 +69,7 @@ def cancel_table(runs: Sequence[Mapping[str, Any]]) -> list[str]:
             f"| {run['label']} ({1000 * float(run['delay_s']):.0f} ms) | {a['completed']} / "
             f"{a['cancelled']} / {a['other_errors']} | {phases} = "
             f"{sum(by_phase.values()):g} | {_counts(run['proxy_cancel_calls'])} | "
-            f"{'NOT within 60 s' if math.isnan(freed) else f'{freed:.2f} s'} | "
+            f"{_freed(freed)} | "
             f"{_counts(run['left'])} |"
         )
     for run in runs:
@@ -85,7 +90,7 @@ def hol_table(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
         lines.append(
             f"| {i + 1} | {_ms(idle['ttft_s'])} / {_ms(idle['end_s'])} | "
             f"{_ms(after['ttft_s'])} / {_ms(after['end_s'])} | {_counts(phases)} | "
-            f"{_counts(after['cancelled_by_phase'])} | {float(after['freed_s']):.2f} s |"
+            f"{_counts(after['cancelled_by_phase'])} | {_freed(after['freed_s'])} |"
         )
     for key, name in (("ttft_s", "TTFT"), ("end_s", "end")):
         idle_ms = statistics.median(float(r[key]) for r in rows["none"])

@@ -28,7 +28,7 @@ from tests.support.vllm_stack import MODEL, WORKERS, vllm_gateway
 CANCELLATIONS = "hangup_gateway_cancellations_total"
 PROXY_CANCEL_CALLS = "hangup_proxy_cancel_calls_total"
 CANCEL_RESULTS = ("ok", "finished", "not_found", "error", "gave_up")
-IDLE_WITHIN_S = 60.0
+IDLE_WITHIN_S = 15.0
 
 
 @dataclass
