@@ -5,15 +5,16 @@ serving on the same two workers.
 
 Parts (``--parts``, all by default):
 
-- ``cancel``: AIPerf streams completions through the proxy and cancels ``--cancel-rate`` percent
-  of them (it hangs up) at three delays after each request is sent: ``0``; ``handoff``, the
-  middle of a lone probe call's ``transfer`` phase (end of prefill → its first token); ``late``,
-  half-way through the probe's decode. Per run: AIPerf's cancelled count (its 499 errors)
-  against the gateway's ``hangup_gateway_cancellations_total`` delta per phase and the proxy's
-  cancel calls by result; then how long until nothing is left (no call in ``GET /v2/requests``,
-  both workers without running or waiting requests and with an empty KV cache,
-  ``hangup_gateway_handoff_kv_blocks`` and ``hangup_gateway_handoffs_in_flight`` 0, the handoff
-  store's directory empty).
+- ``cancel``: AIPerf streams completions through the proxy, one at a time by default
+  (``--cancel-concurrency``: so that a delay lands where the probe saw the phases), and cancels
+  ``--cancel-rate`` percent of them (it hangs up) at three delays after each request is sent:
+  ``0``; ``handoff``, the middle of a lone probe call's ``transfer`` phase (end of prefill → its
+  first token); ``late``, half-way through the probe's decode. Per run: AIPerf's cancelled
+  count (its 499 errors) against the gateway's ``hangup_gateway_cancellations_total`` delta per
+  phase and the proxy's cancel calls by result; then how long until nothing is left (no call in
+  ``GET /v2/requests``, both workers without running or waiting requests and with an empty KV
+  cache, ``hangup_gateway_handoff_kv_blocks`` and ``hangup_gateway_handoffs_in_flight`` 0, the
+  handoff store's directory empty).
 - ``hol``: Dynamo's head-of-line test (``bench.pd_hol``): a short call's time to first token and
   to its end on the idle gateway and right after ten ~7,400-token prompts were hung up while
   queued or in prefill, ``--hol-reps`` times each, alternating.
@@ -26,9 +27,10 @@ Parts (``--parts``, all by default):
 
 AIPerf is not a dependency of hangup: install it in ``.venv-aiperf`` (see the Makefile's
 ``AIPERF_VENV``) or pass ``--aiperf``. Run:
-``.venv/bin/python -m bench.pd_cancel --out .demo/pd-cancel`` (about 6 minutes; ``--parts
-cancel,hol`` or ``--parts compare`` for part of it). Results: tables on stdout, and
-``results.json``, ``results.md``, AIPerf's artifacts and the servers' logs under ``--out``.
+``.venv/bin/python -m bench.pd_cancel --out .demo/pd-cancel`` (about 7 minutes on two shared
+cores; ``--parts cancel,hol``, about 3, and ``--parts compare``, about 4, split it). Results:
+tables on stdout, and ``results.json``, ``results.md``, AIPerf's artifacts and the servers' logs
+under ``--out``.
 """
 
 from __future__ import annotations
@@ -153,7 +155,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="directory for the results")
     parser.add_argument("--aiperf", type=Path, default=REPO / ".venv-aiperf" / "bin" / "aiperf")
     parser.add_argument("--parts", default=",".join(PARTS), help="of " + ",".join(PARTS))
-    parser.add_argument("--requests", type=int, default=40, help="per cancellation run")
+    parser.add_argument("--requests", type=int, default=30, help="per cancellation run")
     parser.add_argument("--cancel-concurrency", type=int, default=1,
                         help="AIPerf's concurrency in the cancellation runs")  # fmt: skip
     parser.add_argument("--concurrency", type=int, default=4, help="in the P/D-aggregated runs")
@@ -163,7 +165,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--delays", default="", help="handoff,late in seconds (default: probed)")
     parser.add_argument("--hol-reps", type=int, default=3)
     parser.add_argument("--compare-rounds", type=int, default=2)
-    parser.add_argument("--compare-requests", type=int, default=32)
+    parser.add_argument("--compare-requests", type=int, default=24)
     parser.add_argument("--timeout", type=float, default=300.0, help="per AIPerf run, seconds")
     return parser.parse_args()
 
