@@ -155,7 +155,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="directory for the results")
     parser.add_argument("--aiperf", type=Path, default=REPO / ".venv-aiperf" / "bin" / "aiperf")
     parser.add_argument("--parts", default=",".join(PARTS), help="of " + ",".join(PARTS))
-    parser.add_argument("--requests", type=int, default=30, help="per cancellation run")
+    parser.add_argument("--requests", type=int, default=40, help="per cancellation run")
     parser.add_argument("--cancel-concurrency", type=int, default=1,
                         help="AIPerf's concurrency in the cancellation runs")  # fmt: skip
     parser.add_argument("--concurrency", type=int, default=4, help="in the P/D-aggregated runs")
@@ -163,9 +163,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--output-tokens", type=int, default=64)
     parser.add_argument("--cancel-rate", type=float, default=50.0, help="percent")
     parser.add_argument("--delays", default="", help="handoff,late in seconds (default: probed)")
-    parser.add_argument("--hol-reps", type=int, default=3)
-    parser.add_argument("--compare-rounds", type=int, default=2)
-    parser.add_argument("--compare-requests", type=int, default=24)
+    parser.add_argument("--hol-reps", type=int, default=5)
+    parser.add_argument("--compare-rounds", type=int, default=3)
+    parser.add_argument("--compare-requests", type=int, default=32)
     parser.add_argument("--timeout", type=float, default=300.0, help="per AIPerf run, seconds")
     return parser.parse_args()
 
