@@ -124,6 +124,13 @@ class Legs:
     async def _abort(self) -> None:
         await asyncio.gather(self.prefill.abort(), self.decode.abort())
         await self.release()
+        engine = self.prefill.engine
+        if engine is not None:
+            # The runner may have released already, before the prefill engine applied the abort
+            # (vLLM's front end ends an aborted stream at once; its core applies the abort after
+            # the step it is running, which may be the one that writes the KV): now that both
+            # engines confirmed, what such a step wrote goes too.
+            self.prefill.freed_blocks += await engine.release(self.key)
 
     async def release(self) -> int:
         """Free the key's KV on the prefill engine (once; later calls wait for the first)."""
