@@ -27,8 +27,8 @@ Parts (``--parts``, all by default):
 
 AIPerf is not a dependency of hangup: install it in ``.venv-aiperf`` (see the Makefile's
 ``AIPERF_VENV``) or pass ``--aiperf``. Run:
-``.venv/bin/python -m bench.pd_cancel --out .demo/pd-cancel`` (about 7 minutes on two shared
-cores; ``--parts cancel,hol``, about 3, and ``--parts compare``, about 4, split it). Results:
+``.venv/bin/python -m bench.pd_cancel --out .demo/pd-cancel`` (about 6 minutes on two shared
+cores; ``--parts cancel,hol``, about 2.5, and ``--parts compare``, about 4, split it). Results:
 tables on stdout, and ``results.json``, ``results.md``, AIPerf's artifacts and the servers' logs
 under ``--out``.
 """
