@@ -197,10 +197,12 @@ def test_a_failed_core_is_logged_with_vllms_error_and_a_sigterm_mid_restart_leav
         tree = old_tree | starting
         assert not log_records(gateway, "vllm_worker_ready")[1:], "started before the SIGTERM"
         gateway.popen.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + RESTART_WAIT_S
-        while gateway.popen.poll() is None and time.monotonic() < deadline:
-            tree |= set(descendants(gateway.popen.pid))  # the new core's own workers too
-            time.sleep(0.05)
+
+        def exited() -> bool:
+            tree.update(descendants(gateway.popen.pid))  # the new core's own workers too
+            return gateway.popen.poll() is not None
+
+        poll_until(exited, RESTART_WAIT_S, "the gateway exits on its SIGTERM", interval=0.05)
         assert gateway.terminate(timeout=10) == 0, gateway.log()[-3000:]
         assert log_records(gateway, "vllm_start_abandoned"), gateway.log()[-3000:]
         # multiprocessing's resource tracker leaves once it reads the end of its pipe.
