@@ -54,7 +54,9 @@ from bench.pd_stack import (
     client,
     dump,
     pd_stack,
+    phase_trace,
     reasons,
+    slowest,
     wait_freed,
 )
 from bench.stats import cpu_of
@@ -111,13 +113,15 @@ async def compare(args: argparse.Namespace, session: aiohttp.ClientSession,
             others = [p for s in stacks if s is not stack for p in _tree(s)]
             cpu0 = cpu_of(others)
             out = args.out / f"aiperf-compare-{stack.name}-{r}"
-            run = await asyncio.to_thread(
-                aiperf, args, stack.url, out, requests=args.compare_requests,
-                concurrency=args.concurrency, warmup=args.concurrency,
-            )  # fmt: skip
+            async with phase_trace(session, stack.gateway_url) as seen:
+                run = await asyncio.to_thread(
+                    aiperf, args, stack.url, out, requests=args.compare_requests,
+                    concurrency=args.concurrency, warmup=args.concurrency,
+                )  # fmt: skip
             idle_cpu = cpu_of(others) - cpu0
             _, left = await wait_freed(session, stack)
             rows[stack.name].append({"round": r, "aiperf": run.__dict__, "other_cpu_s": idle_cpu,
+                                     "slowest": slowest(seen),
                                      "left": {k: v for k, v in left.items() if v}})  # fmt: skip
             print(f"compare round {r + 1} {stack.name}: {rows[stack.name][-1]}", flush=True)
     return rows

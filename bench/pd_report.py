@@ -99,11 +99,17 @@ def hol_table(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
     return lines
 
 
+def _spent(slowest: Mapping[str, float]) -> str:
+    """A :func:`bench.pd_stack.slowest` as ``queued 12, prefill 40, ...`` (ms)."""
+    return ", ".join(f"{p} {_ms(slowest[p])}" for p in PHASES if p in slowest) or "-"
+
+
 def compare_table(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
     lines = [
         "| workers | TTFT avg / p50 ms (per round) | output tokens/s | requests/s | "
+        "slowest request ms | where the slowest call's time went, ms | "
         "the other gateway's CPU s meanwhile |",
-        "|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     names = {"pd": "`prefill,decode`", "agg": "`both,both`"}
     for name, runs in rows.items():
@@ -113,6 +119,8 @@ def compare_table(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
             + " · ".join(f"{x['ttft_ms_avg']:.0f} / {x['ttft_ms_p50']:.0f}" for x in a) + " | "
             + " · ".join(f"{x['output_tokens_s']:.0f}" for x in a) + " | "
             + " · ".join(f"{x['requests_s']:.2f}" for x in a) + " | "
+            + " · ".join(f"{x['latency_ms_max']:.0f}" for x in a) + " | "
+            + " · ".join(_spent(r.get("slowest") or {}) for r in runs) + " | "
             + " · ".join(f"{float(r['other_cpu_s']):.1f}" for r in runs) + " |"
         )  # fmt: skip
     return lines

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import subprocess
 import time
@@ -121,6 +122,45 @@ async def wait_freed(
         if time.monotonic() - t0 > IDLE_WITHIN_S:
             return float("nan"), held
         await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def phase_trace(
+    session: aiohttp.ClientSession, gateway_url: str, every_s: float = 0.02
+) -> AsyncIterator[dict[str, dict[str, float]]]:
+    """While inside: each call's phases as ``GET /v2/requests`` shows them, polled every
+    ``every_s``: call id -> {phase: when first seen, ``last``: when last seen}
+    (``time.monotonic()``)."""
+    seen: dict[str, dict[str, float]] = {}
+
+    async def poll() -> None:
+        while True:
+            listed = await calls(session, gateway_url)
+            now = time.monotonic()
+            for call in listed:
+                times = seen.setdefault(str(call["request_id"]), {})
+                times.setdefault(str(call["phase"]), now)
+                times["last"] = now
+            await asyncio.sleep(every_s)
+
+    task = asyncio.create_task(poll())
+    try:
+        yield seen
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def slowest(seen: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The call seen longest in a :func:`phase_trace`: seconds it was seen in, and spent in each
+    phase (from one phase's first sighting to the next's; the last to its last sighting)."""
+    if not seen:
+        return {}
+    times = max(seen.values(), key=lambda t: t["last"] - min(t.values()))
+    order = sorted((t, p) for p, t in times.items() if p != "last")
+    spent = {phase: after - at for (at, phase), (after, _) in itertools.pairwise(order)}
+    spent[order[-1][1]] = times["last"] - order[-1][0]
+    return {"seen_s": times["last"] - order[0][0], **spent}
 
 
 def cancellations(after: Samples, before: Samples) -> dict[str, float]:

@@ -12,6 +12,7 @@ import pytest
 
 from bench.aiperf_export import find_export, read_run, request_ids, summarize
 from bench.pd_report import choose_delays, owners, report
+from bench.pd_stack import slowest
 from gateway_server.engine.kv_handoff import handoff_key
 
 
@@ -119,3 +120,20 @@ def test_a_file_left_in_the_handoff_store_is_traced_to_the_request_aiperf_sent(
         handoff_key("1b73-1") + ".kv": "1b73 (Request cancelled 0.225s after being sent)",
         handoff_key("someone-else-1") + ".kv.part": "?",
     }
+
+
+def test_the_slowest_call_of_a_trace_is_split_into_the_time_spent_in_each_phase() -> None:
+    seen = {
+        "fast": {"queued": 0.0, "prefill": 0.1, "decode": 0.5, "last": 1.0},
+        "stalled": {"queued": 2.0, "prefill": 2.1, "transfer": 2.4, "decode": 9.0, "last": 10.0},
+    }
+    spent = slowest(seen)
+    assert spent["seen_s"] == pytest.approx(8.0)
+    assert {p: round(s, 3) for p, s in spent.items() if p != "seen_s"} == {
+        "queued": 0.1, "prefill": 0.3, "transfer": 6.6, "decode": 1.0,
+    }  # fmt: skip
+    assert slowest({}) == {}
+    row = {"aiperf": json.loads(json.dumps(summarize(export()).__dict__)), "other_cpu_s": 0.5,
+           "slowest": spent}  # fmt: skip
+    table = report({"compare": {"pd": [row]}})
+    assert "| 9325 | queued 100, prefill 300, transfer 6600, decode 1000 |" in table
