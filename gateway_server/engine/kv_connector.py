@@ -34,6 +34,10 @@ with it): a handoff that cannot be read is a miss (the decode worker computes th
 that cannot be loaded is reported as a load error (vLLM recomputes those blocks: the P/D
 engine sets ``kv_load_failure_policy`` to ``recompute``).
 
+Writing and loading happen inside an engine step, which waits for them: one that takes longer
+than ``SLOW_FILE_S`` is logged (a disk stalled under other writes would otherwise show only as a
+request that took seconds more than its neighbours).
+
 Not handled: with asynchronous scheduling (vLLM turns it off on CPUs), an abort can be applied
 while the step that writes a prefill's file is still running, and the file then appears after
 the gateway deleted it. On GPUs, disaggregated workers take NIXL (``--kv-connector``).
@@ -47,6 +51,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from importlib import import_module
 from pathlib import Path
@@ -72,6 +77,9 @@ _safetensors: Any = import_module("safetensors.torch")
 log = logging.getLogger("hangup.gateway.kv_connector")
 
 META_DIGEST = "prompt_digest"
+SLOW_FILE_S = 0.25
+"""A handoff file written or loaded slower than this is logged: the engine's whole step waits
+for it (a disk stalled under other writes, a store on a network file system)."""
 
 
 def prompt_digest(token_ids: list[int]) -> str:
@@ -240,6 +248,7 @@ class HangupHandoffConnector(_base.KVConnectorBase_V1):  # type: ignore[misc]  #
         meta = self._get_connector_metadata()
         for job in meta.loads:
             path = self._root / (job.key + SUFFIX)
+            started = time.monotonic()
             try:
                 saved = _safetensors.load_file(str(path))
                 self._inject(forward_context, job, saved)
@@ -248,6 +257,7 @@ class HangupHandoffConnector(_base.KVConnectorBase_V1):  # type: ignore[misc]  #
                 self._load_errors.update(job.block_ids)
             finally:
                 self._delete(job.key)
+            _warn_if_slow("loading", job.key, started)
 
     def _inject(self, forward_context: Any, job: _LoadJob, saved: dict[str, Any]) -> None:
         ids = _torch.tensor(job.block_ids, dtype=_torch.long)
@@ -288,6 +298,7 @@ class HangupHandoffConnector(_base.KVConnectorBase_V1):  # type: ignore[misc]  #
             META_BLOCK_SIZE: str(self._block_size),
             META_DIGEST: job.digest,
         }
+        started = time.monotonic()
         try:
             tensors = {name: t.contiguous() for name, t in layers.items()}
             _safetensors.save_file(tensors, str(partial), metadata=info)
@@ -296,6 +307,7 @@ class HangupHandoffConnector(_base.KVConnectorBase_V1):  # type: ignore[misc]  #
             log.exception("handoff %s could not be written", job.key)
             with contextlib.suppress(OSError):
                 partial.unlink()
+        _warn_if_slow("writing", job.key, started)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -307,3 +319,9 @@ class HangupHandoffConnector(_base.KVConnectorBase_V1):  # type: ignore[misc]  #
         for name in (key + SUFFIX, key + PARTIAL):
             with contextlib.suppress(FileNotFoundError):
                 (self._root / name).unlink()
+
+
+def _warn_if_slow(doing: str, key: str, started: float) -> None:
+    took = time.monotonic() - started
+    if took > SLOW_FILE_S:
+        log.warning("handoff %s: %s its file took %.2f s (the step waited)", key, doing, took)
