@@ -16,29 +16,27 @@ import asyncio
 import random
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from proxy.cancel.servers import vllm_request_ids
-from tests.support.processes import Process, spawn
-from tests.support.scrape import Samples, metric_sum, scrape, total
+from tests.support import vllm_serve_fronts as serve_fronts
+from tests.support.processes import Process
+from tests.support.scrape import Samples, metric_sum, total
+from tests.support.vllm_serve_fronts import MODES
 from tests.support.vllm_stack import (
-    ENGINE_ARGS,
     IGNORE_EOS,
     LONG_PROMPT,
     MODEL,
     WAIT_S,
     requires_vllm,
-    vllm_serve,
 )
 from tests.support.waiting import poll_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, requires_vllm]
 
-MODES = ("close", "abort")
 # Output tokens vLLM may still count after the client left: a few engine steps (the tiny model
 # steps every few ms on a CPU; the figure includes the lag of the scrape read before the hang-up,
 # and direct hang-ups on vllm serve measure the same, docs/benchmarks.md), never the hundreds a
@@ -48,51 +46,27 @@ DECODE_TOKENS = 20  # the decode hang-up comes after this many tokens
 BATCH = 8  # --max-num-seqs of ENGINE_ARGS
 
 
-@dataclass
-class Served:
-    url: str
-    log: Path
-    fronts: dict[str, Process]
-
-    def samples(self) -> Samples:
-        return scrape(self.url)
-
-    def idle(self) -> Samples | None:
-        s = self.samples()
-        busy = total(s, "vllm:num_requests_running") + total(s, "vllm:num_requests_waiting")
-        return None if busy or total(s, "vllm:kv_cache_usage_perc") else s
-
+class Served(serve_fronts.Served):
     def aborted_by_endpoint(self, call_id: str) -> bool:
         """vLLM's ``/abort_requests`` aborted the call's engine requests (the ``abort`` mode)."""
-        return f"Aborted request(s) {','.join(vllm_request_ids(call_id))}." in self._log()
+        return self.logged(f"Aborted request(s) {','.join(vllm_request_ids(call_id))}.")
 
     def aborted_on_disconnect(self, call_id: str) -> bool:
         """vLLM aborted the call's engine request because its connection closed."""
-        return f"Request cmpl-{call_id}-0 aborted." in self._log()
+        return self.logged(f"Request cmpl-{call_id}-0 aborted.")
 
     def aborted(self, call_id: str) -> bool:
         return self.aborted_on_disconnect(call_id) or self.aborted_by_endpoint(call_id)
 
-    def _log(self) -> str:
-        return self.log.read_text(errors="replace")
-
     def received(self, call_id: str) -> bool:
-        return call_id in self._log()
+        return self.logged(call_id)
 
 
 @pytest.fixture(scope="module")
 def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("vllm-serve")
-    args = [*ENGINE_ARGS, "--enable-log-requests"]
-    with vllm_serve(tiny_model, tmp, args, dev_mode=True) as url:
-        common = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
-                  "--upstream-http", url, "--cancel-adapter", "vllm",
-                  "--trust-client-request-id"]  # fmt: skip
-        with (
-            spawn("proxy", common, tmp / "close") as close,
-            spawn("proxy", [*common, "--vllm-abort-endpoint", "true"], tmp / "abort") as abort,
-        ):
-            yield Served(url, tmp / "vllm-serve.log", {"close": close, "abort": abort})
+    with serve_fronts.served_with_fronts(Served, tiny_model, tmp) as served:
+        yield served
 
 
 def leave(post: asyncio.Future[aiohttp.ClientResponse]) -> None:

@@ -19,21 +19,20 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import openai
 import pytest
 
 from proxy.cancel.servers import vllm_request_ids
-from tests.support.processes import Process, spawn
-from tests.support.scrape import Samples, metric_sum, scrape, total
-from tests.support.vllm_stack import ENGINE_ARGS, MODEL, WAIT_S, requires_vllm, vllm_serve
+from tests.support import vllm_serve_fronts as serve_fronts
+from tests.support.scrape import metric_sum, total
+from tests.support.vllm_serve_fronts import MODES
+from tests.support.vllm_stack import MODEL, WAIT_S, requires_vllm
 from tests.support.waiting import poll_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, requires_vllm]
 
-MODES = ("close", "abort")
 DECODE_TOKENS = 20  # a hang-up comes after this many tokens
 LONG = 2000  # output tokens of a call that is hung up on (seconds of decoding)
 LONGER = 7000  # a background response that must outlive its client, a retrieve and a resume
@@ -45,25 +44,9 @@ PROXY_COUNTS = {
 }
 
 
-@dataclass
-class Served:
-    url: str
-    log: Path
-    fronts: dict[str, Process]
-
-    def samples(self) -> Samples:
-        return scrape(self.url)
-
-    def idle(self) -> Samples | None:
-        s = self.samples()
-        busy = total(s, "vllm:num_requests_running") + total(s, "vllm:num_requests_waiting")
-        return None if busy or total(s, "vllm:kv_cache_usage_perc") else s
-
+class Served(serve_fronts.Served):
     def tokens(self) -> float:
         return total(self.samples(), "vllm:generation_tokens_total")
-
-    def logged(self, text: str) -> bool:
-        return text in self.log.read_text(errors="replace")
 
     def counts(self, mode: str) -> dict[str, float]:
         admin = self.fronts[mode].url("admin")
@@ -74,16 +57,8 @@ class Served:
 def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("vllm-serve-responses")
     store = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
-    args = [*ENGINE_ARGS, "--enable-log-requests"]
-    with vllm_serve(tiny_model, tmp, args, dev_mode=True, env=store) as url:
-        common = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
-                  "--upstream-http", url, "--cancel-adapter", "vllm",
-                  "--trust-client-request-id"]  # fmt: skip
-        with (
-            spawn("proxy", common, tmp / "close") as close,
-            spawn("proxy", [*common, "--vllm-abort-endpoint", "true"], tmp / "abort") as abort,
-        ):
-            yield Served(url, tmp / "vllm-serve.log", {"close": close, "abort": abort})
+    with serve_fronts.served_with_fronts(Served, tiny_model, tmp, env=store) as served:
+        yield served
 
 
 @pytest.fixture
