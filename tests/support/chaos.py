@@ -467,6 +467,33 @@ async def run_phase(
     return report
 
 
+async def run_schedule(
+    pod: Pod, schedule: list[str], *, seconds: float, concurrency: int, rng: random.Random
+) -> list[PhaseReport]:
+    """One phase per fault of ``schedule`` on ``pod`` (references made first); each report
+    printed as its phase ends."""
+    reports = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        expected = await references(pod, session)
+        for fault in schedule:
+            report = await run_phase(
+                pod, session, expected, fault, seconds=seconds, concurrency=concurrency, rng=rng
+            )
+            print(summary(report))
+            reports.append(report)
+    return reports
+
+
+def assert_clean_and_serving(reports: list[PhaseReport]) -> None:
+    """No phase found anything wrong, every phase completed calls (the pod served again after
+    its fault) and the last phase had no failure (recovered)."""
+    for report in reports:
+        assert not report.findings, (report.fault, report.findings[:5])
+        complete = sum(n for k, n in report.calls.items() if k.endswith("complete"))
+        assert complete > 0, report
+    assert not reports[-1].failures, reports[-1].failures
+
+
 async def _settle(pod: Pod, session: aiohttp.ClientSession, report: PhaseReport) -> None:
     """Wait (up to SETTLE_S) for the gateway to have nothing in flight and the proxy no cancel
     pending; record what is left, the proxy's cancel results and the resources."""
