@@ -173,19 +173,27 @@ async def test_phase_is_queued_until_the_core_holds_the_request_then_follows_sta
     await wait_until(lambda: engine.phase("r-1") is None)
 
 
-async def test_an_abort_returns_once_the_core_confirmed_it(
-    scripted: tuple[vllm_engine.VllmEngine, ScriptedAsyncLLM],
-) -> None:
-    engine, llm = scripted
+async def _abort_after_first_token(
+    engine: vllm_engine.VllmEngine, llm: ScriptedAsyncLLM
+) -> tuple[AsyncGenerator[TokenChunk, None], asyncio.Future[None]]:
+    """Request ``r-1`` streaming, its first token read, then its abort under way: vLLM told,
+    the core asked to confirm (not answered yet). The stream and the abort."""
     stream = engine.generate(request())
     first = asyncio.ensure_future(anext(stream))
     await wait_until(lambda: "r-1" in llm.collectors)
     llm.collectors["r-1"].put("a")
     await asyncio.wait_for(first, timeout=5)
-
     calls = llm.utility_calls
     abort = asyncio.ensure_future(engine.abort("r-1"))
     await wait_until(lambda: llm.aborted == ["r-1"] and llm.utility_calls > calls)
+    return stream, abort
+
+
+async def test_an_abort_returns_once_the_core_confirmed_it(
+    scripted: tuple[vllm_engine.VllmEngine, ScriptedAsyncLLM],
+) -> None:
+    engine, llm = scripted
+    stream, abort = await _abort_after_first_token(engine, llm)
     # The confirmation is asked and unanswered: the abort must still be waiting for it.
     assert not abort.done(), "the abort was sent but the core has not confirmed it"
     llm.answer_utility.set()
@@ -219,14 +227,7 @@ async def test_an_abort_under_way_when_the_core_dies_returns_at_once(
     # vLLM leaves the utility calls a core was killed under unanswered; seen in the chaos soak
     # with the real engine: a cancel just before vLLM noticed the SIGKILL waited 30 s.
     engine, llm = scripted
-    stream = engine.generate(request())
-    first = asyncio.ensure_future(anext(stream))
-    await wait_until(lambda: "r-1" in llm.collectors)
-    llm.collectors["r-1"].put("a")
-    await asyncio.wait_for(first, timeout=5)
-    calls = llm.utility_calls
-    abort = asyncio.ensure_future(engine.abort("r-1"))
-    await wait_until(lambda: llm.aborted == ["r-1"] and llm.utility_calls > calls)
+    stream, abort = await _abort_after_first_token(engine, llm)
     assert not abort.done()
     llm.errored = True  # the core died; its answer never comes
     await asyncio.wait_for(abort, timeout=5)
