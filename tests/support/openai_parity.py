@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+CHAT, COMPLETIONS, RESPONSES = "/v1/chat/completions", "/v1/completions", "/v1/responses"
 PROMPT = "The quick brown fox"
 HELLO = [{"role": "user", "content": "Hello world"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -35,8 +35,12 @@ class Case:
     """``gateway_refuses``: the field the gateway names."""
 
     def full_body(self, model: str) -> dict[str, Any]:
-        base: dict[str, Any] = {"model": model, "max_tokens": 8}
-        base |= {"messages": HELLO} if self.path == CHAT else {"prompt": PROMPT}
+        base: dict[str, Any] = {"model": model}
+        if self.path == RESPONSES:
+            base |= {"max_output_tokens": 8, "input": "Hello world"}
+        else:
+            base |= {"max_tokens": 8}
+            base |= {"messages": HELLO} if self.path == CHAT else {"prompt": PROMPT}
         return {k: v for k, v in (base | self.body).items() if v is not _DROP}
 
 
@@ -51,6 +55,10 @@ def _c(name: str, expect: str = "same", fld: str = "", **body: Any) -> Case:
 
 def _h(name: str, expect: str = "same", fld: str = "", **body: Any) -> Case:
     return Case(name, CHAT, body, expect, fld)
+
+
+def _r(name: str, expect: str = "same", fld: str = "", **body: Any) -> Case:
+    return Case(name, RESPONSES, body, expect, fld)
 
 
 CASES = [
@@ -220,6 +228,35 @@ CASES = [
         ],
     ),
     _h("echo", "gateway_refuses", "echo", echo=True),
+    _r("greedy", **G0),
+    _r("greedy, streamed", stream=True, **G0),
+    _r("instructions", instructions="Answer in French.", **G0),
+    _r("instructions, streamed", instructions="Answer in French.", stream=True, **G0),
+    _r(
+        "input as message items",
+        input=[
+            {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Hi there"},
+            {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+        ],
+        **G0,
+    ),
+    _r("max_output_tokens 1", max_output_tokens=1, **G0),
+    _r("top_p with a seed", top_p=0.5, seed=3),
+    _r("vLLM's top_k and repetition_penalty", top_k=5, repetition_penalty=1.5, seed=3),
+    _r("stop string", stop=["a"], max_output_tokens=16, **G0),
+    _r(
+        "text.format json_schema",
+        text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}},
+        max_output_tokens=16,
+        **G0,
+    ),
+    _r("metadata", metadata={"k": "v"}, user="someone", **G0),
+    _r("store false", store=False, **G0),
+    _r("temperature over 2", "both_refuse", temperature=3),
+    _r("an unknown field", "gateway_refuses", "frobnicate", frobnicate=1),
+    _r("reasoning", "gateway_refuses", "reasoning", reasoning={"effort": "low"}),
+    _r("top_logprobs", "gateway_refuses", "top_logprobs", top_logprobs=2),
 ]
 
 
@@ -239,13 +276,53 @@ async def read(session: aiohttp.ClientSession, url: str, case: Case, model: str)
         if resp.status != 200:
             answer = await resp.json()
             return Reading(resp.status, error=answer.get("error"))
+        responses = case.path == RESPONSES
         if not body.get("stream"):
-            return _whole(await resp.json(), chat=case.path == CHAT)
+            answer = await resp.json()
+            return _response(answer) if responses else _whole(answer, chat=case.path == CHAT)
         reading = Reading(200)
         async for line in resp.content:
             if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
-                _absorb(reading, json.loads(line[6:]), chat=case.path == CHAT)
+                event = json.loads(line[6:])
+                if responses:
+                    _absorb_event(reading, event)
+                else:
+                    _absorb(reading, event, chat=case.path == CHAT)
         return reading
+
+
+def _response(answer: dict[str, Any]) -> Reading:
+    """A Responses API response object: its output text, how it ended, its usage."""
+    text = "".join(
+        part.get("text", "")
+        for item in answer.get("output") or []
+        if item.get("type") == "message"
+        for part in item.get("content") or []
+        if part.get("type") == "output_text"
+    )
+    incomplete = (answer.get("incomplete_details") or {}).get("reason")
+    ended = f"{answer['status']}" + (f" ({incomplete})" if incomplete else "")
+    usage = answer.get("usage") or {}
+    counts = {k: int(usage[k]) for k in ("input_tokens", "output_tokens", "total_tokens")}
+    return Reading(200, {0: {"text": text, "finish": ended, "logprobs": None}}, counts)
+
+
+def _absorb_event(reading: Reading, event: dict[str, Any]) -> None:
+    """One Responses streaming event: text deltas, then the final response's status and usage
+    (its text must be the deltas')."""
+    kind = event.get("type", "")
+    seen = reading.choices.setdefault(0, {"text": "", "finish": None, "logprobs": None})
+    if kind == "response.output_text.delta":
+        seen["text"] += event["delta"]
+    elif kind in ("response.completed", "response.incomplete", "response.failed"):
+        final = _response(event["response"])
+        if final.choices[0]["text"] != seen["text"]:
+            seen["finish"] = f"final text {final.choices[0]['text']!r} is not the deltas'"
+        else:
+            seen["finish"] = final.choices[0]["finish"]
+        reading.usage = final.usage
+    elif kind == "error":
+        reading.status, reading.error = 500, event
 
 
 def _whole(answer: dict[str, Any], *, chat: bool) -> Reading:

@@ -1,7 +1,7 @@
 """The gateway against ``vllm serve``, request by request (tests/support/openai_parity.py): the
-same tiny model and engine options, a battery of chat and completions requests (every field the
-gateway honours, streamed and not, valid and invalid) sent to both by raw HTTP, and some through
-the ``openai`` client. With temperature 0 or a seed both give the same text, finish reason,
+same tiny model and engine options, a battery of chat, completions and Responses requests (every
+field the gateway honours, streamed and not, valid and invalid) sent to both by raw HTTP, and some
+through the ``openai`` client. With temperature 0 or a seed both give the same text, finish reason,
 token counts and log-probabilities (within 1e-3); what both refuse is refused by both; what the
 gateway refuses it refuses by name, never answering 200 without the feature.
 
@@ -19,7 +19,17 @@ import aiohttp
 import openai
 import pytest
 
-from tests.support.openai_parity import CASES, CHAT, HELLO, PROMPT, TOOL, Case, Reading, close
+from tests.support.openai_parity import (
+    CASES,
+    CHAT,
+    HELLO,
+    PROMPT,
+    RESPONSES,
+    TOOL,
+    Case,
+    Reading,
+    close,
+)
 from tests.support.openai_parity import differences as differences_of
 from tests.support.openai_parity import read as read_answer
 from tests.support.processes import REPO, Process
@@ -41,7 +51,7 @@ def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def test_the_battery_is_large_and_covers_both_endpoints() -> None:
     assert len(CASES) >= 40
-    assert {c.path for c in CASES} == {CHAT, "/v1/completions"}
+    assert {c.path for c in CASES} == {CHAT, "/v1/completions", RESPONSES}
     assert any(c.body.get("stream") for c in CASES if c.expect == "same")
     assert {c.expect for c in CASES} == {"same", "both_refuse", "gateway_refuses"}
 
@@ -80,7 +90,7 @@ def judge(case: Case, theirs: Reading, ours: Reading) -> tuple[str, str]:
 
 
 def _row(case: Case, theirs: Reading, verdict: str) -> str:
-    endpoint = "chat" if case.path == CHAT else "completions"
+    endpoint = {CHAT: "chat", RESPONSES: "responses"}.get(case.path, "completions")
     vllm = "200" if theirs.status == 200 else f"{theirs.status}"
     return f"| {endpoint} | {case.name} | {vllm} | {verdict.replace('|', '/')} |"
 
