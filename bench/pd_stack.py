@@ -130,7 +130,8 @@ async def phase_trace(
 ) -> AsyncIterator[dict[str, dict[str, float]]]:
     """While inside: each call's phases as ``GET /v2/requests`` shows them, polled every
     ``every_s``: call id -> {phase: when first seen, ``last``: when last seen}
-    (``time.monotonic()``)."""
+    (``time.monotonic()``). A phase shorter than a poll may not be seen (its time then counts
+    in the phase before it). Raises RuntimeError if a poll failed."""
     seen: dict[str, dict[str, float]] = {}
 
     async def poll() -> None:
@@ -149,6 +150,8 @@ async def phase_trace(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+    if not task.cancelled() and (error := task.exception()) is not None:
+        raise RuntimeError(f"the phase trace stopped early: {error!r}") from error
 
 
 def slowest(seen: dict[str, dict[str, float]]) -> dict[str, float]:

@@ -25,7 +25,7 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from gateway_server.engine.base import EngineRequest, FinishReason, SamplingParams, TokenChunk
-from gateway_server.engine.handoff import WorkerRole
+from gateway_server.engine.handoff import KvHandoff, WorkerRole
 from gateway_server.engine.pool import EnginePool, Worker
 from gateway_server.legs import Leg, Legs, LegState
 
@@ -51,7 +51,7 @@ async def run_legs(
         finally:
             _give_back(pool, prefill)
         if handoff is None or request.cancel_reason is not None:
-            yield _aborted(prompt)
+            yield _aborted(prompt, handoff)
             return
         legs.prefilled = True
         prefill.state = LegState.ENDED
@@ -88,9 +88,14 @@ def _give_back(pool: EnginePool, leg: Leg) -> None:
         pool.release(worker)
 
 
-def _aborted(prompt: str | tuple[int, ...]) -> TokenChunk:
-    """The chunk a call aborted before its decode leg ends with. Its prompt tokens are not
-    counted again for a text prompt (0): tokenizing a long prompt a second time would hold the
-    event loop, and every other call, for milliseconds per cancel (ten hung-up 7,400-token
-    prompts held a short call's arrival for about 0.1 s, ``bench.pd_hol``)."""
-    return TokenChunk("", 0, len(prompt) if isinstance(prompt, tuple) else 0, FinishReason.ABORT)
+def _aborted(prompt: str | tuple[int, ...], handoff: KvHandoff | None) -> TokenChunk:
+    """The chunk a call aborted before its decode leg ends with. Its prompt tokens are the
+    prefill's count when it finished, else 0 for a text prompt (not counted again: tokenizing a
+    long prompt a second time would hold the event loop, and every other call, for milliseconds
+    per cancel; ten hung-up 7,400-token prompts held a short call's arrival for about 0.1 s,
+    ``bench.pd_hol``)."""
+    if handoff is not None:
+        tokens = handoff.prompt_tokens
+    else:
+        tokens = len(prompt) if isinstance(prompt, tuple) else 0
+    return TokenChunk("", 0, tokens, FinishReason.ABORT)
