@@ -268,6 +268,8 @@ class Reading:
     choices: dict[int, dict[str, Any]] = field(default_factory=dict)
     usage: dict[str, int] | None = None
     error: dict[str, Any] | None = None
+    terminal: str = ""
+    """A streamed Responses call: the type of the event that ended it ("" if none did)."""
 
 
 async def read(session: aiohttp.ClientSession, url: str, case: Case, model: str) -> Reading:
@@ -301,9 +303,10 @@ def _response(answer: dict[str, Any]) -> Reading:
         if part.get("type") == "output_text"
     )
     incomplete = (answer.get("incomplete_details") or {}).get("reason")
-    ended = f"{answer['status']}" + (f" ({incomplete})" if incomplete else "")
+    ended = f"{answer.get('status')}" + (f" ({incomplete})" if incomplete else "")
     usage = answer.get("usage") or {}
-    counts = {k: int(usage[k]) for k in ("input_tokens", "output_tokens", "total_tokens")}
+    names = ("input_tokens", "output_tokens", "total_tokens")
+    counts = {k: int(usage[k]) for k in names if k in usage} or None  # a gap is a difference
     return Reading(200, {0: {"text": text, "finish": ended, "logprobs": None}}, counts)
 
 
@@ -313,9 +316,10 @@ def _absorb_event(reading: Reading, event: dict[str, Any]) -> None:
     kind = event.get("type", "")
     seen = reading.choices.setdefault(0, {"text": "", "finish": None, "logprobs": None})
     if kind == "response.output_text.delta":
-        seen["text"] += event["delta"]
+        seen["text"] += event.get("delta", "")
     elif kind in ("response.completed", "response.incomplete", "response.failed"):
-        final = _response(event["response"])
+        reading.terminal = kind
+        final = _response(event.get("response") or {})
         if final.choices[0]["text"] != seen["text"]:
             seen["finish"] = f"final text {final.choices[0]['text']!r} is not the deltas'"
         else:
