@@ -20,7 +20,9 @@ Parts (``--parts``, all by default):
   queued or in prefill, ``--hol-reps`` times each, alternating.
 - ``compare``: a second gateway with ``--worker-roles both,both`` (aggregated) beside the P/D
   one; AIPerf without cancellation against each in turn, ``--compare-rounds`` rounds, the order
-  swapped every round: time to first token and output tokens/s. Both gateways' engines share the
+  swapped every round: time to first token and output tokens/s, the slowest request, and where
+  the slowest call's time went phase by phase (the gateway's ``GET /v2/requests`` polled every
+  20 ms during each run: a small load on the gateway measured). Both gateways' engines share the
   machine's cores, so this says what P/D costs here (the prompt's KV written to and read from
   a file, a prefill leg, a decode worker that prefills what was not handed over), not what it
   gains on GPUs (prefill and decode on devices of their own, not slowing each other).
