@@ -16,8 +16,9 @@ Parts (``--parts``, all by default):
   cache, ``hangup_gateway_handoff_kv_blocks`` and ``hangup_gateway_handoffs_in_flight`` 0, the
   handoff store's directory empty).
 - ``hol``: Dynamo's head-of-line test (``bench.pd_hol``): a short call's time to first token and
-  to its end on the idle gateway and right after ten ~7,400-token prompts were hung up while
-  queued or in prefill, ``--hol-reps`` times each, alternating.
+  to its end on the idle gateway, right after ten ~7,400-token prompts were hung up while
+  queued or in prefill, and after ten more once the gateway had freed them (what the cancels
+  cost, apart), ``--hol-reps`` times each, in turn.
 - ``compare``: a second gateway with ``--worker-roles both,both`` (aggregated) beside the P/D
   one; AIPerf without cancellation against each in turn, ``--compare-rounds`` rounds, the order
   swapped every round: time to first token and output tokens/s, the slowest request, and where

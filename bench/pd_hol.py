@@ -85,9 +85,12 @@ async def _long_calls_in_prefill(session: aiohttp.ClientSession, stack: Stack,
     raise TimeoutError(f"the {len(ids)} long calls were not all in the gateway with one in prefill")
 
 
-async def after_cancelled_prefills(session: aiohttp.ClientSession, stack: Stack,
-                                   tag: str) -> dict[str, object]:  # fmt: skip
-    """Ten long prompts, hung up while queued or in prefill, then the short call at once."""
+async def after_cancelled_prefills(
+    session: aiohttp.ClientSession, stack: Stack, tag: str, wait_freed_first: bool = False
+) -> dict[str, object]:
+    """Ten long prompts, hung up while queued or in prefill, then the short call: at once, or
+    once the gateway has freed everything (``wait_freed_first``: what the ten cost, apart from
+    what their cancels cost)."""
     ids = [f"{tag}-long-{i}" for i in range(LONG_CALLS)]
     before = await scrape_async(session, stack.gateway_url)
     files0 = stack.store_files()
@@ -99,6 +102,8 @@ async def after_cancelled_prefills(session: aiohttp.ClientSession, stack: Stack,
         for task in tasks:
             task.cancel()  # closes each connection: the client hangs up
         await asyncio.gather(*tasks, return_exceptions=True)
+    if wait_freed_first:
+        await wait_freed(session, stack, files0)
     short = await stream(session, stack.url, f"{tag}-short", SHORT_PROMPT, SHORT_TOKENS)
     freed_s, left = await wait_freed(session, stack, files0)
     after = await scrape_async(session, stack.gateway_url)
@@ -117,12 +122,16 @@ async def idle_short(session: aiohttp.ClientSession, stack: Stack, tag: str) -> 
 
 async def head_of_line(session: aiohttp.ClientSession, stack: Stack,
                        reps: int) -> dict[str, list[dict[str, object]]]:  # fmt: skip
-    """``reps`` rounds, each: the short call on the idle gateway, then after ten cancelled
-    prefills."""
-    rows: dict[str, list[dict[str, object]]] = {"none": [], "after_10": []}
+    """``reps`` rounds, each: the short call on the idle gateway, then right after ten cancelled
+    prefills, then after ten more once the gateway freed them."""
+    rows: dict[str, list[dict[str, object]]] = {"none": [], "after_10": [], "after_10_freed": []}
     for rep in range(reps):
         rows["none"].append(await idle_short(session, stack, f"hol{rep}-idle"))
         rows["after_10"].append(await after_cancelled_prefills(session, stack, f"hol{rep}"))
+        rows["after_10_freed"].append(
+            await after_cancelled_prefills(session, stack, f"hol{rep}-freed", True)
+        )
         print(f"head-of-line rep {rep + 1}: none {rows['none'][-1]}, "
-              f"after 10 {rows['after_10'][-1]}", flush=True)  # fmt: skip
+              f"after 10 {rows['after_10'][-1]}, once freed {rows['after_10_freed'][-1]}",
+              flush=True)  # fmt: skip
     return rows

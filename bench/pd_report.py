@@ -80,22 +80,31 @@ def cancel_table(runs: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def hol_table(rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    freed = rows.get("after_10_freed") or [{"ttft_s": math.nan, "end_s": math.nan}] * len(
+        rows["none"]
+    )
     lines = [
-        "| rep | idle: TTFT / end ms | after 10 cancelled prefills: TTFT / end ms | phases at "
-        "the hang-up | gateway cancellations | all freed after |",
-        "|---:|---:|---:|---|---|---:|",
+        "| rep | idle: TTFT / end ms | after 10 cancelled prefills: TTFT / end ms | the same "
+        "once the gateway freed them | phases at the hang-up | gateway cancellations | all "
+        "freed after |",
+        "|---:|---:|---:|---:|---|---|---:|",
     ]
-    for i, (idle, after) in enumerate(zip(rows["none"], rows["after_10"], strict=True)):
+    together = zip(rows["none"], rows["after_10"], freed, strict=True)
+    for i, (idle, after, later) in enumerate(together):
         phases = {p: list(after["phases_at_hangup"]).count(p) for p in PHASES}
         lines.append(
             f"| {i + 1} | {_ms(idle['ttft_s'])} / {_ms(idle['end_s'])} | "
-            f"{_ms(after['ttft_s'])} / {_ms(after['end_s'])} | {_counts(phases)} | "
+            f"{_ms(after['ttft_s'])} / {_ms(after['end_s'])} | "
+            f"{_ms(later['ttft_s'])} / {_ms(later['end_s'])} | {_counts(phases)} | "
             f"{_counts(after['cancelled_by_phase'])} | {_freed(after['freed_s'])} |"
         )
-    for key, name in (("ttft_s", "TTFT"), ("end_s", "end")):
-        idle_ms = statistics.median(float(r[key]) for r in rows["none"])
-        after_ms = statistics.median(float(r[key]) for r in rows["after_10"])
-        lines.append(f"| median {name} | {_ms(idle_ms)} | {_ms(after_ms)} | | | |")
+    medians = [
+        " / ".join(
+            _ms(statistics.median(float(r[key]) for r in runs)) for key in ("ttft_s", "end_s")
+        )
+        for runs in (rows["none"], rows["after_10"], freed)
+    ]
+    lines.append(f"| median | {' | '.join(medians)} | | | |")
     return lines
 
 

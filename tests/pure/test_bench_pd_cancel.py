@@ -137,3 +137,20 @@ def test_the_slowest_call_of_a_trace_is_split_into_the_time_spent_in_each_phase(
            "slowest": spent}  # fmt: skip
     table = report({"compare": {"pd": [row]}})
     assert "| 9325 | queued 100, prefill 300, transfer 6600, decode 1000 |" in table
+
+
+def test_the_head_of_line_table_sets_the_short_call_after_the_cancels_beside_idle() -> None:
+    def short(ttft: float, end: float, **extra: Any) -> dict[str, Any]:
+        return {"ttft_s": ttft, "end_s": end, **extra}
+
+    after = {"phases_at_hangup": ["queued", "prefill"], "cancelled_by_phase": {"queued": 2.0},
+             "freed_s": 0.01}  # fmt: skip
+    rows = {
+        "none": [short(0.027, 0.148), short(0.029, 0.150)],
+        "after_10": [short(0.052, 0.186, **after), short(0.060, 0.190, **after)],
+        "after_10_freed": [short(0.025, 0.140, **after), short(0.031, 0.150, **after)],
+    }
+    table = report({"hol": rows})
+    row = "| 1 | 27 / 148 | 52 / 186 | 25 / 140 | queued 1, prefill 1 | queued 2 | 0.01 s |"
+    assert row in table
+    assert "| median | 28 / 149 | 56 / 188 | 28 / 145 | | | |" in table
