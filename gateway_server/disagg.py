@@ -69,6 +69,9 @@ async def run_legs(
                 legs.decode.state = LegState.ENDED
         finally:
             _give_back(pool, legs.decode)
+    except (asyncio.CancelledError, GeneratorExit):  # the consumer left: a hang-up
+        legs.hold_phase(request.started_decode)  # what the service records, after the awaits
+        raise
     finally:
         if not legs.released:  # a cancel released it already: nothing to wait for
             await asyncio.shield(legs.release())

@@ -86,6 +86,7 @@ class Legs:
     """The key's KV has been released on the prefill engine."""
     _aborting: asyncio.Future[None] | None = None
     _releasing: asyncio.Future[int] | None = None
+    _held_phase: Phase | None = None
 
     def __post_init__(self) -> None:
         self.prefill = Leg(WorkerRole.PREFILL, f"{self.key}-prefill")
@@ -93,7 +94,10 @@ class Legs:
 
     def phase(self, started_decode: bool) -> Phase:
         """The request's phase: the prefill leg's, then ``transfer`` until the decode engine
-        has the KV and admitted the request, then ``decode``."""
+        has the KV and admitted the request, then ``decode`` (or what :meth:`hold_phase`
+        kept)."""
+        if self._held_phase is not None:
+            return self._held_phase
         decode = self.decode
         if decode.engine is not None and decode.state is LegState.RUNNING:
             seen = decode.engine.phase(decode.request_id)
@@ -106,6 +110,13 @@ class Legs:
         if prefill.engine is not None and prefill.state is LegState.RUNNING:
             return prefill.engine.phase(prefill.request_id) or Phase.QUEUED
         return Phase.QUEUED
+
+    def hold_phase(self, started_decode: bool) -> None:
+        """From now on, the phase is the one the request is in now. For a request whose consumer
+        left: its teardown awaits (the KV released) while the engines drop its legs, after
+        which a hang-up in prefill would read as one in the queue."""
+        if self._held_phase is None:
+            self._held_phase = self.phase(started_decode)
 
     @property
     def holds_handoff(self) -> bool:
