@@ -13,6 +13,7 @@ compared with the shared aggregated gateway's (same model, same engine options, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -207,10 +208,7 @@ async def test_cancels_in_transfer_and_in_decode_free_both_workers_and_the_hando
 async def test_a_hang_up_in_transfer_frees_the_handoff_and_both_workers(
     pd: Process, session: aiohttp.ClientSession
 ) -> None:
-    before = await asyncio.to_thread(scrape, pd.url())
-    busy = await start_stream(session, pd, "pd-busy", "Red green blue", 4000)
-    try:
-        await busy.content.readline()
+    async with held_in_transfer(session, pd, "client_disconnect"):
         leaving = await start_stream(session, pd, "pd-leaving", PROMPT, 16)
         await wait_phase(pd, "pd-leaving", "transfer")
         leaving.close()  # the client hangs up while its KV waits for the decode worker
@@ -220,23 +218,30 @@ async def test_a_hang_up_in_transfer_frees_the_handoff_and_both_workers(
             WAIT_S,
             "the hung-up call gone and its handoff deleted",
         )
-        assert phase_of(pd, "pd-busy") == "decode", "the other call was touched"
+
+
+@contextlib.asynccontextmanager
+async def held_in_transfer(
+    session: aiohttp.ClientSession, pd: Process, reason: str
+) -> AsyncIterator[Samples]:
+    """The only decode slot taken by a long stream while the body runs, so that a call the body
+    makes is held in ``transfer`` until the body cancels it (by ``reason``). Yields the metrics
+    from before. Afterwards: the busy stream was untouched (still decoding, so the held call was
+    freed by its cancel, not by running on), it hangs up, everything is freed, and one
+    cancellation of each is counted."""
+    before = await asyncio.to_thread(scrape, pd.url())
+    busy_id = f"pd-busy-{reason}"
+    busy = await start_stream(session, pd, busy_id, "Red green blue", 4000)
+    await busy.content.readline()  # decoding
+    try:
+        yield before
+        assert phase_of(pd, busy_id) == "decode", "the other call ended or was touched"
     finally:
-        busy.close()  # a hang-up in decode
+        busy.close()
     await asyncio.to_thread(wait_all_freed, pd)
     after = await asyncio.to_thread(scrape, pd.url())
-    for phase in ("transfer", "decode"):
-        assert cancelled(after, before, "client_disconnect", phase) == 1, phase
-
-
-async def start_busy(
-    session: aiohttp.ClientSession, pd: Process, request_id: str
-) -> aiohttp.ClientResponse:
-    """A long stream on the only decode slot, once it is decoding: a call after it is held in
-    ``transfer`` until this one ends."""
-    busy = await start_stream(session, pd, request_id, "Red green blue", 4000)
-    await busy.content.readline()
-    return busy
+    assert cancelled(after, before, reason, "transfer") == 1
+    assert cancelled(after, before, "client_disconnect", "decode") == 1
 
 
 def engine_requests(samples: Samples, worker: str) -> float:
@@ -264,52 +269,37 @@ async def wait_gone(pd: Process, request_id: str, reason: str, before: Samples) 
 async def test_a_grpc_stream_cancelled_in_transfer_frees_the_handoff_and_both_workers(
     pd: Process, session: aiohttp.ClientSession
 ) -> None:
-    before = await asyncio.to_thread(scrape, pd.url())
-    busy = await start_busy(session, pd, "pd-grpc-busy")
-    try:
-        async with triton.InferenceServerClient(pd.listeners["grpc"]) as client:
-            stream = Stream(client, MODEL, headers={"x-request-id": "pd-grpc-stream"})
-            stream.send("r", PROMPT, max_tokens=16, **IGNORE_EOS)
-            await wait_phase(pd, "pd-grpc-stream", "transfer")
-            assert len(store_files(pd)) == 1, "the handoff is held while the decode leg waits"
-            stream.responses.cancel()  # the gRPC client cancels its stream
-            await wait_gone(pd, "pd-grpc-stream", "grpc_cancelled", before)
-        # Freed while the decode slot is still taken: not by the held call running to its end.
-        assert phase_of(pd, "pd-grpc-busy") == "decode", "the other call ended or was touched"
-    finally:
-        busy.close()
-    await asyncio.to_thread(wait_all_freed, pd)
-    after = await asyncio.to_thread(scrape, pd.url())
-    assert cancelled(after, before, "grpc_cancelled", "transfer") == 1
-    assert cancelled(after, before, "client_disconnect", "decode") == 1
+    async with (
+        held_in_transfer(session, pd, "grpc_cancelled") as before,
+        triton.InferenceServerClient(pd.listeners["grpc"]) as client,
+    ):
+        stream = Stream(client, MODEL, headers={"x-request-id": "pd-grpc-stream"})
+        stream.send("r", PROMPT, max_tokens=16, **IGNORE_EOS)
+        await wait_phase(pd, "pd-grpc-stream", "transfer")
+        assert len(store_files(pd)) == 1, "the handoff is held while the decode leg waits"
+        stream.responses.cancel()  # the gRPC client cancels its stream
+        await wait_gone(pd, "pd-grpc-stream", "grpc_cancelled", before)
 
 
 async def test_a_grpc_deadline_in_transfer_frees_the_handoff_and_both_workers(
     pd: Process, session: aiohttp.ClientSession
 ) -> None:
     """A non-streaming ``ModelInfer`` whose 4 s deadline passes while its decode leg waits."""
-    before = await asyncio.to_thread(scrape, pd.url())
-    busy = await start_busy(session, pd, "pd-grpc-busy2")
-    try:
-        async with triton.InferenceServerClient(pd.listeners["grpc"]) as client:
-            infer = client.infer(
-                MODEL,
-                inputs(PROMPT, stream=False, max_tokens=16, **IGNORE_EOS),
-                headers={"x-request-id": "pd-grpc-deadline"},
-                client_timeout=4.0,
-            )
-            task = asyncio.create_task(infer)
-            await wait_phase(pd, "pd-grpc-deadline", "transfer")
-            with pytest.raises(InferenceServerException, match="Deadline"):
-                await task
-            await wait_gone(pd, "pd-grpc-deadline", "deadline_exceeded", before)
-        assert phase_of(pd, "pd-grpc-busy2") == "decode", "the other call ended or was touched"
-    finally:
-        busy.close()
-    await asyncio.to_thread(wait_all_freed, pd)
-    after = await asyncio.to_thread(scrape, pd.url())
-    assert cancelled(after, before, "deadline_exceeded", "transfer") == 1
-    assert cancelled(after, before, "client_disconnect", "decode") == 1
+    async with (
+        held_in_transfer(session, pd, "deadline_exceeded") as before,
+        triton.InferenceServerClient(pd.listeners["grpc"]) as client,
+    ):
+        infer = client.infer(
+            MODEL,
+            inputs(PROMPT, stream=False, max_tokens=16, **IGNORE_EOS),
+            headers={"x-request-id": "pd-grpc-deadline"},
+            client_timeout=4.0,
+        )
+        task = asyncio.create_task(infer)
+        await wait_phase(pd, "pd-grpc-deadline", "transfer")
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            await task
+        await wait_gone(pd, "pd-grpc-deadline", "deadline_exceeded", before)
 
 
 def cancelled(after: Samples, before: Samples, reason: str, phase: str) -> float:
