@@ -49,12 +49,23 @@ def _reset(writer: asyncio.StreamWriter) -> None:
 
 
 class Forwarder:
-    """A TCP relay to ``target`` (changeable) that can reset every connection through it."""
+    """A TCP relay to ``target`` (changeable) that can reset every connection through it.
+
+    Every accepted socket is known from the moment the connection is made (a plain callback,
+    before any task runs), and each connection's task lives as long as its sockets: it relays,
+    then waits until both sides have flushed and closed. :meth:`close` resets every socket and
+    cancels every task, so no socket outlives the forwarder. (A socket left to the garbage
+    collector fails whichever later test the collection happens in, with an unclosed-socket
+    warning; Python 3.11's stream server leaves open the socket of a handler task cancelled
+    before it started, as the test's event loop does to its tasks when it closes.)
+    """
 
     def __init__(self, target: str) -> None:
         self.target = target
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._server: asyncio.Server | None = None
+        self._closed = False
         self.address = ""
 
     async def start(self) -> str:
@@ -63,10 +74,18 @@ class Forwarder:
         return self.address
 
     async def close(self) -> None:
-        self.reset_all()
+        """Stop accepting and reset every connection; returns once their sockets are closed."""
+        self._closed = True
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
+        connections = list(self._connections.items())
+        for task, client in connections:
+            task.cancel()
+            _reset(client)
+        await asyncio.gather(*(task for task, _ in connections), return_exceptions=True)
+        # A connection accepted just before the server closed reaches _accept a few loop turns
+        # later (and is reset there); reset transports close their sockets on the next turn.
+        await asyncio.sleep(0.05)
 
     def reset_all(self) -> int:
         """Reset both sides of every connection through the forwarder; returns how many."""
@@ -76,33 +95,37 @@ class Forwarder:
             _reset(upstream)
         return len(pairs)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await self._forward(reader, writer)
-        except asyncio.CancelledError:
-            # The event loop is closing. Python 3.11's stream server cannot take a handler that
-            # ends cancelled: its callback raises and never closes the client's transport (an
-            # unclosed-socket warning, at some later test's garbage collection).
-            writer.transport.abort()
-
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        host, port = self.target.rsplit(":", 1)
-        try:
-            up_reader, up_writer = await asyncio.open_connection(host, int(port))
-        except OSError:  # the gateway is down: the proxy sees its connection reset
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closed:  # made as the server closed
             _reset(writer)
             return
-        except asyncio.CancelledError:  # the forwarder is closing
-            _reset(writer)
-            raise
-        pair = (writer, up_writer)
-        self._pairs.add(pair)
+        task = asyncio.get_running_loop().create_task(self._relay(reader, writer))
+        self._connections[task] = writer
+        task.add_done_callback(self._connections.pop)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sides = [writer]
         try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
-        finally:
-            self._pairs.discard(pair)
-            writer.close()
-            up_writer.close()
+            host, port = self.target.rsplit(":", 1)
+            try:
+                up_reader, up_writer = await asyncio.open_connection(host, int(port))
+            except OSError:  # the gateway is down: the proxy sees its connection reset
+                _reset(writer)
+                return
+            sides.append(up_writer)
+            pair = (writer, up_writer)
+            self._pairs.add(pair)
+            try:
+                await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            finally:
+                self._pairs.discard(pair)
+            for side in sides:  # what a side still buffers is sent before it closes
+                side.close()
+                with contextlib.suppress(OSError):
+                    await side.wait_closed()
+        except asyncio.CancelledError:
+            for side in sides:
+                _reset(side)
 
     @staticmethod
     async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
