@@ -69,7 +69,7 @@ async def run_legs(
                 legs.decode.state = LegState.ENDED
         finally:
             _give_back(pool, legs.decode)
-    except (asyncio.CancelledError, GeneratorExit):  # the consumer left: a hang-up
+    except (asyncio.CancelledError, GeneratorExit):  # a hang-up, or the service closed it
         legs.hold_phase(request.started_decode)  # what the service records, after the awaits
         raise
     finally:

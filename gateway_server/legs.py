@@ -99,6 +99,8 @@ class Legs:
         if self._held_phase is not None:
             return self._held_phase
         decode = self.decode
+        if decode.state is LegState.ENDED:  # generated all it will (the KV release may follow)
+            return Phase.DECODE
         if decode.engine is not None and decode.state is LegState.RUNNING:
             seen = decode.engine.phase(decode.request_id)
             if seen in (Phase.DECODE, Phase.PREFILL):  # PREFILL: the KV was lost, recomputed
