@@ -105,12 +105,12 @@ class Forwarder:
 
     async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sides = [writer]
+        closed = False
         try:
             host, port = self.target.rsplit(":", 1)
             try:
                 up_reader, up_writer = await asyncio.open_connection(host, int(port))
             except OSError:  # the gateway is down: the proxy sees its connection reset
-                _reset(writer)
                 return
             sides.append(up_writer)
             pair = (writer, up_writer)
@@ -123,9 +123,11 @@ class Forwarder:
                 side.close()
                 with contextlib.suppress(OSError):
                     await side.wait_closed()
-        except asyncio.CancelledError:
-            for side in sides:
-                _reset(side)
+            closed = True
+        finally:
+            if not closed:  # cancelled, the gateway down, or anything unforeseen
+                for side in sides:
+                    _reset(side)
 
     @staticmethod
     async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -173,22 +175,28 @@ class Pod:
     async def __aenter__(self) -> Pod:
         self._tmp.mkdir(parents=True, exist_ok=True)
         self._token.write_text(TOKEN)
-        await self._start_gateway()
-        await self._http.start()
-        await self._grpc.start()
-        await self._start_proxy()
+        try:
+            await self._start_gateway()
+            await self._http.start()
+            await self._grpc.start()
+            await self._start_proxy()
+        except BaseException:
+            await self.__aexit__()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for channel in self._channels.values():
-            await channel.close()
-        if self.gateway is not None:
-            await self._kill_gateway_group()
-        if self.proxy is not None and self.proxy.popen.poll() is None:
-            self.proxy.popen.kill()
-            await asyncio.to_thread(self.proxy.popen.wait)
-        await self._http.close()
-        await self._grpc.close()
+        try:
+            for channel in self._channels.values():
+                await channel.close()
+            if self.gateway is not None:
+                await self._kill_gateway_group()
+            if self.proxy is not None and self.proxy.popen.poll() is None:
+                self.proxy.popen.kill()
+                await asyncio.to_thread(self.proxy.popen.wait)
+        finally:
+            await self._http.close()
+            await self._grpc.close()
 
     # -- what clients use -------------------------------------------------------------------
 

@@ -232,8 +232,8 @@ async def held_in_transfer(
     before = await asyncio.to_thread(scrape, pd.url())
     busy_id = f"pd-busy-{reason}"
     busy = await start_stream(session, pd, busy_id, "Red green blue", 4000)
-    await busy.content.readline()  # decoding
     try:
+        await busy.content.readline()  # decoding
         yield before
         assert phase_of(pd, busy_id) == "decode", "the other call ended or was touched"
     finally:
