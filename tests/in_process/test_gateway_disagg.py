@@ -229,15 +229,18 @@ async def test_a_client_that_hangs_up_in_each_phase_frees_both_legs(
 async def test_a_hang_up_in_prefill_counts_there_however_slow_the_kv_release(
     pd: Gateway, stream: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The release of the call's KV, which its teardown awaits, outlasts several engine steps
-    (a slow store): by the time the gateway closes its books, the prefill engine has applied the
-    abort and forgotten the leg. The hang-up still counts in prefill, not in the queue (it once
-    did on loaded cores)."""
+    """The release of the call's KV, which its teardown awaits, returns only once the prefill
+    engine has applied the abort and forgotten the leg (a slow store; on loaded cores the order
+    came at random). The hang-up still counts in prefill, not in the queue."""
     engine = pd.server.pool.workers[0].engine
     release = engine.release  # type: ignore[attr-defined]
 
+    def forgotten() -> bool:
+        load = engine.load()
+        return load.running == 0 and load.waiting == 0
+
     async def slow_release(key: str) -> int:
-        await asyncio.sleep(0.1)
+        await wait_until(forgotten, what="the prefill engine to apply the abort")
         return int(await release(key))
 
     monkeypatch.setattr(engine, "release", slow_release)

@@ -83,9 +83,14 @@ class Forwarder:
             task.cancel()
             _reset(client)
         await asyncio.gather(*(task for task, _ in connections), return_exceptions=True)
-        # A connection accepted just before the server closed reaches _accept a few loop turns
-        # later (and is reset there); reset transports close their sockets on the next turn.
-        await asyncio.sleep(0.05)
+        # Until every socket the server accepted is closed (what Server.wait_closed() waits for
+        # from Python 3.12 on, not in 3.11): those reset above, and any accepted just before the
+        # server closed, reset as it reaches _accept. One loop turn first: such a connection
+        # gets its transport, and is counted, on the turn after its accept.
+        await asyncio.sleep(0)
+        server = self._server
+        if server is not None:
+            await wait_until(lambda: server._active_count == 0, what="the forwarder's sockets")
 
     def reset_all(self) -> int:
         """Reset both sides of every connection through the forwarder; returns how many."""
