@@ -90,7 +90,12 @@ class Forwarder:
         await asyncio.sleep(0)
         server = self._server
         if server is not None:
-            await wait_until(lambda: server._active_count == 0, what="the forwarder's sockets")
+
+            def all_closed() -> bool:
+                active: int = server._active_count  # type: ignore[attr-defined]  # private
+                return active == 0
+
+            await wait_until(all_closed, what="the forwarder's sockets closed")
 
     def reset_all(self) -> int:
         """Reset both sides of every connection through the forwarder; returns how many."""
