@@ -39,9 +39,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow, requires_vllm]
 
 # Output tokens vLLM may still count after the client left: the tiny model makes a token every
 # ~1.5 ms, and the figure includes the scrape read before the hang-up (8-30 ms on vLLM's slow
-# `/metrics` when the cores are shared) and the abort's trip through the proxy. Quiet runs count
-# 0-4 (docs/benchmarks.md); CI's loaded 2-core run counted 17 once. A hang-up that did not reach
-# the engine costs hundreds (the decode call runs to 2000 tokens).
+# `/metrics` when the cores are shared) and the abort's trip through the proxy. docs/benchmarks.md
+# measured 0-2 on a quiet machine, up to 5 on a shared one; CI's loaded run counted 17 once. A
+# hang-up that did not reach the engine costs hundreds (the decode call runs to 2000 tokens).
 TOKENS_AFTER_HANG_UP = 64
 DECODE_TOKENS = 20  # the decode hang-up comes after this many tokens
 BATCH = 8  # --max-num-seqs of ENGINE_ARGS

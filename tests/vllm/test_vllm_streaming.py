@@ -30,7 +30,8 @@ busy worker. Measured, 110 hang-ups a run: quiet, 97-99 % within a step, at most
 beside one busy process, 82-89 % and 7 (CI's shared cores once gave 86 % and 7); beside two,
 67-94 % and 9. The median was 0 in every run.
 
-Cost on two CPU cores: about 90 s (the shared gateway and proxy are started once per session).
+Cost on two CPU cores: about 30 s, once the shared gateway and proxy are up (started once per
+session, about 40 s).
 """
 
 from __future__ import annotations
