@@ -76,19 +76,24 @@ class Forwarder:
     async def close(self) -> None:
         """Stop accepting and reset every connection; returns once their sockets are closed."""
         self._closed = True
-        if self._server is not None:
-            self._server.close()
+        server = self._server
+        if server is not None:
+            # Stop accepting first, and give what was accepted a loop turn to become a transport
+            # before the server closes: Python 3.11's server makes a connection's transport on
+            # the turn after its accept, and one made once the server is closed fails silently
+            # (its _attach asserts), leaving its socket open. Those reach _accept and are reset.
+            loop = asyncio.get_running_loop()
+            for listener in server.sockets:
+                loop.remove_reader(listener.fileno())
+            await asyncio.sleep(0)
+            server.close()
         connections = list(self._connections.items())
         for task, client in connections:
             task.cancel()
             _reset(client)
         await asyncio.gather(*(task for task, _ in connections), return_exceptions=True)
         # Until every socket the server accepted is closed (what Server.wait_closed() waits for
-        # from Python 3.12 on, not in 3.11): those reset above, and any accepted just before the
-        # server closed, reset as it reaches _accept. One loop turn first: such a connection
-        # gets its transport, and is counted, on the turn after its accept.
-        await asyncio.sleep(0)
-        server = self._server
+        # from Python 3.12 on, not in 3.11): those reset above, and those accepted as it closed.
         if server is not None:
 
             def all_closed() -> bool:
