@@ -5,9 +5,11 @@ later, unrelated test with an unclosed-socket warning (CI saw it three times).""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 from tests.support.faults import Forwarder
+from tests.support.waiting import wait_until
 
 
 def _connect(address: str) -> socket.socket:
@@ -40,14 +42,26 @@ async def test_close_racing_an_accept_closes_that_connection() -> None:
 
 
 async def test_close_resets_a_relayed_connection() -> None:
-    upstream = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
-    port = upstream.sockets[0].getsockname()[1]
-    forwarder = Forwarder(f"127.0.0.1:{port}")
+    """A connection relaying to its upstream: ``close()`` ends it on both sides."""
+    received = bytearray()
+    upstream_ended = asyncio.Event()
+
+    async def upstream_side(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError):
+            while data := await reader.read(64):
+                received.extend(data)
+        writer.close()
+        upstream_ended.set()
+
+    upstream = await asyncio.start_server(upstream_side, "127.0.0.1", 0)
+    forwarder = Forwarder(f"127.0.0.1:{upstream.sockets[0].getsockname()[1]}")
     client = _connect(await forwarder.start())
     try:
         client.sendall(b"through")
+        await wait_until(lambda: bytes(received) == b"through", what="the bytes relayed")
         await forwarder.close()
         assert await asyncio.to_thread(_closed_by_peer, client)
+        await wait_until(upstream_ended.is_set, what="the upstream side ended")
     finally:
         client.close()
         upstream.close()
