@@ -104,12 +104,18 @@ class ProxyMetrics:
 
 class SupervisorMetrics:
     """What the ``--workers`` supervisor exports of its own, beside its workers' metrics summed
-    (``proxy.workers``): the workers serving, their restarts, and the admin listener's closes."""
+    (``proxy.workers``): the workers serving, their restarts, the admin listener's closes, and
+    the workers' metrics files a scrape skipped."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.workers = Gauge("hangup_proxy_workers", "Worker processes serving.", registry=registry)
         self.restarts = worker_restarts(registry)
         self.connections_closed = connections_closed(registry)
+        self.files_skipped = Counter(
+            "hangup_proxy_metrics_files_skipped",
+            "Workers' metrics files a scrape could not read yet (a worker starting) and skipped.",
+            registry=registry,
+        )
 
 
 def worker_restarts(registry: CollectorRegistry) -> Counter:

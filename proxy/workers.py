@@ -14,8 +14,10 @@ The supervisor relays nothing. It
   ``HANGUP_PROXY_WORKER`` set (each of a worker's log lines carries ``"worker": <0..N-1>``);
 - serves the admin listener: ``/metrics`` is every worker's metrics summed (prometheus_client's
   multiprocess mode, files in a private directory: counters and histograms keep what workers
-  that died had counted, in-flight gauges sum the live workers) and its own
-  (``hangup_proxy_workers``, ``hangup_proxy_worker_restarts_total``); ``/readyz`` is 200 while
+  that died had counted, in-flight gauges sum the live workers; a file not readable yet, as a
+  worker starts, is skipped for that scrape and counted in
+  ``hangup_proxy_metrics_files_skipped_total``) and its own (``hangup_proxy_workers``,
+  ``hangup_proxy_worker_restarts_total``); ``/readyz`` is 200 while
   every worker serves and it is not draining; ``/healthz`` 503 once no worker has served for
   ``NONE_SERVING_LIMIT`` seconds (they keep exiting: only a new container may help);
 - writes the ready file once every worker serves;
@@ -42,9 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.multiprocess import mark_process_dead
 from prometheus_client.registry import Collector
 
+from hangup_contract.runtime.process_files import ProcessFiles
 from hangup_contract.runtime.supervision import Children, reserved_ports
 from proxy.admin import AdminSite
 from proxy.config import Config
@@ -78,12 +81,12 @@ class _Summed(Collector):
     """The workers' metrics and the supervisor's own as one exposition (a family both have,
     such as connections closed on the admin listener, appears once)."""
 
-    def __init__(self, workers: MultiProcessCollector, own: CollectorRegistry) -> None:
+    def __init__(self, workers: ProcessFiles, own: CollectorRegistry) -> None:
         self._workers = workers
         self._own = own
 
     def collect(self) -> Iterable[Any]:
-        collected = self._workers.collect()  # type: ignore[no-untyped-call]
+        collected = self._workers.collect()
         families = {family.name: family for family in collected}
         for family in self._own.collect():
             if family.name in families:
@@ -103,9 +106,10 @@ class Supervisor:
         self._dir = Path(tempfile.mkdtemp(prefix="hangup-proxy-"))
         self._own = CollectorRegistry()
         self.registry = CollectorRegistry()
-        workers = MultiProcessCollector(None, path=str(self._dir))  # type: ignore[no-untyped-call]
-        self.registry.register(_Summed(workers, self._own))
         self._metrics = SupervisorMetrics(self._own)
+        skipped = self._metrics.files_skipped
+        workers = ProcessFiles(self._dir, lambda _: skipped.inc())
+        self.registry.register(_Summed(workers, self._own))
         self._admin = AdminSite(
             config, self.registry, self._ready, self._metrics.connections_closed, self.live
         )

@@ -1,10 +1,13 @@
 """``/metrics`` and ``/metrics/pool`` for the whole gateway, answered by any API process.
 
 Counters and histograms come from prometheus_client's multiprocess files in the run directory
-(they keep what a process that died had counted). The in-flight and engine-load gauges are
-read live from every process over the channel at each scrape and summed by series (worker
-labels are gateway-wide indices, so they do not collide); the model-server protocol's gauges
-(:mod:`gateway_server.pool_metrics`) combine every process's worker loads into one series each.
+(they keep what a process that died had counted), read so that a file not readable yet (a
+process starting) is skipped for that scrape and counted in
+``hangup_gateway_metrics_files_skipped_total`` (:mod:`hangup_contract.runtime.process_files`).
+The in-flight and engine-load gauges are read live from every process over the channel at each
+scrape and summed by series (worker labels are gateway-wide indices, so they do not collide);
+the model-server protocol's gauges (:mod:`gateway_server.pool_metrics`) combine every process's
+worker loads into one series each.
 """
 
 from __future__ import annotations
@@ -15,13 +18,13 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from gateway_server.metrics import WorkerLoad
 from gateway_server.pool_metrics import PoolProtocolCollector
 from gateway_server.processes import ApiProcess
 from gateway_server.siblings.channel import Channel, Message, Op
+from hangup_contract.runtime.process_files import ProcessFiles
 
 
 class SiblingMetrics:
@@ -45,8 +48,14 @@ class SiblingMetrics:
             self._live.register(collector)
         self._gathered = _Gathered()
         self._exposed = CollectorRegistry(auto_describe=False)
-        files = MultiProcessCollector(None, path=str(me.run_dir))  # type: ignore[no-untyped-call]
-        self._exposed.register(_Ours(files))
+        # In the multiprocess files (every process's summed), as every counter here.
+        skipped = Counter(
+            "hangup_gateway_metrics_files_skipped",
+            "Sibling processes' metrics files a scrape could not read yet and skipped.",
+            registry=CollectorRegistry(),
+        )
+        files = ProcessFiles(me.run_dir, lambda _: skipped.inc(), keep=_ours)
+        self._exposed.register(files)
         self._exposed.register(self._gathered)
         pool = PoolProtocolCollector(model, lambda: self._pod_loads)
         self._exposed.register(pool)
@@ -93,18 +102,11 @@ class SiblingMetrics:
         ]
 
 
-class _Ours(Collector):
+def _ours(family: str) -> bool:
     """The gateway's own families of the multiprocess files. vLLM writes its metrics there too
     (it sees ``PROMETHEUS_MULTIPROC_DIR``), each process's engine as ``engine="0"``; the
     one-process gateway does not export them either."""
-
-    def __init__(self, files: MultiProcessCollector) -> None:
-        self._files = files
-
-    def collect(self) -> Iterator[Metric]:
-        for family in self._files.collect():  # type: ignore[no-untyped-call]
-            if family.name.startswith("hangup_"):
-                yield family
+    return family.startswith("hangup_")
 
 
 class _Gathered(Collector):

@@ -20,6 +20,7 @@ import tritonclient.grpc.aio as triton
 from gateway_server.engine.sim import SimConfig
 from gateway_server.siblings import Siblings, home_of
 from tests.support.gateway import LONG, MODEL, Gateway, running_api_processes
+from tests.support.metrics_files import unreadable_files, write_counter
 from tests.support.scrape import parse, total
 from tests.support.triton_io import Stream, cancel_id_of
 from tests.support.waiting import wait_until
@@ -119,6 +120,24 @@ async def test_listing_and_metrics_answer_for_every_process(three: list[Gateway]
         await gw.cancel(f"list-{i}")
     for resp in streams:
         await read_events(resp)
+
+
+async def test_metrics_answer_whatever_state_the_processes_files_are_in(
+    three: list[Gateway], tmp_path: Path
+) -> None:
+    """A process starting has created its metrics file but not sized it; one cut off left a
+    file cut short: every scrape still answers, with what can be read (a 500 before)."""
+    write_counter(tmp_path, 4242, "hangup_gateway_generated_tokens", 7.0, model=MODEL)
+    unreadable_files(tmp_path)
+    for gw in three:
+        async with gw.session.get(gw.url + "/metrics") as resp:
+            assert resp.status == 200, await resp.text()
+            samples = parse(await resp.text())
+        assert total(samples, "hangup_gateway_generated_tokens_total") == 7.0
+        assert total(samples, "hangup_gateway_api_processes") == 3
+        async with gw.session.get(gw.url + "/metrics/pool") as resp:
+            assert resp.status == 200, await resp.text()
+            assert total(parse(await resp.text()), "vllm:num_requests_running") == 0
 
 
 async def test_one_request_of_a_grpc_stream_is_cancelled_from_another_process(

@@ -179,3 +179,10 @@ def children(pid: int) -> list[int]:
         if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
             found.append(int(entry.name))
     return found
+
+
+def environ_of(pid: int) -> dict[str, str]:
+    """The environment process ``pid`` was started with (Linux /proc)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (entry.split(b"=", 1) for entry in raw.split(b"\0") if b"=" in entry)
+    return {key.decode(): value.decode(errors="replace") for key, value in pairs}
