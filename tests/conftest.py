@@ -2,7 +2,8 @@
 ``in_process/`` (real servers on 127.0.0.1 in the test's event loop), ``multi_process/`` (the real
 ``python -m gateway_server`` and ``python -m proxy`` processes), ``deploy/`` (chart, image,
 observability) and ``vllm/`` (the real engine; its own conftest adds the vLLM session fixtures
-and makes ``gateway`` the shared vLLM gateway). Helpers live in ``tests/support/``."""
+and makes ``gateway`` the shared vLLM gateway). Helpers live in ``tests/support/``. A socket a
+test leaves open fails that test (``tests/support/leaks.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import tritonclient.grpc.aio as triton
 
 from tests.support.gateway import Gateway, running_gateway
 from tests.support.scripted_upstream import ScriptedUpstream
+from tests.support.stack import RawClients
+
+pytest_plugins = ["tests.support.leaks"]
 
 
 @pytest.fixture
@@ -47,3 +51,13 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
     """A plain HTTP client that leaves bodies as sent (no decompression)."""
     async with aiohttp.ClientSession(auto_decompress=False) as client:
         yield client
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[RawClients]:
+    """Raw client connections (``raw.open(url, request_bytes)``), closed when the test ends."""
+    clients = RawClients()
+    try:
+        yield clients
+    finally:
+        await clients.close()

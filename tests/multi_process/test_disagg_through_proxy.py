@@ -12,7 +12,14 @@ import aiohttp
 import pytest
 
 from tests.support.scrape import Samples, delta, scrape_async, total
-from tests.support.stack import MODEL, Stack, completion_request, in_flight, open_raw, running_stack
+from tests.support.stack import (
+    MODEL,
+    RawClients,
+    Stack,
+    completion_request,
+    in_flight,
+    running_stack,
+)
 from tests.support.waiting import wait_until
 
 GATEWAY = [
@@ -43,13 +50,13 @@ def assert_idle(gw: Samples) -> None:
 @pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
 @pytest.mark.parametrize("phase", ["prefill", "transfer", "decode"])
 async def test_a_hangup_in_each_phase_frees_both_workers(
-    stack: Stack, session: aiohttp.ClientSession, phase: str, stream: bool
+    stack: Stack, session: aiohttp.ClientSession, raw: RawClients, phase: str, stream: bool
 ) -> None:
     rid = f"pd-{phase}-{'s' if stream else 'n'}"
     before_gw = await scrape_async(session, stack.gateway_url)
     before_px = await scrape_async(session, stack.admin_url)
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3000, "stream": stream}
-    reader, writer = await open_raw(
+    reader, writer = await raw.open(
         stack.proxy_url, completion_request("/v1/completions", body, request_id=rid)
     )
     if stream:

@@ -18,15 +18,16 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support.processes import alive, children
-from tests.support.scrape import scrape_async, total
+from tests.support.metrics_files import unreadable_files
+from tests.support.processes import alive, children, environ_of
+from tests.support.scrape import scrape_async, scraping, total
 from tests.support.stack import (
     MODEL,
     TOKEN,
+    RawClients,
     Stack,
     completion_request,
     in_flight,
-    open_raw,
     running_stack,
 )
 from tests.support.waiting import wait_until
@@ -46,10 +47,10 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         yield stack
 
 
-async def _stream(url: str, request_id: str | None = None) -> tuple[Any, Any]:
+async def _stream(raw: RawClients, url: str, request_id: str | None = None) -> tuple[Any, Any]:
     """A streamed completion, once its first token arrived: (reader, writer)."""
     request = completion_request("/v1/completions", LONG, request_id=request_id)
-    reader, writer = await open_raw(url, request)
+    reader, writer = await raw.open(url, request)
     async with asyncio.timeout(10):
         while not (await reader.readline()).startswith(b"data: {"):
             pass
@@ -73,12 +74,12 @@ async def _idle(session: aiohttp.ClientSession, stack: Stack) -> bool:
 
 
 async def test_hang_ups_through_both_scaled_are_cancelled_and_counted_once_each_side(
-    stack: Stack,
+    stack: Stack, raw: RawClients
 ) -> None:
     fresh = aiohttp.TCPConnector(force_close=True)  # each call on a new connection
     async with aiohttp.ClientSession(connector=fresh) as session:
         await asyncio.gather(*(_complete(session, stack.proxy_url) for _ in range(60)))
-        streams = await asyncio.gather(*(_stream(stack.proxy_url) for _ in range(20)))
+        streams = await asyncio.gather(*(_stream(raw, stack.proxy_url) for _ in range(20)))
         assert len(await in_flight(session, stack.gateway_url)) == 20  # listed by either
         for _, writer in streams:
             writer.close()
@@ -102,11 +103,13 @@ async def test_hang_ups_through_both_scaled_are_cancelled_and_counted_once_each_
     assert len(ends) == 80 and {line["api_process"] for line in ends} == {0, 1}
 
 
-async def test_cancels_sent_to_either_process_reach_their_request(stack: Stack) -> None:
+async def test_cancels_sent_to_either_process_reach_their_request(
+    stack: Stack, raw: RawClients
+) -> None:
     fresh = aiohttp.TCPConnector(force_close=True)
     async with aiohttp.ClientSession(connector=fresh) as session:
         ids = [f"direct-{i}" for i in range(24)]
-        streams = await asyncio.gather(*(_stream(stack.gateway_url, rid) for rid in ids))
+        streams = await asyncio.gather(*(_stream(raw, stack.gateway_url, rid) for rid in ids))
         answers = []
         for rid in ids:  # each on a new connection: the kernel picks the process
             url = f"{stack.gateway_url}/v2/requests/{rid}/cancel"
@@ -122,13 +125,20 @@ async def test_cancels_sent_to_either_process_reach_their_request(stack: Stack) 
     assert total(gateway, "hangup_gateway_cancel_forward_seconds_count") >= 1
 
 
-async def test_a_killed_api_process_is_started_again_and_counted(stack: Stack) -> None:
+async def test_a_killed_api_process_is_started_again_and_counted(
+    stack: Stack, raw: RawClients
+) -> None:
     fresh = aiohttp.TCPConnector(force_close=True)
     async with aiohttp.ClientSession(connector=fresh) as session:
-        streams = await asyncio.gather(*(_stream(stack.gateway_url) for _ in range(8)))
+        streams = await asyncio.gather(*(_stream(raw, stack.gateway_url) for _ in range(8)))
         victim = children(stack.gateway.popen.pid)[0]
-        os.kill(victim, signal.SIGKILL)
-        await wait_until(lambda: _restarted(session, stack), what="the process started again")
+        pages = (stack.gateway_url + "/metrics", stack.gateway_url + "/metrics/pool")
+        async with scraping(session, *pages) as scrapes:  # as Prometheus and the EPP do
+            os.kill(victim, signal.SIGKILL)
+            await wait_until(lambda: _restarted(session, stack), what="the process started again")
+        # Every scrape while the process died and started again answered, whole (one that the
+        # kernel had given to the killed process is cut, as any call to it is).
+        assert not scrapes.failed and scrapes.answered >= 2, scrapes
         for _, writer in streams:
             writer.close()
         await wait_until(lambda: _idle(session, stack), what="nothing in flight on the gateway")
@@ -140,6 +150,20 @@ async def test_a_killed_api_process_is_started_again_and_counted(stack: Stack) -
     assert len(exited) == 1 and exited[0]["pid"] == victim and exited[0]["exit"] == -9
 
 
+async def test_metrics_files_a_scrape_cannot_read_are_skipped_and_counted(stack: Stack) -> None:
+    """Files as a process starting or cut off leaves them, in the real run directory: every
+    scrape answers, and says how many files it skipped."""
+    api_process = children(stack.gateway.popen.pid)[0]
+    unreadable_files(Path(environ_of(api_process)["PROMETHEUS_MULTIPROC_DIR"]))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+
+        async def counted() -> bool:
+            samples = await scrape_async(session, stack.gateway_url)  # 200, parsed
+            return total(samples, "hangup_gateway_metrics_files_skipped_total") >= 2
+
+        await wait_until(counted, what="the skipped files counted")
+
+
 async def _restarted(session: aiohttp.ClientSession, stack: Stack) -> bool:
     samples = await scrape_async(session, stack.gateway_url)
     return (
@@ -148,8 +172,8 @@ async def _restarted(session: aiohttp.ClientSession, stack: Stack) -> bool:
     )
 
 
-async def test_sigterm_drains_every_api_process(stack: Stack) -> None:
-    streams = await asyncio.gather(*(_stream(stack.gateway_url) for _ in range(6)))
+async def test_sigterm_drains_every_api_process(stack: Stack, raw: RawClients) -> None:
+    streams = await asyncio.gather(*(_stream(raw, stack.gateway_url) for _ in range(6)))
     processes = children(stack.gateway.popen.pid)
     assert len(processes) == 2
     stack.gateway.popen.terminate()

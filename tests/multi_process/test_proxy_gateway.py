@@ -23,10 +23,10 @@ from gateway_server.sse import SSEDecoder
 from tests.support.scrape import Samples, delta, scrape_async, total
 from tests.support.stack import (
     MODEL,
+    RawClients,
     Stack,
     completion_request,
     in_flight,
-    open_raw,
     running_stack,
 )
 from tests.support.waiting import wait_until
@@ -166,10 +166,10 @@ async def _wait_phase(session: aiohttp.ClientSession, stack: Stack, rid: str, ph
 
 
 async def _occupy_the_slot(
-    session: aiohttp.ClientSession, stack: Stack, rid: str
+    raw: RawClients, session: aiohttp.ClientSession, stack: Stack, rid: str
 ) -> asyncio.StreamWriter:
     body = {"model": MODEL, "prompt": "blocker", "max_tokens": 3000, "stream": True}
-    _, writer = await open_raw(
+    _, writer = await raw.open(
         stack.gateway_url, completion_request("/v1/completions", body, request_id=rid)
     )
     await _wait_phase(session, stack, rid, "decode")
@@ -179,17 +179,17 @@ async def _occupy_the_slot(
 @pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
 @pytest.mark.parametrize("phase", ["queued", "prefill", "decode"])
 async def test_hangup_in_each_stage_and_phase(
-    stack: Stack, session: aiohttp.ClientSession, phase: str, stream: bool
+    stack: Stack, session: aiohttp.ClientSession, raw: RawClients, phase: str, stream: bool
 ) -> None:
     rid = f"hang-{phase}-{'s' if stream else 'n'}"
     blocker = (
-        await _occupy_the_slot(session, stack, rid + "-blocker") if phase == "queued" else None
+        await _occupy_the_slot(raw, session, stack, rid + "-blocker") if phase == "queued" else None
     )
     before_gw = await scrape_async(session, stack.gateway_url)
     before_px = await scrape_async(session, stack.admin_url)
     prompt = LONG_PROMPT if phase == "prefill" else "tell me a story"
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 3000, "stream": stream}
-    reader, writer = await open_raw(
+    reader, writer = await raw.open(
         stack.proxy_url, completion_request("/v1/completions", body, request_id=rid)
     )
     if stream:
@@ -243,10 +243,12 @@ async def _gone(session: aiohttp.ClientSession, stack: Stack, rid: str) -> bool:
     return rid not in await in_flight(session, stack.gateway_url)
 
 
-async def test_call_log_line_names_the_hangup(stack: Stack, session: aiohttp.ClientSession) -> None:
+async def test_call_log_line_names_the_hangup(
+    stack: Stack, session: aiohttp.ClientSession, raw: RawClients
+) -> None:
     rid = "logged-hangup"
     body = {"model": MODEL, "prompt": "x", "max_tokens": 3000}
-    _, writer = await open_raw(
+    _, writer = await raw.open(
         stack.proxy_url, completion_request("/v1/completions", body, request_id=rid)
     )
     await _wait_phase(session, stack, rid, "decode")
@@ -265,7 +267,7 @@ async def test_call_log_line_names_the_hangup(stack: Stack, session: aiohttp.Cli
 
 
 async def test_hangup_mid_body_leaves_nothing_behind(
-    fast: Stack, session: aiohttp.ClientSession
+    fast: Stack, session: aiohttp.ClientSession, raw: RawClients
 ) -> None:
     """The gateway never saw a whole request: the cancel finds nothing (the gateway keeps a
     tombstone), the upstream connection is closed, and nothing is left in flight."""
@@ -274,7 +276,7 @@ async def test_hangup_mid_body_leaves_nothing_behind(
         b"POST /v1/completions HTTP/1.1\r\nHost: m\r\nContent-Type: application/json\r\n"
         b"Content-Length: 500\r\n\r\n"
     )
-    _, writer = await open_raw(fast.proxy_url, head + b'{"model": "hangup-sim", "prompt": "')
+    _, writer = await raw.open(fast.proxy_url, head + b'{"model": "hangup-sim", "prompt": "')
 
     async def upstream_started() -> bool:
         _, px = await _scrape_both(fast, session)
@@ -297,12 +299,12 @@ async def test_hangup_mid_body_leaves_nothing_behind(
 
 
 async def test_half_closed_client_is_a_hangup_in_the_real_process(
-    fast: Stack, session: aiohttp.ClientSession
+    fast: Stack, session: aiohttp.ClientSession, raw: RawClients
 ) -> None:
     """The proxy process (uvloop) treats a client's shutdown of its write side as a hang-up."""
     gw_before, _ = await _scrape_both(fast, session)
     body = {"model": MODEL, "prompt": "x", "max_tokens": 3000}
-    reader, writer = await open_raw(fast.proxy_url, completion_request("/v1/completions", body))
+    reader, writer = await raw.open(fast.proxy_url, completion_request("/v1/completions", body))
 
     async def running() -> bool:
         return len(await in_flight(session, fast.gateway_url)) == 1

@@ -17,9 +17,9 @@ from tests.support.processes import REPO, child_env
 from tests.support.scrape import scrape_async, total
 from tests.support.stack import (
     MODEL,
+    RawClients,
     completion_request,
     in_flight,
-    open_raw,
     running_stack,
 )
 from tests.support.waiting import wait_until
@@ -28,14 +28,14 @@ SLOW = ["--sim-slots", "4", "--sim-step-base", "0.05"]
 
 
 async def test_sigterm_drains_finishes_short_calls_and_cancels_the_rest(
-    tmp_path: Path, session: aiohttp.ClientSession
+    tmp_path: Path, session: aiohttp.ClientSession, raw: RawClients
 ) -> None:
     with running_stack(
         tmp_path, SLOW, ["--trust-client-request-id", "--drain-timeout", "1"]
     ) as stack:
         long_body = {"model": MODEL, "prompt": "long", "max_tokens": 3000}
         short_body = {"model": MODEL, "prompt": "short", "max_tokens": 10, "stream": True}
-        _, long_call = await open_raw(
+        _, long_call = await raw.open(
             stack.proxy_url, completion_request("/v1/completions", long_body, request_id="long")
         )
         short = await session.post(stack.proxy_url + "/v1/completions", json=short_body)
@@ -129,13 +129,13 @@ async def test_max_request_duration_reaches_the_gateway_as_proxy_timeout(
 
 
 async def test_a_second_sigterm_ends_the_drain_at_once(
-    tmp_path: Path, session: aiohttp.ClientSession
+    tmp_path: Path, session: aiohttp.ClientSession, raw: RawClients
 ) -> None:
     with running_stack(
         tmp_path, SLOW, ["--trust-client-request-id", "--drain-timeout", "600"]
     ) as stack:
         body = {"model": MODEL, "prompt": "long", "max_tokens": 3000}
-        _, call = await open_raw(
+        _, call = await raw.open(
             stack.proxy_url, completion_request("/v1/completions", body, request_id="held")
         )
         await wait_until(

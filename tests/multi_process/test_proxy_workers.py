@@ -19,8 +19,15 @@ import pytest
 
 from tests.support import chaos
 from tests.support.processes import alive, children
-from tests.support.scrape import scrape_async, total
-from tests.support.stack import MODEL, Stack, completion_request, in_flight, open_raw, running_stack
+from tests.support.scrape import scrape_async, scraping, total
+from tests.support.stack import (
+    MODEL,
+    RawClients,
+    Stack,
+    completion_request,
+    in_flight,
+    running_stack,
+)
 from tests.support.waiting import wait_until
 
 SLOW = ["--sim-slots", "16", "--sim-step-base", "0.02"]
@@ -33,8 +40,8 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         yield stack
 
 
-async def _hang_up_mid_stream(stack: Stack) -> None:
-    reader, writer = await open_raw(stack.proxy_url, completion_request("/v1/completions", LONG))
+async def _hang_up_mid_stream(raw: RawClients, stack: Stack) -> None:
+    reader, writer = await raw.open(stack.proxy_url, completion_request("/v1/completions", LONG))
     async with asyncio.timeout(10):
         while not (await reader.readline()).startswith(b"data: {"):
             pass
@@ -53,11 +60,13 @@ def _call_lines(stack: Stack) -> list[dict[str, object]]:
     return [line for line in lines if line.get("msg") == "call"]
 
 
-async def test_two_workers_serve_as_one_proxy_and_cancel_every_hang_up(stack: Stack) -> None:
+async def test_two_workers_serve_as_one_proxy_and_cancel_every_hang_up(
+    stack: Stack, raw: RawClients
+) -> None:
     fresh = aiohttp.TCPConnector(force_close=True)  # each call on a new connection
     async with aiohttp.ClientSession(connector=fresh) as session:
         await asyncio.gather(*(_complete(session, stack.proxy_url) for _ in range(60)))
-        await asyncio.gather(*(_hang_up_mid_stream(stack) for _ in range(20)))
+        await asyncio.gather(*(_hang_up_mid_stream(raw, stack) for _ in range(20)))
         await wait_until(lambda: _idle(session, stack), what="nothing in flight on the gateway")
         gateway = await scrape_async(session, stack.gateway_url)
         proxy = await scrape_async(session, stack.admin_url)
@@ -75,17 +84,19 @@ async def _idle(session: aiohttp.ClientSession, stack: Stack) -> bool:
 
 
 async def test_a_killed_worker_is_replaced_counted_and_leaves_nothing_running(
-    stack: Stack,
+    stack: Stack, raw: RawClients
 ) -> None:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
         # 16 connections: the kernel puts all on one worker once in 2**15 (the test needs the
         # killed worker to hold some).
-        streams = [await open_raw(stack.proxy_url, completion_request("/v1/completions", LONG))
+        streams = [await raw.open(stack.proxy_url, completion_request("/v1/completions", LONG))
                    for _ in range(16)]  # fmt: skip
         await wait_until(lambda: _running(session, stack, 16), what="16 streams upstream")
         victim = children(stack.proxy.popen.pid)[0]
-        os.kill(victim, signal.SIGKILL)
-        await wait_until(lambda: _restarted(session, stack), what="a worker started again")
+        async with scraping(session, stack.admin_url + "/metrics") as scrapes:
+            os.kill(victim, signal.SIGKILL)
+            await wait_until(lambda: _restarted(session, stack), what="a worker started again")
+        assert not scrapes.failed and scrapes.answered >= 1, scrapes  # each whole, meanwhile
         # The killed worker's streams were cut; its upstream connections closed with it, so the
         # gateway ended those calls itself. The other worker's streams still run.
         await wait_until(lambda: _fewer_than(session, stack, 16), what="the cut streams ended")
@@ -117,9 +128,11 @@ async def _restarted(session: aiohttp.ClientSession, stack: Stack) -> bool:
     )
 
 
-async def test_sigterm_drains_every_worker_and_cancels_what_is_left(stack: Stack) -> None:
+async def test_sigterm_drains_every_worker_and_cancels_what_is_left(
+    stack: Stack, raw: RawClients
+) -> None:
     async with aiohttp.ClientSession() as session:
-        streams = [await open_raw(stack.proxy_url, completion_request("/v1/completions", LONG))
+        streams = [await raw.open(stack.proxy_url, completion_request("/v1/completions", LONG))
                    for _ in range(4)]  # fmt: skip
         request = chaos.Request("grpc_stream", "long", 3000, 1)
         async with grpc.aio.insecure_channel(stack.proxy.listeners["grpc"]) as channel:

@@ -15,7 +15,14 @@ import openai
 import pytest
 
 from tests.support.scrape import Samples, delta, scrape_async
-from tests.support.stack import MODEL, Stack, completion_request, in_flight, open_raw, running_stack
+from tests.support.stack import (
+    MODEL,
+    RawClients,
+    Stack,
+    completion_request,
+    in_flight,
+    running_stack,
+)
 from tests.support.waiting import wait_until
 
 LONG = 4000
@@ -61,11 +68,11 @@ async def test_hang_up_on_a_streaming_response(
 
 
 async def test_hang_up_on_a_synchronous_response(
-    stack: Stack, session: aiohttp.ClientSession
+    stack: Stack, session: aiohttp.ClientSession, raw: RawClients
 ) -> None:
     before = await scrape_async(session, stack.gateway_url)
     body = {"model": MODEL, "input": "x", "max_output_tokens": LONG}
-    _, writer = await open_raw(stack.proxy_url, completion_request("/v1/responses", body))
+    _, writer = await raw.open(stack.proxy_url, completion_request("/v1/responses", body))
 
     async def decoding() -> bool:
         calls = await in_flight(session, stack.gateway_url)

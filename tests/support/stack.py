@@ -86,9 +86,28 @@ def completion_request(
     return head.encode() + payload
 
 
-async def open_raw(url: str, data: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(data)
-    await writer.drain()
-    return reader, writer
+class RawClients:
+    """Client connections a test opens and hangs up on at will (``writer.close()``); every one
+    still open is closed when the test ends, however it ends (the ``raw`` fixture)."""
+
+    def __init__(self) -> None:
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def open(
+        self, url: str, data: bytes
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to ``url`` that has sent ``data``."""
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        reader, writer = await asyncio.open_connection(host, int(port))
+        self._writers.append(writer)
+        writer.write(data)
+        await writer.drain()
+        return reader, writer
+
+    async def close(self) -> None:
+        for writer in self._writers:
+            writer.close()
+        for writer in self._writers:
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+        self._writers.clear()
