@@ -49,6 +49,7 @@ class GatewayConfig:
     engine_restart_backoff_max: float = 30.0
     engine_down_limit: float = 600.0
     loop_stall_limit: float = 10.0
+    loop_stall_log: float = 1.0
     sim_faults: bool = False
     log_level: str = "INFO"
     tool_call_parser: str | None = None
@@ -137,6 +138,12 @@ _OPTIONS = (
         "/v2/health/live answers 503 (0: never)",
     ),
     Option(
+        "--loop-stall-log",
+        float,
+        "a stall of the event loop longer than this many seconds is logged with the stack "
+        "it is blocked in, and counted (0: only past --loop-stall-limit)",
+    ),
+    Option(
         "--sim-faults",
         parse_bool,
         "serve the simulated engine's fault switch "
@@ -214,6 +221,7 @@ def validate(config: GatewayConfig) -> None:
         "engine_restart_backoff_max",
         "engine_down_limit",
         "loop_stall_limit",
+        "loop_stall_log",
         "responses_max_stored",
         "responses_ttl",
     ):

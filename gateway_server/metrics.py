@@ -94,6 +94,11 @@ class GatewayMetrics:
             ["worker"],
             registry=registry,
         )
+        self.event_loop_stalls = Counter(
+            "hangup_gateway_event_loop_stalls",
+            "Stalls of the event loop longer than --loop-stall-log (each logged with its stack).",
+            registry=registry,
+        )
         self._add_latencies(registry)
         for model in models:
             self._create_series(model)

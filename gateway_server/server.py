@@ -88,7 +88,11 @@ class GatewayServer:
             roles=config.roles if config.worker_roles else None,
         )
         self.metrics.create_worker_series(w.name for w in self.pool.workers)
-        self.watchdog = LoopWatchdog(config.loop_stall_limit)
+        self.watchdog = LoopWatchdog(
+            config.loop_stall_limit,
+            log_after=config.loop_stall_log,
+            on_stall=self.metrics.event_loop_stalls.inc,
+        )
         self.registry = CallRegistry(self.metrics, tombstone_ttl=config.tombstone_ttl)
         self.api_process = api_process
         self.scope = self._scope()

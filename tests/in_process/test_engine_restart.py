@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any, cast
@@ -191,6 +192,26 @@ async def test_a_stalled_event_loop_fails_liveness_for_a_while() -> None:
         await wait_until(
             lambda: _status_is(gw, "/v2/health/live", 200), what="liveness back once it runs"
         )
+
+
+async def test_a_short_stall_is_logged_with_its_stack_and_length_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="hangup.gateway")
+    async with running_gateway(sim=FAST, loop_stall_limit=10.0, loop_stall_log=0.3) as gw:
+        time.sleep(1.0)  # noqa: ASYNC251 (the fault under test: a handler blocking the loop)
+        assert (await status_of(gw, "/v2/health/live"))[0] == 200  # short of the limit
+
+        def logged(name: str) -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.getMessage() == name]
+
+        await wait_until(lambda: logged("event_loop_resumed"), what="the stall's end logged")
+        (stalled,) = logged("event_loop_stalled")
+        assert stalled.levelno == logging.WARNING
+        assert "test_a_short_stall_is_logged" in stalled.fields["stack"]  # type: ignore[attr-defined]
+        (resumed,) = logged("event_loop_resumed")
+        assert 0.7 <= resumed.fields["stalled_s"] <= 1.5  # type: ignore[attr-defined]
+        assert gw.metric("hangup_gateway_event_loop_stalls_total") == 1
 
 
 async def _status_is(gw: Gateway, path: str, expected: int) -> bool:
