@@ -92,6 +92,7 @@ class GatewayServer:
             config.loop_stall_limit,
             log_after=config.loop_stall_log,
             on_stall=self.metrics.event_loop_stalls.inc,
+            log=log,
         )
         self.registry = CallRegistry(self.metrics, tombstone_ttl=config.tombstone_ttl)
         self.api_process = api_process

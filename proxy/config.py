@@ -73,6 +73,7 @@ class Config:
     # GET paths relayed as scrapes (Prometheus, an Endpoint Picker every 50 ms): no call, no
     # log line, no cancel; counted in hangup_proxy_scrapes_total.
     scrape_paths: tuple[str, ...] = ("/metrics", "/metrics/pool")
+    loop_stall_log: float = 1.0  # seconds the event loop may stall before it is logged (0: never)
     log_level: str = "INFO"
 
     @property
@@ -135,6 +136,12 @@ _OPTIONS = (
     Option("--upstream-connect-timeout", float, "seconds to connect to the upstream"),
     Option("--trust-client-request-id", parse_bool, "use the client's X-Request-Id upstream"),
     Option(
+        "--loop-stall-log",
+        float,
+        "a stall of the event loop longer than this many seconds is logged with the stack it is "
+        "blocked in, and counted (0: never)",
+    ),
+    Option(
         "--scrape-paths",
         parse_paths,
         "comma-separated GET paths relayed as metric scrapes: not logged or counted as calls",
@@ -196,6 +203,7 @@ def _validate(config: Config) -> None:
         "idle_timeout",
         "max_connections",
         "body_timeout",
+        "loop_stall_log",
     ):
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")

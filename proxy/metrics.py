@@ -56,6 +56,11 @@ class ProxyMetrics:
             registry=registry,
         )
         self.connections_closed = connections_closed(registry)
+        self.event_loop_stalls = Counter(
+            "hangup_proxy_event_loop_stalls",
+            "Stalls of the event loop longer than --loop-stall-log (each logged with its stack).",
+            registry=registry,
+        )
         self._add_timings_and_gauges(registry)
 
     def _add_timings_and_gauges(self, registry: CollectorRegistry) -> None:

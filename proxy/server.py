@@ -24,6 +24,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry
 
 from hangup_contract.runtime.files import write_ready_file
+from hangup_contract.runtime.watchdog import LoopWatchdog
 from hangup_contract.vocabulary import Reason
 from proxy.admin import AdminListener
 from proxy.cancel.canceller import Canceller
@@ -79,6 +80,12 @@ class Server:
         self.state: ServerState | None = None
         self.addresses: dict[str, str | None] = {}
         self._hurry = asyncio.Event()
+        self._watchdog = LoopWatchdog(
+            0.0,
+            log_after=config.loop_stall_log,
+            on_stall=self.metrics.event_loop_stalls.inc,
+            log=log,
+        )
 
     async def start(self) -> dict[str, str | None]:
         """Start every listener (inside the running loop); returns the ready-file map."""
@@ -95,6 +102,7 @@ class Server:
             concurrency=config.cancel_concurrency,
         )
         self.state = ServerState(config, self.metrics, canceller)
+        self._watchdog.start()
         self.addresses = dict.fromkeys(READY_KEYS)
         for factory in self._factories:
             listener = factory(self.state)
@@ -127,6 +135,7 @@ class Server:
         for listener in self._listeners:
             await listener.close()
         await state.canceller.close()
+        await self._watchdog.stop()
         log.info("stopped")
 
     def hurry(self) -> None:
