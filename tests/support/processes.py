@@ -186,3 +186,42 @@ def environ_of(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes()
     pairs = (entry.split(b"=", 1) for entry in raw.split(b"\0") if b"=" in entry)
     return {key.decode(): value.decode(errors="replace") for key, value in pairs}
+
+
+def log_events(process: Process, *names: str) -> list[dict[str, object]]:
+    """``process``'s JSON log lines whose ``msg`` is one of ``names``."""
+    lines = (line for line in process.log().splitlines() if line.startswith("{"))
+    events = []
+    for line in lines:
+        with contextlib.suppress(json.JSONDecodeError):
+            event = json.loads(line)
+            if event.get("msg") in names:
+                events.append(event)
+    return events
+
+
+def stolen_seconds() -> float:
+    """CPU time the hypervisor took from this machine's CPUs so far (``steal`` in /proc/stat),
+    summed over CPUs: while it grows by a second per second per CPU, nothing here runs."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
+@contextlib.contextmanager
+def stalls_explained(*processes: Process) -> Iterator[None]:
+    """A failure in the block says what could explain a silence: every event-loop stall the
+    processes logged (with where the loop was) and the CPU time the hypervisor stole meanwhile."""
+    stolen = stolen_seconds()
+    try:
+        yield
+    except AssertionError as exc:
+        stalls = [
+            {k: e.get(k) for k in ("ts", "msg", "api_process", "worker", "stalled_s", "stack")}
+            for p in processes
+            for e in log_events(p, "event_loop_stalled", "event_loop_resumed")
+        ]
+        stole = stolen_seconds() - stolen
+        raise AssertionError(
+            f"{exc}\n\nevent-loop stalls logged meanwhile: {json.dumps(stalls, indent=1)}"
+            f"\nCPU time stolen by the hypervisor meanwhile: {stole:.2f} s"
+        ) from exc

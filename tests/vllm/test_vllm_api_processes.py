@@ -25,7 +25,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support.processes import Process, alive, children, descendants, spawn
+from tests.support.processes import (
+    Process,
+    alive,
+    children,
+    descendants,
+    spawn,
+    stalls_explained,
+)
 from tests.support.scrape import parse, scrape, total
 from tests.support.vllm_stack import IGNORE_EOS, MODEL, requires_vllm, vllm_gateway
 from tests.support.waiting import wait_until
@@ -106,10 +113,11 @@ async def test_hang_ups_and_cancels_reach_the_engine_across_processes(
     before = scrape(gateway.url())
     fates = ["hang_up"] * 16 + ["cancel"] * 16 + ["complete"] * 8
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        results = await asyncio.gather(*(
-            _call(session, proxy.url(), gateway.url(), f"scaled-{i}", fate)
-            for i, fate in enumerate(fates)
-        ))  # fmt: skip
+        with stalls_explained(gateway, proxy):  # once, an API process was silent for 7.8 s
+            results = await asyncio.gather(*(
+                _call(session, proxy.url(), gateway.url(), f"scaled-{i}", fate)
+                for i, fate in enumerate(fates)
+            ))  # fmt: skip
         await wait_until(lambda: _idle(session, gateway.url()), within=120,
                          what="nothing in flight in either API process")  # fmt: skip
     after = scrape(gateway.url())
