@@ -42,10 +42,13 @@ class Process:
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for a child: this checkout first on the path, no inherited HANGUP_*."""
+    """The environment for a child: this checkout first on the path, no inherited HANGUP_*, and
+    Python's fault handler on: a process (a vLLM engine's too: they inherit it) that dies of a
+    fatal signal writes where it was to its log."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HANGUP_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"
     env.update(extra or {})
     return env
 

@@ -33,7 +33,7 @@ from tests.support.processes import (
     spawn,
     stalls_explained,
 )
-from tests.support.scrape import parse, scrape, total
+from tests.support.scrape import scrape, scrape_async, scraping, total
 from tests.support.vllm_stack import IGNORE_EOS, MODEL, requires_vllm, vllm_gateway
 from tests.support.waiting import wait_until
 
@@ -157,10 +157,16 @@ async def test_a_killed_api_process_takes_its_engines_down_and_comes_back(
     victim = children(gateway.popen.pid)[0]
     engines = descendants(victim)
     assert engines  # its vLLM engine core (and the engine core's worker)
-    os.kill(victim, signal.SIGKILL)
     async with aiohttp.ClientSession() as session:
-        await wait_until(lambda: _restarted(session, gateway.url()), within=300,
-                         what="the API process started again, with its engine")  # fmt: skip
+        fresh = aiohttp.TCPConnector(force_close=True)  # each scrape: the kernel picks a process
+        async with (
+            aiohttp.ClientSession(connector=fresh) as scraper,
+            scraping(scraper, gateway.url() + "/metrics", gateway.url() + "/metrics/pool") as seen,
+        ):
+            os.kill(victim, signal.SIGKILL)
+            await wait_until(lambda: _restarted(session, gateway.url()), within=300,
+                             what="the API process started again, with its engine")  # fmt: skip
+        assert not seen.failed and seen.answered >= 2, seen  # whole while it came back
         # Orphaned engine processes ignore SIGTERM and would hold their (GPU) memory beside the
         # new process's engines: the supervisor killed what was left of the process group.
         assert not alive(engines)
@@ -173,8 +179,7 @@ async def test_a_killed_api_process_takes_its_engines_down_and_comes_back(
 
 
 async def _restarted(session: aiohttp.ClientSession, gateway: str) -> bool:
-    async with session.get(gateway + "/metrics") as resp:
-        samples = parse(await resp.text())
+    samples = await scrape_async(session, gateway)
     return (
         total(samples, "hangup_gateway_api_process_restarts_total") == 1
         and total(samples, "hangup_gateway_api_processes") == 2
