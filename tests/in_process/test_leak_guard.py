@@ -55,7 +55,8 @@ def test_a_leak_fails_the_test_that_made_it_with_where(tmp_path: Path) -> None:
     )  # fmt: skip
     out = done.stdout + done.stderr
     assert "3 passed, 1 error" in out, out  # a teardown error, the test's own assertions passed
-    errors = [line for line in out.splitlines() if line.startswith("ERROR ")]
+    # the summary line is "ERROR <node id>", then " - <message>" when the terminal is wide enough
+    errors = [line.split()[1] for line in out.splitlines() if line.startswith("ERROR ")]
     assert len(errors) == 1 and errors[0].endswith("::test_leaves_a_connection_open"), out
     report = out.split("ERROR at teardown of test_leaves_a_connection_open")[1]
     assert report.count("unclosed transport") == 2, report  # both sides of the connection
