@@ -68,7 +68,9 @@ class ProbeSimEngine(SimulatedEngine):
 async def run(argv: list[str], log_path: Path) -> None:
     config = from_args(argv)
     logs.setup("WARNING")
-    engines = [ProbeSimEngine(config.sim) for _ in range(config.workers)]
+    settings = config.engine_context.settings
+    assert isinstance(settings, SimConfig)
+    engines = [ProbeSimEngine(settings) for _ in range(config.workers)]
     server = GatewayServer(config, engines=list(engines))
     await server.start(freeze_heap=True)
     try:

@@ -10,10 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gateway_server.engine.context import EngineContext
 from gateway_server.engine.handoff import WorkerRole, disaggregated, parse_roles
-from gateway_server.engine.sim import SimConfig
 from gateway_server.engine.table import ENGINES, EngineName, engine_kind
-from gateway_server.engine.vllm_options import VllmOptions
 from hangup_contract.runtime.connections import ConnectionLimits
 from hangup_contract.runtime.files import read_secret
 from hangup_contract.runtime.options import ConfigError, Option, OptionTable, one_of, parse_bool
@@ -54,8 +53,9 @@ class GatewayConfig:
     log_level: str = "INFO"
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
-    sim: SimConfig = field(default_factory=SimConfig)
-    vllm: VllmOptions = field(default_factory=VllmOptions)
+    engine_settings: object = None
+    """The engine's settings from its flags (its row's ``settings``: ``SimConfig``,
+    ``VllmOptions``); None: its defaults."""
 
     @property
     def connection_limits(self) -> ConnectionLimits:
@@ -67,6 +67,13 @@ class GatewayConfig:
     def roles(self) -> tuple[WorkerRole, ...]:
         """Each worker's role (validated by :func:`validate`)."""
         return parse_roles(self.worker_roles, self.workers)
+
+    @property
+    def engine_context(self) -> EngineContext:
+        """What the engine's row makes the workers' engines from."""
+        kind = engine_kind(self.engine)
+        settings = kind.settings() if self.engine_settings is None else self.engine_settings
+        return EngineContext(self.model, self.workers, self.roles, settings)
 
     @property
     def model_name(self) -> str:
@@ -186,8 +193,9 @@ def from_args(
         top["cancel_token"] = read_secret(token_file, "--cancel-token-file")
     if isinstance(top.get("log_level"), str):
         top["log_level"] = str(top["log_level"]).upper()
-    settings = {name: kind.settings(**values[name]) for name, kind in ENGINES.items()}
-    config = GatewayConfig(**top, **settings)  # type: ignore[arg-type]
+    engine = top.get("engine", EngineName.SIM)
+    assert isinstance(engine, EngineName)
+    config = GatewayConfig(**top, engine_settings=engine_kind(engine).settings(**values[engine]))
     validate(config)
     return config
 
@@ -197,8 +205,9 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError(f"--engine {config.engine} needs --model (a local path or a model name)")
     if config.enable_auto_tool_choice and not config.tool_call_parser:
         raise ConfigError("--enable-auto-tool-choice requires --tool-call-parser")
-    if config.tool_call_parser and config.engine != "vllm":
-        raise ConfigError("--tool-call-parser needs --engine vllm (it is one of vLLM's parsers)")
+    if config.tool_call_parser and not engine_kind(config.engine).tool_parsers:
+        able = " or ".join(name for name, kind in ENGINES.items() if kind.tool_parsers)
+        raise ConfigError(f"--tool-call-parser needs --engine {able} (it is one of vLLM's parsers)")
     if config.workers < 1:
         raise ConfigError("--workers must be at least 1")
     if not 1 <= config.api_processes <= config.workers:
@@ -227,12 +236,10 @@ def validate(config: GatewayConfig) -> None:
     ):
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
-    if config.sim_faults and config.engine != "sim":
+    if config.sim_faults and not engine_kind(config.engine).faults:
         raise ConfigError("--sim-faults works with --engine sim only")
     if config.max_body_bytes < 1024:
         raise ConfigError("--max-body-bytes must be at least 1024")
-    if config.sim.slots < 1 or config.sim.prefill_chunk_tokens < 1:
-        raise ConfigError("--sim-slots and --sim-prefill-chunk must be at least 1")
 
 
 def _validate_roles(config: GatewayConfig) -> None:

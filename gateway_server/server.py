@@ -76,7 +76,7 @@ class GatewayServer:
         share = None if api_process is None else api_process.workers(config.workers)
         factory = None
         if engines is None:  # the gateway's own: restarted when they die
-            factory = engine_factory(config)
+            factory = engine_factory(config.engine, config.engine_context)
             engines = [factory(i) for i in share or range(config.workers)]
         self.metrics = GatewayMetrics(self.metrics_registry, [config.model_name])
         self.pool = EnginePool(

@@ -167,7 +167,7 @@ def build_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
     token_file = values.pop("cancel_token_file", None)
     if isinstance(token_file, Path):
         values["cancel_token"] = read_secret(token_file, "--cancel-token-file")
-    config = Config(**values)  # type: ignore[arg-type]
+    config = Config(**values)
     _validate(config)
     return config
 

@@ -59,6 +59,7 @@ from gateway_server.engine.base import (
 from gateway_server.engine.handoff import KvHandoff
 from gateway_server.engine.sim_kv import SavedKv, SimKvStore
 from gateway_server.engine.sim_sampling import VOCAB, Sampler, piece
+from hangup_contract.runtime.options import ConfigError
 from hangup_contract.vocabulary import Phase
 
 
@@ -75,6 +76,10 @@ class SimConfig:
     """P/D: seconds a decode engine takes to load one block of a prompt's KV."""
     kv_lease_s: float = 30.0
     """P/D: seconds a prefill engine keeps a prompt's KV that nobody pulled or released."""
+
+    def __post_init__(self) -> None:
+        if self.slots < 1 or self.prefill_chunk_tokens < 1:
+            raise ConfigError("--sim-slots and --sim-prefill-chunk must be at least 1")
 
 
 SIM_BLOCK_SIZE = 16

@@ -4,8 +4,8 @@ Adding an engine: a module that implements :class:`~.base.Engine`, a member of
 :class:`EngineName` and its row here (how a worker's engine is made, what model name it serves when
 ``--model`` is not given, its flags). The row's factory imports its module when an engine whose
 import is heavy (vLLM: seconds and much memory) is asked for, and only then. An engine with
-flags also has its settings as a field of :class:`~gateway_server.config.GatewayConfig` named
-as the engine (``config.sim``, ``config.vllm``), built from its flags' values.
+flags has its settings built from their values by the row's ``settings``; the row's factory gets
+them in its :class:`~.context.EngineContext`, never the gateway's whole configuration.
 """
 
 from __future__ import annotations
@@ -14,18 +14,15 @@ import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from gateway_server.engine.handoff import disaggregated
+from gateway_server.engine.context import EngineContext
 from gateway_server.engine.pool import EngineFactory
 from gateway_server.engine.sim import SimConfig, SimulatedEngine
 from gateway_server.engine.sim_kv import SimKvStore
 from gateway_server.engine.sim_options import SIM_OPTIONS
 from gateway_server.engine.vllm_options import VLLM_OPTIONS, VllmOptions
 from hangup_contract.runtime.options import Option
-
-if TYPE_CHECKING:
-    from gateway_server.config import GatewayConfig
 
 
 class EngineName(enum.StrEnum):
@@ -37,7 +34,7 @@ class EngineName(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class EngineKind:
-    factory: Callable[[GatewayConfig], EngineFactory]
+    factory: Callable[[EngineContext], EngineFactory]
     """What makes worker *i*'s engine (called at start, and again when that worker's engine died).
     Raises EngineError when the engine cannot be had (a missing package, too few devices)."""
     default_model: str | None
@@ -51,30 +48,51 @@ class EngineKind:
     disaggregates: bool = False
     """Its engines implement :class:`~.handoff.DisaggregatedEngine`: they serve
     ``--worker-roles`` other than ``both``."""
+    tool_parsers: bool = False
+    """Its answers can be read by vLLM's tool parsers (``--tool-call-parser``)."""
+    faults: bool = False
+    """Its engines take injected faults (``--sim-faults``: tests and demos)."""
 
 
-def _simulated(config: GatewayConfig) -> EngineFactory:
+def _simulated(context: EngineContext) -> EngineFactory:
+    settings = context.settings
+    assert isinstance(settings, SimConfig)
     kv = SimKvStore()  # every worker's, a restarted one's too: where P/D legs find the KV
-    return lambda index: SimulatedEngine(config.sim, kv)
+    return lambda index: SimulatedEngine(settings, kv)
 
 
-def _vllm(config: GatewayConfig) -> EngineFactory:
+def _vllm(context: EngineContext) -> EngineFactory:
+    assert isinstance(context.settings, VllmOptions) and context.model is not None
     # Imported only when asked for: importing vLLM takes seconds and a lot of memory.
-    if disaggregated(config.roles):  # prefill and decode workers, with a KV connector
+    if context.disaggregated:  # prefill and decode workers, with a KV connector
         vllm_pd: Any = import_module("gateway_server.engine.vllm_pd")
-        pd_factory: EngineFactory = vllm_pd.pd_factory(config)
+        pd_factory: EngineFactory = vllm_pd.pd_factory(context)
         return pd_factory
     vllm: Any = import_module("gateway_server.engine.vllm")
-    factory: EngineFactory = vllm.vllm_engine_factory(config.model, config.vllm, config.workers)
+    factory: EngineFactory = vllm.vllm_engine_factory(
+        context.model, context.settings, context.workers
+    )
     return factory
 
 
 ENGINES: Mapping[EngineName, EngineKind] = {
     EngineName.SIM: EngineKind(
-        _simulated, "hangup-sim", "simulated engine", SimConfig, SIM_OPTIONS, disaggregates=True
+        _simulated,
+        "hangup-sim",
+        "simulated engine",
+        SimConfig,
+        SIM_OPTIONS,
+        disaggregates=True,
+        faults=True,
     ),
     EngineName.VLLM: EngineKind(
-        _vllm, None, "vLLM engine", VllmOptions, VLLM_OPTIONS, disaggregates=True
+        _vllm,
+        None,
+        "vLLM engine",
+        VllmOptions,
+        VLLM_OPTIONS,
+        disaggregates=True,
+        tool_parsers=True,
     ),
 }
 
@@ -83,6 +101,6 @@ def engine_kind(name: str) -> EngineKind:
     return ENGINES[EngineName(name)]
 
 
-def engine_factory(config: GatewayConfig) -> EngineFactory:
+def engine_factory(name: str, context: EngineContext) -> EngineFactory:
     """Makes the engine of worker *i* (a new one each call: at start, and when one died)."""
-    return engine_kind(config.engine).factory(config)
+    return engine_kind(name).factory(context)

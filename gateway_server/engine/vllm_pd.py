@@ -41,9 +41,10 @@ import math
 import threading
 from collections.abc import AsyncGenerator, Callable, Mapping
 from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gateway_server.engine.base import EngineError, EngineRequest, FinishReason, TokenChunk
+from gateway_server.engine.context import EngineContext
 from gateway_server.engine.handoff import KvHandoff
 from gateway_server.engine.kv_handoff import (
     LOAD,
@@ -55,9 +56,6 @@ from gateway_server.engine.kv_handoff import (
 from gateway_server.engine.vllm import VllmEngine, vllm_engine_factory
 from gateway_server.engine.vllm_options import VllmOptions
 from hangup_contract.vocabulary import Phase
-
-if TYPE_CHECKING:
-    from gateway_server.config import GatewayConfig
 
 HANGUP_CONNECTOR = "hangup"
 NIXL_CONNECTOR = "NixlConnector"
@@ -223,10 +221,11 @@ def vllm_pd_engine_factory(
     return make
 
 
-def pd_factory(config: GatewayConfig) -> Callable[[int], VllmPdEngine]:
+def pd_factory(context: EngineContext) -> Callable[[int], VllmPdEngine]:
     """The P/D engine factory of a gateway: one new handoff store for all its workers (and
     their restarts), deleted when the gateway process exits."""
+    assert isinstance(context.settings, VllmOptions)
+    assert context.model is not None  # --model is required with --engine vllm
     store = HandoffStore.fresh()
     atexit.register(store.remove)
-    assert config.model is not None  # --model is required with --engine vllm
-    return vllm_pd_engine_factory(config.model, config.vllm, config.workers, store)
+    return vllm_pd_engine_factory(context.model, context.settings, context.workers, store)

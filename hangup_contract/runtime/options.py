@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 class ConfigError(ValueError):
@@ -86,13 +87,14 @@ class OptionTable:
 
     def parse(
         self, argv: Sequence[str], environ: Mapping[str, str]
-    ) -> dict[str | None, dict[str, object]]:
-        """The values given, by group and config field (unset options are left out).
+    ) -> dict[str | None, dict[str, Any]]:
+        """The values given, by group and config field (unset options are left out); each
+        value is what its option's ``parse`` made, of the type of the field it is named for.
 
         Raises ConfigError naming the flag (or variable) and the bad value.
         """
         given = vars(self.parser().parse_args(list(argv)))
-        values: dict[str | None, dict[str, object]] = {None: {}}
+        values: dict[str | None, dict[str, Any]] = {None: {}}
         values.update({name: {} for name in self.groups or {}})
         for option in self.options:
             raw, source = given[option.dest], option.flag

@@ -19,7 +19,7 @@ def test_engine_options_from_flags_reach_vllm_engine_args() -> None:
          "--no-enable-prefix-caching", "--enforce-eager", "--tensor-parallel-size", "2"],
         environ={},
     )  # fmt: skip
-    assert config.vllm.engine_args() == {
+    assert config.engine_settings.engine_args() == {
         "dtype": "bfloat16",
         "gpu_memory_utilization": 0.9,
         "tensor_parallel_size": 2,
@@ -37,7 +37,7 @@ def test_engine_options_from_the_environment_and_vllm_defaults_left_alone() -> N
         "HANGUP_GATEWAY_ENABLE_PREFIX_CACHING": "true",
         "HANGUP_GATEWAY_ENFORCE_EAGER": "1",
     }
-    options = from_args(["--engine", "vllm", "--model", "m"], environ=environ).vllm
+    options = from_args(["--engine", "vllm", "--model", "m"], environ=environ).engine_settings
     assert options == VllmOptions(max_num_seqs=16, enable_prefix_caching=True, enforce_eager=True)
     args = options.engine_args()
     for unset in ("max_model_len", "max_num_batched_tokens", "kv_cache_memory_bytes"):

@@ -77,7 +77,7 @@ async def running_gateway(
     api_process: ApiProcess | None = None, **overrides: Any,
 ) -> AsyncIterator[Gateway]:  # fmt: skip
     config = GatewayConfig(
-        http_port=0, grpc_port=0, sim=sim or SimConfig(), cancel_token=token, **overrides
+        http_port=0, grpc_port=0, engine_settings=sim, cancel_token=token, **overrides
     )
     server = GatewayServer(config, registry=CollectorRegistry(), api_process=api_process)
     listeners = await server.start()
