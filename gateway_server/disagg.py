@@ -39,7 +39,7 @@ async def run_legs(
     """Chunks of ``request`` (its ``legs`` set, the prefill leg bound to an acquired worker),
     as ``Engine.generate`` yields them: a cancel ends it with an ``ABORT`` chunk.
 
-    Raises EngineError when an engine fails a leg, Unavailable when no decode worker lives."""
+    Raises EngineError when an engine fails a leg, NoLiveWorker when no decode worker lives."""
     legs = request.legs
     assert legs is not None and legs.prefill.engine is not None
     prefill, engine = legs.prefill, legs.prefill.engine

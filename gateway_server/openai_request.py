@@ -13,11 +13,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway_server.engine.base import ChatOptions, Engine, Feature, SamplingParams
+from gateway_server.engine.constraint import StructuredOutput
 from gateway_server.errors import InvalidRequest
 from gateway_server.openai_fields import CHAT, COMPLETIONS, check
 from gateway_server.requests import MAX_CHOICES, field, stop_strings
 from gateway_server.service import GenerationService
-from gateway_server.structured import StructuredOutput, parse_structured
+from gateway_server.structured import parse_structured
 from gateway_server.tool_calls import ToolPlan
 
 MAX_LOGPROBS = 20

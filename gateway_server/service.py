@@ -35,6 +35,7 @@ from gateway_server.engine.base import (
     EngineRequest,
     FinishReason,
     NoChatTemplate,
+    NoLiveWorker,
     RequestRejected,
     SamplingParams,
     TokenChunk,
@@ -236,7 +237,10 @@ class GenerationService:
         if call.cancel_reason is not None:
             raise RequestCancelled(call.cancel_reason)
         pd = self.pool.disaggregated
-        worker = self.pool.acquire(WorkerRole.PREFILL if pd else WorkerRole.BOTH)
+        try:
+            worker = self.pool.acquire(WorkerRole.PREFILL if pd else WorkerRole.BOTH)
+        except NoLiveWorker as exc:
+            raise Unavailable(str(exc)) from exc
         request = EngineCall(call.next_engine_request_id(), worker, alias)
         if pd:
             request.legs = Legs(request.engine_request_id)
@@ -271,6 +275,8 @@ class GenerationService:
             raise
         except EngineRefused as exc:
             raise InvalidRequest(f"the engine refused the request: {exc}") from exc
+        except NoLiveWorker as exc:  # a disaggregated request's decode leg found none
+            raise Unavailable(str(exc)) from exc
         except EngineError as exc:
             name = request.worker.name  # with legs: the worker of the leg that failed
             raise EngineFailure(f"engine worker {name} failed the request: {exc}") from exc

@@ -9,32 +9,20 @@ compile) the engine refuses: see ``Engine.check``.
 
 As in vLLM, ``response_format`` (when not ``text``) takes the place of the constraint in
 ``structured_outputs`` and keeps its options (``disable_any_whitespace`` and the like).
-No I/O; the vLLM engine maps the spec onto vLLM's ``StructuredOutputsParams``.
+No I/O; the vLLM engine maps the spec onto vLLM's ``StructuredOutputsParams``
+(``gateway_server.engine.vllm_inputs``).
 """
 
 from __future__ import annotations
 
-import enum
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from gateway_server.engine.constraint import STRUCTURED_OUTPUTS, Constraint, StructuredOutput
 from gateway_server.errors import InvalidRequest
 
 RESPONSE_FORMAT = "response_format"
-STRUCTURED_OUTPUTS = "structured_outputs"
-
-
-class Constraint(enum.StrEnum):
-    """What the output must match; the names are vLLM's ``StructuredOutputsParams`` fields."""
-
-    JSON = "json"
-    JSON_OBJECT = "json_object"
-    REGEX = "regex"
-    CHOICE = "choice"
-    GRAMMAR = "grammar"
-    STRUCTURAL_TAG = "structural_tag"
-    """Only set by the gateway itself (vLLM's tool parsers constrain tool calls with one)."""
 
 
 _OPTIONS = {
@@ -51,37 +39,6 @@ _CLIENT_CONSTRAINTS = (
 )
 _EXCLUSIVE = (Constraint.JSON, Constraint.REGEX, Constraint.CHOICE)
 """The constraints vLLM refuses beside a named ``tool_choice``."""
-
-
-@dataclass(frozen=True, slots=True)
-class StructuredOutput:
-    """One constraint on an engine request's output."""
-
-    kind: Constraint
-    value: str | tuple[str, ...] | bool
-    """JSON text (``json``: the schema; ``structural_tag``), a pattern or grammar, the choices,
-    or True (``json_object``)."""
-    source: str = STRUCTURED_OUTPUTS
-    """The request field it came from: what a refusal names."""
-    disable_any_whitespace: bool = False
-    disable_additional_properties: bool = False
-    whitespace_pattern: str | None = None
-
-    def vllm_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for vLLM's ``StructuredOutputsParams`` (a schema as an object,
-        as ``vllm serve`` passes it)."""
-        value: Any = self.value
-        if self.kind is Constraint.JSON:
-            value = json.loads(str(value))
-        elif self.kind is Constraint.CHOICE:
-            value = list(self.value)  # type: ignore[arg-type]
-        args: dict[str, Any] = {self.kind.value: value}
-        args.update(
-            disable_any_whitespace=self.disable_any_whitespace,
-            disable_additional_properties=self.disable_additional_properties,
-            whitespace_pattern=self.whitespace_pattern,
-        )
-        return args
 
 
 def parse_structured(body: dict[str, Any]) -> StructuredOutput | None:
@@ -206,27 +163,3 @@ def _constraint_value(kind: Constraint, value: object) -> str | tuple[str, ...] 
     if not isinstance(value, str) or (kind is Constraint.GRAMMAR and not value.strip()):
         raise InvalidRequest(f"{where} must be a non-empty string", param=STRUCTURED_OUTPUTS)
     return value
-
-
-def from_vllm(params: Any, source: str) -> StructuredOutput | None:
-    """The spec of vLLM's ``StructuredOutputsParams`` (None for None): what vLLM's tool parsers
-    set when they constrain a request; ``source`` names the field it answers to."""
-    if params is None:
-        return None
-    for kind in Constraint:
-        value = getattr(params, kind.value, None)
-        if value is None:
-            continue
-        if kind is Constraint.JSON and not isinstance(value, str):
-            value = json.dumps(value)
-        elif kind is Constraint.CHOICE:
-            value = tuple(value)
-        return StructuredOutput(
-            kind,
-            value,
-            source,
-            disable_any_whitespace=bool(params.disable_any_whitespace),
-            disable_additional_properties=bool(params.disable_additional_properties),
-            whitespace_pattern=params.whitespace_pattern,
-        )
-    return None

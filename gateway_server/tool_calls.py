@@ -29,8 +29,9 @@ from importlib import import_module
 from typing import Any
 
 from gateway_server.engine.base import EngineError
+from gateway_server.engine.constraint import Constraint, StructuredOutput
+from gateway_server.engine.vllm_inputs import from_vllm
 from gateway_server.errors import InvalidRequest
-from gateway_server.structured import Constraint, StructuredOutput, from_vllm
 
 _FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "structured_outputs")
 """The request fields vLLM's request model reads to validate and adjust a request with tools."""

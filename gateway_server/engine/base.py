@@ -22,12 +22,10 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+from gateway_server.engine.constraint import StructuredOutput
 from hangup_contract.vocabulary import Phase
-
-if TYPE_CHECKING:
-    from gateway_server.structured import StructuredOutput
 
 
 class Feature(enum.StrEnum):
@@ -152,6 +150,11 @@ class EngineRefused(EngineError):
 
 class EngineDead(EngineError):
     """The engine can serve no more requests (its process died, its device was lost)."""
+
+
+class NoLiveWorker(EngineError):
+    """No live engine worker can take the request (each one that could is down): the gateway
+    answers 503, as when it drains."""
 
 
 class RequestRejected(EngineError):

@@ -30,9 +30,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway_server.engine.base import Engine, EngineError, EngineLoad
+from gateway_server.engine.base import Engine, EngineError, EngineLoad, NoLiveWorker
 from gateway_server.engine.handoff import WorkerRole, check_roles, disaggregated
-from gateway_server.errors import Unavailable
 from hangup_contract.runtime.logs import log_event
 
 log = logging.getLogger("hangup.gateway")
@@ -148,13 +147,13 @@ class EnginePool:
         ``BOTH``: a whole request, any worker), its in-flight count raised; pair with
         :meth:`release`.
 
-        Raises :class:`~gateway_server.errors.Unavailable` when no such worker is alive.
+        Raises :class:`~.base.NoLiveWorker` when no such worker is alive.
         """
         live = [w for w in self.workers if w.engine.alive and _serves(w.role, leg)]
         if not live:
             if leg is WorkerRole.BOTH:
-                raise Unavailable("no engine worker is alive")
-            raise Unavailable(f"no engine worker that can {leg.value} is alive")
+                raise NoLiveWorker("no engine worker is alive")
+            raise NoLiveWorker(f"no engine worker that can {leg.value} is alive")
         worker = min(live, key=lambda w: (w.in_flight, w.index))
         worker.in_flight += 1
         return worker

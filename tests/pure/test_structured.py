@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
+from gateway_server.engine.constraint import Constraint, StructuredOutput
+from gateway_server.engine.vllm_inputs import structured_outputs_kwargs
 from gateway_server.errors import InvalidRequest
-from gateway_server.structured import Constraint, StructuredOutput, parse_structured
+from gateway_server.structured import parse_structured
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
 OPTIONS_OFF = {"disable_any_whitespace": False, "disable_additional_properties": False,
@@ -32,8 +34,7 @@ def test_each_kind_reaches_vllm_as_vllm_serve_sends_it(
     body: dict[str, Any], kwargs: dict[str, Any]
 ) -> None:
     spec = parse_structured(body)
-    assert spec is not None
-    assert spec.vllm_kwargs() == kwargs | OPTIONS_OFF
+    assert spec is not None and structured_outputs_kwargs(spec) == kwargs | OPTIONS_OFF
 
 
 def test_text_and_nothing_are_no_constraint() -> None:
@@ -50,7 +51,7 @@ def test_response_format_takes_the_place_of_the_same_kind_and_keeps_its_options(
     assert spec == StructuredOutput(
         Constraint.JSON, spec.value if spec else "", "response_format", disable_any_whitespace=True
     )
-    assert spec is not None and spec.vllm_kwargs()["json"] == SCHEMA
+    assert spec is not None and structured_outputs_kwargs(spec)["json"] == SCHEMA
 
 
 @pytest.mark.parametrize(

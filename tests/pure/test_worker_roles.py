@@ -8,14 +8,13 @@ from pathlib import Path
 import pytest
 
 from gateway_server.config import from_args
-from gateway_server.engine.base import EngineError
+from gateway_server.engine.base import EngineError, NoLiveWorker
 from gateway_server.engine.handoff import WorkerRole
 from gateway_server.engine.kv_handoff import HandoffStore
 from gateway_server.engine.pool import EnginePool
 from gateway_server.engine.sim import SimConfig, SimulatedEngine
 from gateway_server.engine.vllm_options import VllmOptions
 from gateway_server.engine.vllm_pd import vllm_pd_engine_factory
-from gateway_server.errors import Unavailable
 from hangup_contract.runtime.options import ConfigError
 
 P, D, B = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH
@@ -56,8 +55,8 @@ def test_vllm_workers_take_roles_and_a_kv_connector() -> None:
     argv += ["--kv-connector", "NixlConnector"]
     config = from_args(argv, {})
     assert [r.value for r in config.roles] == ["prefill", "decode"]
-    assert config.vllm.kv_connector == "NixlConnector"
-    assert from_args(argv[:-2], {}).vllm.kv_connector == "hangup"
+    assert config.engine_settings.kv_connector == "NixlConnector"
+    assert from_args(argv[:-2], {}).engine_settings.kv_connector == "hangup"
 
 
 async def test_each_leg_goes_to_the_least_loaded_worker_of_its_role() -> None:
@@ -73,7 +72,7 @@ async def test_each_leg_goes_to_the_least_loaded_worker_of_its_role() -> None:
         assert pool.ready
         engines[0].inject_fault("kill")
         engines[3].inject_fault("kill")
-        with pytest.raises(Unavailable, match="no engine worker that can prefill is alive"):
+        with pytest.raises(NoLiveWorker, match="no engine worker that can prefill is alive"):
             pool.acquire(P)
         assert not pool.ready  # decode workers alone cannot serve a call
     finally:
