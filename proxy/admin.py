@@ -19,9 +19,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 
 from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
 from proxy.config import Config
-from proxy.http.headers import SERVER_HEADER
 from proxy.metrics import worker_restarts
 from proxy.state import ServerState
+from proxy.vocabulary import SERVER_HEADER
 
 
 class AdminSite:

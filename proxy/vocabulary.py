@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import enum
 
+SERVER_HEADER = "hangup-proxy"
+"""What every response the proxy answers itself, and every relayed one, names as its ``Server``:
+no implementation, no version."""
+
 
 class Stage(enum.StrEnum):
     """What the client had seen when it left: nothing yet, or part of the response."""

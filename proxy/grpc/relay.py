@@ -47,8 +47,8 @@ from proxy.errors import BadRequestId, ClientGone, Overloaded
 from proxy.grpc.metadata import Metadata, client_metadata, relayable, upstream_metadata
 from proxy.grpc.peer import Liveness, PeerWatch, can_tell_disconnects
 from proxy.grpc.status import StatusWatch
-from proxy.http.headers import RequestIds, choose_request_ids
 from proxy.lifecycle import CallEnding, log_call
+from proxy.request_ids import RequestIds, choose_request_ids
 from proxy.state import Call, ServerState, interrupter
 from proxy.vocabulary import CallProtocol, Outcome, Stage
 

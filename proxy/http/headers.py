@@ -1,4 +1,5 @@
-"""Header rules for relaying one HTTP/1.1 call: hop-by-hop fields, forwarding fields, request ids.
+"""Header rules for relaying one HTTP/1.1 call: hop-by-hop fields, forwarding fields, where the
+call's ids go (chosen by :mod:`proxy.request_ids`).
 
 No I/O: header lists in, header lists out. Hop-by-hop fields (RFC 9110 §7.6.1: ``Connection`` and
 every field it names, plus the classic ``Keep-Alive``, ``Proxy-Connection``, ``TE``, ``Trailer``,
@@ -10,10 +11,9 @@ by the proxy and dropped too. Field order and repeated fields are kept.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
-from hangup_contract import request_id as request_ids
-from proxy.errors import BadRequestId
+from proxy.request_ids import CLIENT_REQUEST_ID, REQUEST_ID, RequestIds
+from proxy.vocabulary import SERVER_HEADER
 
 Headers = list[tuple[str, str]]
 
@@ -30,11 +30,6 @@ HOP_BY_HOP = frozenset(
         "proxy-authorization",
     }
 )
-REQUEST_ID = request_ids.HEADER
-SERVER_HEADER = (
-    "hangup-proxy"  # what every response names as its Server: no implementation, no version
-)
-CLIENT_REQUEST_ID = "X-Client-Request-Id"
 _DROP_UPSTREAM = frozenset({"expect", REQUEST_ID.lower(), CLIENT_REQUEST_ID.lower()})
 
 
@@ -59,26 +54,6 @@ def strip_hop_by_hop(headers: Iterable[tuple[str, str]]) -> Headers:
 def _first(headers: Iterable[tuple[str, str]], name: str) -> str | None:
     lowered = name.lower()
     return next((value for key, value in headers if key.lower() == lowered), None)
-
-
-@dataclass(frozen=True)
-class RequestIds:
-    upstream: str  # the id of the upstream call: the one cancel calls name
-    client: str | None  # what the client sent as X-Request-Id, if anything
-
-
-def choose_request_ids(headers: Iterable[tuple[str, str]], *, trust_client: bool) -> RequestIds:
-    """The upstream call's id: fresh, or the client's own when trusted.
-
-    Raises ``BadRequestId`` when the client's id is trusted but breaks the contract's rule
-    (``hangup_contract.request_id``).
-    """
-    client = _first(headers, REQUEST_ID)
-    if not trust_client or client is None:
-        return RequestIds(request_ids.new_request_id(), client)
-    if not request_ids.is_valid(client):
-        raise BadRequestId(f"{REQUEST_ID} must be {request_ids.RULE}")
-    return RequestIds(client, client)
 
 
 def upstream_request_headers(

@@ -10,10 +10,10 @@ from typing import Any
 from aiohttp import web
 
 from hangup_contract.runtime.connections import LimitedServer, counted_in
-from proxy.http.headers import SERVER_HEADER
 from proxy.http.logs import server_logger
 from proxy.http.relay import HttpRelay
 from proxy.state import ServerState
+from proxy.vocabulary import SERVER_HEADER
 
 _CLOSE_TIMEOUT = 5.0  # seconds for handlers still running at close (the drain came first)
 

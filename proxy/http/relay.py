@@ -52,19 +52,14 @@ from proxy.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
-from proxy.http.headers import (
-    REQUEST_ID,
-    SERVER_HEADER,
-    choose_request_ids,
-    client_response_headers,
-    upstream_request_headers,
-)
+from proxy.http.headers import client_response_headers, upstream_request_headers
 from proxy.http.tagging import TAG_LIMIT, tag_body
 from proxy.lifecycle import CallEnding, log_call
+from proxy.request_ids import REQUEST_ID, choose_request_ids
 from proxy.state import Call, ServerState, interrupter
 from proxy.upstream.client import Client
 from proxy.upstream.connection import Body, Response
-from proxy.vocabulary import CallProtocol, Outcome, Stage
+from proxy.vocabulary import SERVER_HEADER, CallProtocol, Outcome, Stage
 
 log = logging.getLogger("hangup.proxy.http")
 

@@ -26,7 +26,8 @@ from hangup_contract import request_id
 from hangup_contract.cancel import CancelAnswer, cancel_path, encode_request, parse_request
 from hangup_contract.vocabulary import Reason
 from proxy.errors import BadRequestId
-from proxy.http.headers import HOP_BY_HOP, choose_request_ids, connection_scoped, strip_hop_by_hop
+from proxy.http.headers import HOP_BY_HOP, connection_scoped, strip_hop_by_hop
+from proxy.request_ids import choose_request_ids
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

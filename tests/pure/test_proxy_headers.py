@@ -5,13 +5,8 @@ from __future__ import annotations
 import pytest
 
 from proxy.errors import BadRequestId
-from proxy.http.headers import (
-    RequestIds,
-    choose_request_ids,
-    client_response_headers,
-    strip_hop_by_hop,
-    upstream_request_headers,
-)
+from proxy.http.headers import client_response_headers, strip_hop_by_hop, upstream_request_headers
+from proxy.request_ids import RequestIds, choose_request_ids
 
 
 def test_hop_by_hop_fields_and_those_named_in_connection_are_dropped() -> None:
