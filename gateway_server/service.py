@@ -35,6 +35,7 @@ from gateway_server.engine.base import (
     EngineRequest,
     FinishReason,
     NoChatTemplate,
+    NoFaults,
     NoLiveWorker,
     RequestRejected,
     SamplingParams,
@@ -42,7 +43,6 @@ from gateway_server.engine.base import (
 )
 from gateway_server.engine.handoff import WorkerRole
 from gateway_server.engine.pool import EnginePool, Worker
-from gateway_server.engine.sim import SimulatedEngine
 from gateway_server.errors import (
     CancelledBeforeArrival,
     EngineFailure,
@@ -205,10 +205,13 @@ class GenerationService:
         process; returns its index. Raises RequestNotFound for a worker this process does not
         run on the simulated engine, InvalidRequest for an unknown fault."""
         worker = next((w for w in self.pool.workers if w.name == worker_name), None)
-        if worker is None or not isinstance(worker.engine, SimulatedEngine):
-            raise RequestNotFound(f"no simulated engine worker {worker_name!r} in this process")
+        missing = RequestNotFound(f"no simulated engine worker {worker_name!r} in this process")
+        if worker is None:
+            raise missing
         try:
             worker.engine.inject_fault(fault)
+        except NoFaults as exc:
+            raise missing from exc
         except ValueError as exc:
             raise InvalidRequest(str(exc), param="fault") from exc
         return worker.index

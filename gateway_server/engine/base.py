@@ -152,6 +152,10 @@ class EngineDead(EngineError):
     """The engine can serve no more requests (its process died, its device was lost)."""
 
 
+class NoFaults(Exception):
+    """The engine takes no injected faults (only the simulated engine does)."""
+
+
 class NoLiveWorker(EngineError):
     """No live engine worker can take the request (each one that could is down): the gateway
     answers 503, as when it drains."""
@@ -236,3 +240,8 @@ class Engine(Protocol):
         ...
 
     def load(self) -> EngineLoad: ...
+
+    def inject_fault(self, fault: str) -> None:
+        """Make the engine fail as named, for tests and demos (``--sim-faults``). Raises
+        NoFaults when the engine takes none, ValueError for a fault it does not know."""
+        ...

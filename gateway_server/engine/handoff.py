@@ -98,7 +98,8 @@ class KvHandoff:
     """A prompt's KV cache held by a prefill engine for a decode engine to load."""
 
     key: str
-    """What the KV is kept under: the call id (one handoff per call)."""
+    """What the KV is kept under: the engine request's id (``<call id>-<n>``; one handoff per
+    engine request, so a call with ``n`` > 1 has one per choice)."""
     prefill_request_id: str
     """The prefill leg's engine request id (it has ended when the handoff exists)."""
     prompt_tokens: int

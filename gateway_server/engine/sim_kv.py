@@ -1,9 +1,9 @@
 """The simulated engine's KV connector: prompts' KV kept by prefill engines for decode engines.
 
 A :class:`SimKvStore` is shared by every simulated engine of a gateway (as a file connector's
-directory is shared by vLLM's engines): it maps a key (a call id) to the :class:`SavedKv` of
-the engine that holds that prompt's KV. A prefill engine saves a prompt's blocks in its
-``SavedKv`` once prefill ends; they count in its KV-cache use until one of:
+directory is shared by vLLM's engines): it maps a key (an engine request's id) to the
+:class:`SavedKv` of the engine that holds that prompt's KV. A prefill engine saves a prompt's
+blocks in its ``SavedKv`` once prefill ends; they count in its KV-cache use until one of:
 
 - a decode engine pulls them (:meth:`SimKvStore.pull`): freed, unless the prefill engine's
   ``lose_notification`` fault is on (it is never told; the blocks stay until release or lease);

@@ -81,6 +81,7 @@ from gateway_server.engine.base import (
     Feature,
     FinishReason,
     NoChatTemplate,
+    NoFaults,
     RequestRejected,
     SamplingParams,
     TokenChunk,
@@ -520,6 +521,9 @@ class VllmEngine:
         )
         waiting = ahead[len(ahead) - stats.waiting :] if stats.waiting else []
         return Phase.QUEUED if state.seq in waiting else Phase.PREFILL
+
+    def inject_fault(self, fault: str) -> None:
+        raise NoFaults("the vLLM engine takes no injected faults")
 
     def load(self) -> EngineLoad:
         stats = self._stats

@@ -119,7 +119,7 @@ class VllmPdEngine(VllmEngine):
         return sampling
 
     async def prefill(self, request: EngineRequest, key: str) -> KvHandoff | None:
-        """See :meth:`~.handoff.DisaggregatedEngine.prefill`; ``key`` is the call id."""
+        """See :meth:`~.handoff.DisaggregatedEngine.prefill`; ``key`` is the engine request's id."""
         file_key = handoff_key(key)
         rid = request.request_id
         if self.connector == NIXL_CONNECTOR:

@@ -15,7 +15,7 @@ from typing import Any, cast
 import aiohttp
 import pytest
 
-from gateway_server.engine.base import Engine
+from gateway_server.engine.base import Engine, NoFaults
 from gateway_server.engine.pool import RestartPolicy
 from gateway_server.engine.sim import SimConfig, SimulatedEngine
 from gateway_server.metrics import worker_loads
@@ -227,6 +227,11 @@ async def test_the_fault_switch_needs_the_flag_and_the_token() -> None:
         assert await fault(gw, "0", "explode") == 400
         assert await fault(gw, "7", "kill") == 404
         assert gw.server.pool.ready
+    # an engine that takes no faults (vLLM's) is no worker the switch can reach
+    engines: list[Engine] = [_NoFaultsEngine(SimulatedEngine(FAST))]
+    async with running_gateway(token=TOKEN, sim_faults=True, engines=engines) as gw:
+        assert await fault(gw, "0", "kill") == 404
+        assert gw.server.pool.ready
 
 
 async def test_a_hung_worker_stops_and_resumes() -> None:
@@ -259,6 +264,19 @@ class _HeldEngine:
     async def start(self) -> None:
         await self._held.wait()
         await self._engine.start()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+
+class _NoFaultsEngine:
+    """A working engine that takes no injected faults, as the vLLM engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def inject_fault(self, fault: str) -> None:
+        raise NoFaults("this engine takes no injected faults")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)

@@ -13,6 +13,7 @@ import aiohttp
 from prometheus_client import CollectorRegistry
 
 from gateway_server.config import GatewayConfig
+from gateway_server.engine.base import Engine
 from gateway_server.engine.sim import SimConfig
 from gateway_server.processes import ApiProcess
 from gateway_server.server import GatewayServer
@@ -74,12 +75,14 @@ StartGateway = Callable[..., Any]
 @asynccontextmanager
 async def running_gateway(
     *, sim: SimConfig | None = None, token: str | None = None,
-    api_process: ApiProcess | None = None, **overrides: Any,
+    api_process: ApiProcess | None = None, engines: list[Engine] | None = None, **overrides: Any,
 ) -> AsyncIterator[Gateway]:  # fmt: skip
     config = GatewayConfig(
         http_port=0, grpc_port=0, engine_settings=sim, cancel_token=token, **overrides
     )
-    server = GatewayServer(config, registry=CollectorRegistry(), api_process=api_process)
+    server = GatewayServer(
+        config, engines=engines, registry=CollectorRegistry(), api_process=api_process
+    )
     listeners = await server.start()
     async with aiohttp.ClientSession() as session:
         try:
