@@ -124,6 +124,31 @@ _SHARED: dict[str, Rule] = {
     "return_mm_kwargs": refused("(multimodal input) " + NOT_YET),
 }
 
+SAMPLING_FIELDS = (
+    "max_tokens", "max_completion_tokens", "seed", "stop", "temperature", "top_p", "ignore_eos",
+    "include_stop_str_in_output", "skip_special_tokens", "top_k", "min_p", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "logit_bias", "stop_token_ids", "min_tokens",
+)  # fmt: skip
+"""The fields :func:`gateway_server.requests.sampling_params` reads: what KServe's
+``sampling_parameters`` may hold."""
+
+
+def check_sampling(
+    options: Mapping[str, Any], features: Iterable[Feature], engine: str, *, strict: bool
+) -> None:
+    """Refuse a sampling field of ``options`` that the engine does not honour, as
+    :func:`check` does; ``strict``: refuse any other field too (a ``sampling_parameters``
+    object holds sampling fields only)."""
+    table = {name: _SHARED.get(name, honoured()) for name in SAMPLING_FIELDS}
+    if strict:
+        for name in options:
+            if name not in table:
+                raise InvalidRequest(
+                    f"'{name}' is not a sampling parameter this gateway knows", param=name
+                )
+    check({k: v for k, v in options.items() if k in table}, table, features, engine)
+
+
 CHAT: Mapping[str, Rule] = _SHARED | {
     "messages": honoured(),
     "max_completion_tokens": honoured(),

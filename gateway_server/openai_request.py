@@ -16,14 +16,13 @@ from gateway_server.engine.base import ChatOptions, Engine, Feature, SamplingPar
 from gateway_server.engine.constraint import StructuredOutput
 from gateway_server.errors import InvalidRequest
 from gateway_server.openai_fields import CHAT, COMPLETIONS, check
-from gateway_server.requests import MAX_CHOICES, field, stop_strings
+from gateway_server.requests import MAX_CHOICES, TOKEN_BUDGET_CHAT, field, sampling_params
 from gateway_server.service import GenerationService
 from gateway_server.structured import parse_structured
 from gateway_server.tool_calls import ToolPlan
 
 MAX_LOGPROBS = 20
 """Most top candidates per token (vLLM's default ``--max-logprobs``)."""
-_INT64 = (-(2**63), 2**63 - 1)
 _ROLES = {"system", "user", "assistant", "tool", "developer"}
 _MESSAGE_KEYS = {"role", "content", "name", "tool_call_id", "tool_calls"}
 
@@ -72,7 +71,11 @@ def parse(body: dict[str, Any], service: GenerationService, *, chat: bool) -> Op
             raise InvalidRequest(f"'stream_options.{key}' is not supported", param="stream_options")
     n = field(body, "n", int, 1)
     top = _chat_logprobs(body) if chat else _completion_logprobs(body)
-    params = _sampling(body, engine, chat=chat, max_model_len=max_model_len, logprobs=top)
+    budget = TOKEN_BUDGET_CHAT if chat else ("max_tokens",)
+    params = sampling_params(
+        body, engine, max_model_len=max_model_len, default_max_tokens=256 if chat else 16,
+        budget=budget, logprobs=top,
+    )  # fmt: skip
     tools = service.tools.plan(body) if chat else None
     params = _constrained(service, params, structured, tools)
     if chat:
@@ -142,90 +145,6 @@ def _completion_logprobs(body: dict[str, Any]) -> int | None:
     if top is not None and not 0 <= top <= MAX_LOGPROBS:
         raise InvalidRequest(f"'logprobs' must be between 0 and {MAX_LOGPROBS}", param="logprobs")
     return top
-
-
-def _sampling(
-    body: dict[str, Any], engine: Engine, *, chat: bool, max_model_len: int, logprobs: int | None
-) -> SamplingParams:
-    name = "max_tokens"
-    max_tokens = field(body, "max_tokens", int, None)
-    if chat and body.get("max_completion_tokens") is not None:  # vLLM: it wins over max_tokens
-        name, max_tokens = "max_completion_tokens", field(body, "max_completion_tokens", int, None)
-    if max_tokens is None:
-        max_tokens = 256 if chat else 16
-    if not 1 <= max_tokens <= max_model_len:
-        raise InvalidRequest(f"'{name}' must be between 1 and {max_model_len}", param=name)
-    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
-    if top_p == 0.0:
-        raise InvalidRequest("'top_p' must be greater than 0 and at most 1", param="top_p")
-    stops = stop_strings(body)
-    seed = field(body, "seed", int, None)
-    if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
-        raise InvalidRequest("'seed' must be a 64-bit integer", param="seed")
-    top_k = field(body, "top_k", int, 0)
-    if top_k < -1:
-        raise InvalidRequest("'top_k' must be -1 or 0 (every token), or at least 1", param="top_k")
-    min_tokens = field(body, "min_tokens", int, 0)
-    if not 0 <= min_tokens <= max_tokens:
-        raise InvalidRequest(
-            f"'min_tokens' must be between 0 and {name} ({max_tokens})", param="min_tokens"
-        )
-    repetition = _number(body, "repetition_penalty", 1.0, 0.0, 2.0**31)
-    if repetition == 0.0:
-        raise InvalidRequest(
-            "'repetition_penalty' must be greater than 0", param="repetition_penalty"
-        )
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        seed=seed,
-        stop=tuple(stops),
-        ignore_eos=field(body, "ignore_eos", bool, False),
-        top_k=top_k if top_k > 0 else 0,
-        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
-        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
-        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        repetition_penalty=repetition,
-        stop_token_ids=_token_ids(body, "stop_token_ids", engine.vocab_size),
-        min_tokens=min_tokens,
-        logit_bias=_logit_bias(body, engine.vocab_size),
-        include_stop_str_in_output=field(body, "include_stop_str_in_output", bool, False),
-        skip_special_tokens=field(body, "skip_special_tokens", bool, True),
-        logprobs=logprobs,
-    )
-
-
-def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
-    value = float(field(body, name, (int, float), default))
-    if not low <= value <= high:
-        raise InvalidRequest(f"'{name}' must be between {low:g} and {high:g}", param=name)
-    return value
-
-
-def _token_ids(body: dict[str, Any], name: str, vocab: int) -> tuple[int, ...]:
-    ids = field(body, name, list, [])
-    if not all(type(i) is int and 0 <= i < vocab for i in ids):
-        raise InvalidRequest(f"'{name}' must be token ids between 0 and {vocab - 1}", param=name)
-    return tuple(ids)
-
-
-def _logit_bias(body: dict[str, Any], vocab: int) -> tuple[tuple[int, float], ...]:
-    given = field(body, "logit_bias", dict, {})
-    out = []
-    for key, value in given.items():
-        if not key.lstrip("-").isdigit() or type(value) not in (int, float):
-            raise InvalidRequest("'logit_bias' must map token ids to numbers", param="logit_bias")
-        out.append((int(key), float(value)))
-    outside = [token for token, _ in out if not 0 <= token < vocab]
-    if outside:
-        raise InvalidRequest(
-            f"token_id(s) {outside} in 'logit_bias' contain out-of-vocab token ids. "
-            f"Vocabulary size: {vocab}",
-            param="logit_bias",
-        )
-    return tuple(out)
 
 
 def _prompts(body: dict[str, Any], engine: Engine) -> list[str | tuple[int, ...]]:

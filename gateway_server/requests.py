@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from gateway_server.engine.base import SamplingParams
+from gateway_server.engine.base import Engine, SamplingParams
 from gateway_server.errors import InvalidRequest
 from hangup_contract.vocabulary import Reason
 
@@ -63,29 +63,98 @@ def stop_strings(body: dict[str, Any]) -> list[str]:
     return stops
 
 
+TOKEN_BUDGET_CHAT = ("max_completion_tokens", "max_tokens")
+"""The fields that bound a chat answer's length, the first given winning (vLLM's rule)."""
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def sampling_params(
-    body: dict[str, Any], *, max_model_len: int, default_max_tokens: int
+    body: dict[str, Any],
+    engine: Engine,
+    *,
+    max_model_len: int,
+    default_max_tokens: int,
+    budget: tuple[str, ...] = ("max_tokens",),
+    logprobs: int | None = None,
 ) -> SamplingParams:
-    """Sampling fields shared by the OpenAI and Triton APIs, validated."""
-    max_tokens = field(body, "max_tokens", int, None)
-    if max_tokens is None:
-        max_tokens = field(body, "max_completion_tokens", int, default_max_tokens)
+    """The sampling fields of ``body``, with vLLM's names, types and ranges: the one reader
+    of every protocol (OpenAI's, the Responses API's as chat, KServe's over HTTP and gRPC).
+
+    ``budget``: the fields that bound the answer's length, the first given winning. Whether
+    the engine honours a field is the caller's check (:func:`check_sampling_fields`).
+    """
+    name = next((n for n in budget if body.get(n) is not None), budget[-1])
+    max_tokens = field(body, name, int, default_max_tokens)
     if not 1 <= max_tokens <= max_model_len:
-        raise InvalidRequest(
-            f"'max_tokens' must be between 1 and {max_model_len}", param="max_tokens"
-        )
-    temperature = float(field(body, "temperature", (int, float), 1.0))
-    if not 0.0 <= temperature <= 2.0:
-        raise InvalidRequest("'temperature' must be between 0 and 2", param="temperature")
-    top_p = float(field(body, "top_p", (int, float), 1.0))
-    if not 0.0 < top_p <= 1.0:
+        raise InvalidRequest(f"'{name}' must be between 1 and {max_model_len}", param=name)
+    temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
+    top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+    if top_p == 0.0:
         raise InvalidRequest("'top_p' must be greater than 0 and at most 1", param="top_p")
     stops = stop_strings(body)
+    seed = field(body, "seed", int, None)
+    if seed is not None and not _INT64[0] <= seed <= _INT64[1]:
+        raise InvalidRequest("'seed' must be a 64-bit integer", param="seed")
+    top_k = field(body, "top_k", int, 0)
+    if top_k < -1:
+        raise InvalidRequest("'top_k' must be -1 or 0 (every token), or at least 1", param="top_k")
+    min_tokens = field(body, "min_tokens", int, 0)
+    if not 0 <= min_tokens <= max_tokens:
+        raise InvalidRequest(
+            f"'min_tokens' must be between 0 and {name} ({max_tokens})", param="min_tokens"
+        )
+    repetition = _number(body, "repetition_penalty", 1.0, 0.0, 2.0**31)
+    if repetition == 0.0:
+        raise InvalidRequest(
+            "'repetition_penalty' must be greater than 0", param="repetition_penalty"
+        )
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=temperature,
         top_p=top_p,
-        seed=field(body, "seed", int, None),
+        seed=seed,
         stop=tuple(stops),
         ignore_eos=field(body, "ignore_eos", bool, False),
+        top_k=top_k if top_k > 0 else 0,
+        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=repetition,
+        stop_token_ids=_token_ids(body, "stop_token_ids", engine.vocab_size),
+        min_tokens=min_tokens,
+        logit_bias=_logit_bias(body, engine.vocab_size),
+        include_stop_str_in_output=field(body, "include_stop_str_in_output", bool, False),
+        skip_special_tokens=field(body, "skip_special_tokens", bool, True),
+        logprobs=logprobs,
     )
+
+
+def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
+    value = float(field(body, name, (int, float), default))
+    if not low <= value <= high:
+        raise InvalidRequest(f"'{name}' must be between {low:g} and {high:g}", param=name)
+    return value
+
+
+def _token_ids(body: dict[str, Any], name: str, vocab: int) -> tuple[int, ...]:
+    ids = field(body, name, list, [])
+    if not all(type(i) is int and 0 <= i < vocab for i in ids):
+        raise InvalidRequest(f"'{name}' must be token ids between 0 and {vocab - 1}", param=name)
+    return tuple(ids)
+
+
+def _logit_bias(body: dict[str, Any], vocab: int) -> tuple[tuple[int, float], ...]:
+    given = field(body, "logit_bias", dict, {})
+    out = []
+    for key, value in given.items():
+        if not key.lstrip("-").isdigit() or type(value) not in (int, float):
+            raise InvalidRequest("'logit_bias' must map token ids to numbers", param="logit_bias")
+        out.append((int(key), float(value)))
+    outside = [token for token, _ in out if not 0 <= token < vocab]
+    if outside:
+        raise InvalidRequest(
+            f"token_id(s) {outside} in 'logit_bias' contain out-of-vocab token ids. "
+            f"Vocabulary size: {vocab}",
+            param="logit_bias",
+        )
+    return tuple(out)

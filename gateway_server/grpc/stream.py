@@ -42,10 +42,12 @@ from gateway_server.errors import (
 from gateway_server.grpc.common import parse, refused, status_of
 from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.tensors import TextRequest, decode_request, parameter, text_response
+from gateway_server.openai_fields import check_sampling
 from gateway_server.registry import Call
 from gateway_server.requests import (
     EMPTY_FINAL_OPT_IN,
     FINAL_FLAG,
+    TOKEN_BUDGET_CHAT,
     cancelled_message,
     sampling_params,
 )
@@ -66,8 +68,12 @@ def prepare(service: GenerationService, request: pb.ModelInferRequest) -> tuple[
     """
     service.check_model(request.model_name)
     text = decode_request(request)
-    max_len = service.model.max_model_len
-    params = sampling_params(text.sampling, max_model_len=max_len, default_max_tokens=16)
+    engine, max_len = service.engine, service.model.max_model_len
+    check_sampling(text.sampling, engine.features, engine.name, strict=True)
+    params = sampling_params(
+        text.sampling, engine, max_model_len=max_len, default_max_tokens=16,
+        budget=TOKEN_BUDGET_CHAT,
+    )  # fmt: skip
     service.check_prompt(text.prompt, params)
     return text, params
 

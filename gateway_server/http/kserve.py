@@ -36,9 +36,11 @@ from gateway_server.http.common import (
     read_json_object,
     request_id,
 )
+from gateway_server.openai_fields import check_sampling
 from gateway_server.requests import (
     EMPTY_FINAL_OPT_IN,
     FINAL_FLAG,
+    TOKEN_BUDGET_CHAT,
     cancelled_message,
     field,
     sampling_params,
@@ -113,7 +115,12 @@ async def model_ready(request: web.Request) -> web.Response:
     )
 
 
-def _sampling_body(body: dict[str, Any]) -> dict[str, Any]:
+def _sampling_body(body: dict[str, Any], service: GenerationService) -> dict[str, Any]:
+    """The request's options: its top-level keys, then its ``parameters``, then the fields of its
+    ``sampling_parameters`` (JSON, or a JSON text), each later one winning. A field of
+    ``sampling_parameters`` that is no sampling parameter is refused by name, as is one the
+    engine does not honour, wherever it is given."""
+    engine = service.engine
     merged = {k: v for k, v in body.items() if k not in ("parameters", "sampling_parameters")}
     parameters = field(body, "parameters", dict, {})
     merged.update(parameters)
@@ -125,7 +132,9 @@ def _sampling_body(body: dict[str, Any]) -> dict[str, Any]:
             raise InvalidRequest(f"'sampling_parameters' is not valid JSON: {exc}") from exc
         if not isinstance(extra, dict):
             raise InvalidRequest("'sampling_parameters' must be a JSON object")
+        check_sampling(extra, engine.features, engine.name, strict=True)
         merged.update(extra)
+    check_sampling(merged, engine.features, engine.name, strict=False)
     return merged
 
 
@@ -199,9 +208,13 @@ def _parse(service: GenerationService, body: dict[str, Any]) -> tuple[str, Any, 
     prompt = field(body, "text_input", str, None)
     if prompt is None:
         raise InvalidRequest("'text_input' is required and must be a string", param="text_input")
-    options = _sampling_body(body)
+    options = _sampling_body(body, service)
     params = sampling_params(
-        options, max_model_len=service.model.max_model_len, default_max_tokens=16
+        options,
+        service.engine,
+        max_model_len=service.model.max_model_len,
+        default_max_tokens=16,
+        budget=TOKEN_BUDGET_CHAT,
     )
     service.check_prompt(prompt, params)
     field(options, "exclude_input_in_output", bool, False)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from gateway_server.sse import SSEDecoder
 from tests.support.gateway import MODEL, Gateway
 
@@ -60,6 +62,51 @@ async def test_sampling_parameters_as_json_string(gateway: Gateway) -> None:
     async with gateway.session.post(url, json=body) as r:
         assert r.status == 400
         assert "'sampling_parameters' is not valid JSON" in (await r.json())["error"]
+
+
+SAMPLING = {"max_tokens": 6, "seed": 7, "top_k": 3, "min_p": 0.05, "logit_bias": {"5": 100},
+            "min_tokens": 6}  # fmt: skip
+"""Fields the OpenAI API honoured and KServe once ignored: the bias makes every token id 5."""
+
+
+async def test_sampling_is_read_as_the_openai_api_reads_it(gateway: Gateway) -> None:
+    s, url = gateway.session, gateway.url
+    completion = {"model": MODEL, "prompt": "Once upon", **SAMPLING}
+    async with s.post(f"{url}/v1/completions", json=completion) as r:
+        assert r.status == 200, await r.text()
+        expected = (await r.json())["choices"][0]["text"]
+    bodies = [
+        {"text_input": "Once upon", "parameters": {**SAMPLING, "exclude_input_in_output": True}},
+        {"text_input": "Once upon", "sampling_parameters": json.dumps(SAMPLING),
+         "exclude_input_in_output": True},
+    ]  # fmt: skip
+    for body in bodies:
+        async with s.post(f"{url}/v2/models/{MODEL}/generate", json=body) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["text_output"] == expected
+    unbiased = {"text_input": "Once upon", "exclude_input_in_output": True, "max_tokens": 6,
+                "seed": 7}  # fmt: skip
+    async with s.post(f"{url}/v2/models/{MODEL}/generate", json=unbiased) as r:
+        assert (await r.json())["text_output"] != expected  # the fields changed the answer
+
+
+@pytest.mark.parametrize(
+    ("where", "name", "value", "says"),
+    [
+        ("parameters", "presence_penalty", 0.5, "is not supported by the simulated engine"),
+        ("sampling_parameters", "repetition_penalty", 1.2, "is not supported by the simulated"),
+        ("sampling_parameters", "best_of", 2, "is not a sampling parameter this gateway knows"),
+        ("sampling_parameters", "seed", 2**64, "must be a 64-bit integer"),
+    ],
+)
+async def test_a_sampling_field_the_gateway_cannot_honour_is_refused_by_name(
+    gateway: Gateway, where: str, name: str, value: object, says: str
+) -> None:
+    body = {"text_input": "x", where: {"max_tokens": 2, name: value}}
+    for path in ("generate", "generate_stream"):
+        async with gateway.session.post(f"{gateway.url}/v2/models/{MODEL}/{path}", json=body) as r:
+            assert r.status == 400
+            assert f"'{name}' {says}" in (await r.json())["error"]
 
 
 async def test_stream_flags_the_last_data_response_final(gateway: Gateway) -> None:

@@ -110,6 +110,19 @@ async def test_malformed_request_is_invalid_argument_and_the_stream_survives(
         await client.infer(MODEL, inputs("x", stream=False, max_tokens=0))
 
 
+async def test_sampling_is_read_as_over_http_and_a_field_it_cannot_honour_refused(
+    gateway: Gateway, client: triton.InferenceServerClient
+) -> None:
+    sampling = {"max_tokens": 5, "seed": 3, "top_k": 2, "logit_bias": {"7": 100}}
+    result = await client.infer(MODEL, inputs("Once upon", stream=False, **sampling))
+    body = {"text_input": "Once upon", "parameters": sampling}
+    async with gateway.session.post(f"{gateway.url}/v2/models/{MODEL}/generate", json=body) as r:
+        assert text_of(result) == (await r.json())["text_output"]
+    for name, value in (("presence_penalty", 0.5), ("best_of", 2)):
+        with pytest.raises(InferenceServerException, match=f"INVALID_ARGUMENT.*'{name}'"):
+            await client.infer(MODEL, inputs("x", stream=False, max_tokens=2, **{name: value}))
+
+
 async def test_one_request_of_a_stream_is_cancelled_alone(
     gateway: Gateway, client: triton.InferenceServerClient
 ) -> None:

@@ -15,12 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gateway_server.engine.base import FinishReason
+from gateway_server.engine.sim import SimConfig, SimulatedEngine
 from gateway_server.errors import InvalidRequest
 from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.tensors import decode_bytes_tensor, decode_request, encode_bytes_tensor
 from gateway_server.http.openai import StreamEvents
+from gateway_server.openai_fields import SAMPLING_FIELDS
 from gateway_server.openai_request import messages as chat_messages
-from gateway_server.requests import sampling_params
+from gateway_server.requests import TOKEN_BUDGET_CHAT, sampling_params
 from gateway_server.sse import Event, SSEDecoder, encode
 from hangup_contract import request_id
 from hangup_contract.cancel import CancelAnswer, cancel_path, encode_request, parse_request
@@ -216,21 +218,23 @@ def test_any_cancel_answer_parses_or_is_refused(text: str) -> None:
         assert CancelAnswer.from_json(json.dumps(answer.to_json())) == answer
 
 
-_SAMPLING_KEYS = st.sampled_from(["max_tokens", "max_completion_tokens", "temperature", "top_p",
-                                  "stop", "seed", "ignore_eos", "other"])  # fmt: skip
+_SAMPLING_KEYS = st.sampled_from([*SAMPLING_FIELDS, "other"])
+_SIM = SimulatedEngine(SimConfig())
 
 
 @SETTINGS
 @given(st.dictionaries(_SAMPLING_KEYS, json_values, max_size=6))
 def test_any_sampling_body_is_valid_or_refused_by_field(body: dict[str, Any]) -> None:
     try:
-        params = sampling_params(body, max_model_len=4096, default_max_tokens=16)
+        params = sampling_params(
+            body, _SIM, max_model_len=4096, default_max_tokens=16, budget=TOKEN_BUDGET_CHAT
+        )
     except InvalidRequest as exc:
-        assert exc.param in {"max_tokens", "max_completion_tokens", "temperature", "top_p",
-                             "stop", "seed", "ignore_eos"}  # fmt: skip
+        assert exc.param in SAMPLING_FIELDS
     else:
         assert 1 <= params.max_tokens <= 4096 and 0 <= params.temperature <= 2
         assert 0 < params.top_p <= 1 and len(params.stop) <= 4
+        assert 0 <= params.min_tokens <= params.max_tokens and params.repetition_penalty > 0
 
 
 @SETTINGS
