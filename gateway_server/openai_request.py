@@ -96,7 +96,7 @@ def parse(body: dict[str, Any], service: GenerationService, *, chat: bool) -> Op
         )
     choices = []
     for prompt in prompts:
-        _check_length(engine, prompt, params, max_model_len)
+        service.check_prompt(prompt, params)
         shown = engine.prompt_text(prompt) if echo else None
         for i in range(n):  # as vLLM's parallel sampling: choice i of a prompt draws with seed+i
             seeded = params if params.seed is None else replace(params, seed=params.seed + i)
@@ -173,18 +173,6 @@ def _prompts(body: dict[str, Any], engine: Engine) -> list[str | tuple[int, ...]
             f"'prompt' token ids must be between 0 and {vocab - 1}", param="prompt"
         )
     return [tuple(p) for p in lists]
-
-
-def _check_length(
-    engine: Engine, prompt: str | tuple[int, ...], params: SamplingParams, limit: int
-) -> None:
-    tokens = engine.count_prompt_tokens(prompt)
-    if tokens + params.max_tokens > limit:
-        raise InvalidRequest(
-            f"prompt ({tokens} tokens) plus max_tokens ({params.max_tokens}) exceeds the "
-            f"model's context length of {limit} tokens",
-            param="prompt",
-        )
 
 
 def _chat_prompt(body: dict[str, Any], service: GenerationService, tools: ToolPlan | None) -> str:
