@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gateway_server.engine.kv_handoff import handoff_key
+from gateway_server.engine.vllm.kv_handoff import handoff_key
 
 PHASES = ("queued", "prefill", "transfer", "decode")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import uvloop
 
 from gateway_server.config import from_args
-from gateway_server.engine.sim import SimConfig, SimulatedEngine
+from gateway_server.engine.sim.engine import SimConfig, SimulatedEngine
 from gateway_server.server import GatewayServer
 from hangup_contract.runtime import logs
 

@@ -10,7 +10,7 @@ compile) the engine refuses: see ``Engine.check``.
 As in vLLM, ``response_format`` (when not ``text``) takes the place of the constraint in
 ``structured_outputs`` and keeps its options (``disable_any_whitespace`` and the like).
 No I/O; the vLLM engine maps the spec onto vLLM's ``StructuredOutputsParams``
-(``gateway_server.engine.vllm_inputs``).
+(``gateway_server.engine.vllm.inputs``).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from typing import Any
 
 from gateway_server.engine.base import EngineError
 from gateway_server.engine.constraint import Constraint, StructuredOutput
-from gateway_server.engine.vllm_inputs import from_vllm
+from gateway_server.engine.vllm.inputs import from_vllm
 from gateway_server.errors import InvalidRequest
 
 _FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "structured_outputs")

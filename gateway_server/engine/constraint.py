@@ -2,7 +2,7 @@
 
 Engine-neutral: :mod:`gateway_server.structured` reads it from a request's ``response_format`` and
 ``structured_outputs`` fields; each engine maps it onto its own (the vLLM engine onto
-``StructuredOutputsParams``, in :mod:`~.vllm_inputs`) or refuses it (``Engine.check``).
+``StructuredOutputsParams``, in :mod:`~.vllm.inputs`) or refuses it (``Engine.check``).
 """
 
 from __future__ import annotations

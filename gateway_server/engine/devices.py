@@ -4,7 +4,7 @@ On a machine with GPUs, worker *i* gets its own group of the visible devices (as
 engine spans: vLLM's ``tensor_parallel_size``), through the platform's device variable (e.g.
 ``CUDA_VISIBLE_DEVICES``) set while that worker's engine process is spawned. The variable is
 process-wide, so workers start one after another under a lock the engine holds. Which variable,
-and which devices are visible, is the engine's to say (vLLM's: :mod:`.vllm_devices`).
+and which devices are visible, is the engine's to say (vLLM's: :mod:`.vllm.devices`).
 """
 
 from __future__ import annotations

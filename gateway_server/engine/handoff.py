@@ -25,7 +25,7 @@ Mapping to vLLM with a KV connector: ``prefill`` is the prompt with ``max_tokens
 the handoff's ``transfer_params``); ``decode`` is the full request with those
 ``kv_transfer_params`` ("load key X"); ``release`` deletes what the connector keeps for X;
 aborting either leg is ``abort(request_id)``. The simulated engine implements it with its block
-model (:mod:`.sim`, :mod:`.sim_kv`). An engine kind whose engines implement it says so in its
+model (:mod:`.sim.engine`, :mod:`.sim.kv`). An engine kind whose engines implement it says so in its
 row of the engine table (``EngineKind.disaggregates``); ``--worker-roles`` is refused for others.
 An engine that must know its worker's role (vLLM's ``kv_role``) is told by its factory, which
 gets the worker's index: ``GatewayConfig.roles[index]``. The legs' engine request ids are

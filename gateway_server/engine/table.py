@@ -18,10 +18,10 @@ from typing import Any
 
 from gateway_server.engine.context import EngineContext
 from gateway_server.engine.pool import EngineFactory
-from gateway_server.engine.sim import SimConfig, SimulatedEngine
-from gateway_server.engine.sim_kv import SimKvStore
-from gateway_server.engine.sim_options import SIM_OPTIONS
-from gateway_server.engine.vllm_options import VLLM_OPTIONS, VllmOptions
+from gateway_server.engine.sim.engine import SimConfig, SimulatedEngine
+from gateway_server.engine.sim.kv import SimKvStore
+from gateway_server.engine.sim.options import SIM_OPTIONS
+from gateway_server.engine.vllm.options import VLLM_OPTIONS, VllmOptions
 from hangup_contract.runtime.options import Option
 
 
@@ -65,10 +65,10 @@ def _vllm(context: EngineContext) -> EngineFactory:
     assert isinstance(context.settings, VllmOptions) and context.model is not None
     # Imported only when asked for: importing vLLM takes seconds and a lot of memory.
     if context.disaggregated:  # prefill and decode workers, with a KV connector
-        vllm_pd: Any = import_module("gateway_server.engine.vllm_pd")
+        vllm_pd: Any = import_module("gateway_server.engine.vllm.pd")
         pd_factory: EngineFactory = vllm_pd.pd_factory(context)
         return pd_factory
-    vllm: Any = import_module("gateway_server.engine.vllm")
+    vllm: Any = import_module("gateway_server.engine.vllm.engine")
     factory: EngineFactory = vllm.vllm_engine_factory(
         context.model, context.settings, context.workers
     )

@@ -1,5 +1,5 @@
 """The simulated engine's fault switch: ``POST /v2/admin/workers/{worker}/fault`` with
-``{"fault": "kill" | "hang" | "resume"}`` (see ``gateway_server.engine.sim``).
+``{"fault": "kill" | "hang" | "resume"}`` (see ``gateway_server.engine.sim.engine``).
 
 Served only when the gateway runs with ``--sim-faults`` (and ``--engine sim``), behind the cancel
 API's bearer token: it exists so tests and demos can make an engine die or hang and watch the

@@ -1,5 +1,6 @@
 """The output of an engine's processes: passed on unchanged, and its last error line kept for the
-death log (what vLLM's engine core printed before it died; ``gateway_server/engine/output_tail``).
+death log (what vLLM's engine core printed before it died;
+``gateway_server/engine/vllm/output_tail.py``).
 A real child process, started while the tail captures, prints after the capture has ended, as a
 vLLM engine core does for its whole life."""
 
@@ -10,7 +11,7 @@ import sys
 
 import pytest
 
-from gateway_server.engine.output_tail import OutputTail, error_line
+from gateway_server.engine.vllm.output_tail import OutputTail, error_line
 from tests.support.waiting import poll_until
 
 CHILD = r"""

@@ -13,7 +13,7 @@ import pytest
 from bench.aiperf_export import find_export, read_run, request_ids, summarize
 from bench.pd_report import choose_delays, owners, report
 from bench.pd_stack import slowest
-from gateway_server.engine.kv_handoff import handoff_key
+from gateway_server.engine.vllm.kv_handoff import handoff_key
 
 
 def export(**extra: Any) -> dict[str, Any]:

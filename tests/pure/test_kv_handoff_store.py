@@ -7,7 +7,7 @@ import json
 import struct
 from pathlib import Path
 
-from gateway_server.engine.kv_handoff import (
+from gateway_server.engine.vllm.kv_handoff import (
     KEY_PATTERN,
     HandoffHoldings,
     HandoffStore,

@@ -3,7 +3,7 @@ every way it is freed (pulled, released, lease, lost notification)."""
 
 from __future__ import annotations
 
-from gateway_server.engine.sim_kv import SavedKv, SimKvStore
+from gateway_server.engine.sim.kv import SavedKv, SimKvStore
 
 
 class Clock:

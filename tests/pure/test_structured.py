@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from gateway_server.engine.constraint import Constraint, StructuredOutput
-from gateway_server.engine.vllm_inputs import structured_outputs_kwargs
+from gateway_server.engine.vllm.inputs import structured_outputs_kwargs
 from gateway_server.errors import InvalidRequest
 from gateway_server.structured import parse_structured
 

@@ -1,4 +1,4 @@
-"""The vLLM plugin that asks Linux for AMX (``gateway_server/engine/vllm_amx.py``): vLLM finds it
+"""The vLLM plugin that asks Linux for AMX (``gateway_server/engine/vllm/amx.py``): vLLM finds it
 among its general plugins, and in a fresh process it leaves AMX permitted where the CPU has it.
 Without it, vLLM-CPU's attention kernel killed a fresh engine's worker with SIGILL on its first
 request on every CPU with AMX (the vLLM tier's guard, ``tests/vllm/conftest.py``, catches that)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway_server.engine.vllm_amx import allow_amx
+from gateway_server.engine.vllm.amx import allow_amx
 from tests.support.processes import REPO, child_env
 
 HAS_AMX = Path("/proc/cpuinfo").exists() and " amx_tile" in Path("/proc/cpuinfo").read_text()
@@ -25,7 +25,7 @@ def permitted():
     assert libc.syscall(158, 0x1022, ctypes.byref(mask)) == 0  # ARCH_GET_XCOMP_PERM
     return bool(mask.value & (1 << 18))  # XFEATURE_XTILEDATA
 before = permitted()
-from gateway_server.engine.vllm_amx import allow_amx
+from gateway_server.engine.vllm.amx import allow_amx
 granted = allow_amx()
 print(before, granted, permitted())
 """
@@ -33,7 +33,7 @@ print(before, granted, permitted())
 
 def test_vllm_finds_the_plugin() -> None:
     plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
-    assert plugins.get("hangup_allow_amx") == "gateway_server.engine.vllm_amx:allow_amx"
+    assert plugins.get("hangup_allow_amx") == "gateway_server.engine.vllm.amx:allow_amx"
 
 
 @pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX: nothing to ask for")

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway_server.engine import vllm as vllm_engine
 from gateway_server.engine.base import (
     ChatOptions,
     EngineRequest,
@@ -34,7 +33,8 @@ from gateway_server.engine.base import (
     TokenChunk,
 )
 from gateway_server.engine.pool import EnginePool
-from gateway_server.engine.vllm_options import VllmOptions
+from gateway_server.engine.vllm import engine as vllm_engine
+from gateway_server.engine.vllm.options import VllmOptions
 from gateway_server.errors import InvalidRequest
 from gateway_server.metrics import GatewayMetrics
 from gateway_server.registry import CallRegistry

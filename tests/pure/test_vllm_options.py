@@ -9,7 +9,7 @@ import pytest
 from gateway_server.config import from_args
 from gateway_server.engine.base import EngineError
 from gateway_server.engine.devices import DevicePin, device_env, device_groups
-from gateway_server.engine.vllm_options import VllmOptions
+from gateway_server.engine.vllm.options import VllmOptions
 
 
 def test_engine_options_from_flags_reach_vllm_engine_args() -> None:

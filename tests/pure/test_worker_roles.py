@@ -10,11 +10,11 @@ import pytest
 from gateway_server.config import from_args
 from gateway_server.engine.base import EngineError, NoLiveWorker
 from gateway_server.engine.handoff import WorkerRole
-from gateway_server.engine.kv_handoff import HandoffStore
 from gateway_server.engine.pool import EnginePool
-from gateway_server.engine.sim import SimConfig, SimulatedEngine
-from gateway_server.engine.vllm_options import VllmOptions
-from gateway_server.engine.vllm_pd import vllm_pd_engine_factory
+from gateway_server.engine.sim.engine import SimConfig, SimulatedEngine
+from gateway_server.engine.vllm.kv_handoff import HandoffStore
+from gateway_server.engine.vllm.options import VllmOptions
+from gateway_server.engine.vllm.pd import vllm_pd_engine_factory
 from hangup_contract.runtime.options import ConfigError
 
 P, D, B = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH

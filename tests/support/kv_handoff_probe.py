@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from gateway_server.engine.base import EngineRequest, SamplingParams
-from gateway_server.engine.kv_handoff import PARAM_KEY, HandoffStore
-from gateway_server.engine.vllm_options import VllmOptions
-from gateway_server.engine.vllm_pd import VllmPdEngine
+from gateway_server.engine.vllm.kv_handoff import PARAM_KEY, HandoffStore
+from gateway_server.engine.vllm.options import VllmOptions
+from gateway_server.engine.vllm.pd import VllmPdEngine
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 20  # 461 tokens
 OTHER = "Monday Tuesday Wednesday Thursday Friday Saturday Sunday. " * 20

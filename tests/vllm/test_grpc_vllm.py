@@ -52,6 +52,38 @@ def test_grpc_answers_what_http_answers(gateway: Process, vllm_proxy: Process) -
     assert "Hello there" + "".join(pieces) == expected
 
 
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=WAIT_S) as resp:
+        answer: dict[str, Any] = json.load(resp)
+    return answer
+
+
+def test_kserve_reads_sampling_fields_as_the_openai_api_does(
+    gateway: Process, vllm_proxy: Process
+) -> None:
+    """Fields KServe once ignored reach vLLM: its answer is the OpenAI API's, over HTTP and gRPC,
+    seeded sampling with top_k, min_p, a penalty, min_tokens and a bias that picks every token."""
+    sampling = {"max_tokens": 8, "seed": 11, "temperature": 1.0, "top_k": 5, "min_p": 0.05,
+                "repetition_penalty": 1.3, "min_tokens": 8, "logit_bias": {"100": 100}}  # fmt: skip
+    completion = _post(gateway.url() + "/v1/completions",
+                       {"model": MODEL, "prompt": "Hello there", **sampling})  # fmt: skip
+    expected = completion["choices"][0]["text"]
+    generated = _post(gateway.url() + f"/v2/models/{MODEL}/generate",
+                      {"text_input": "Hello there", "parameters": sampling})  # fmt: skip
+    assert generated["text_output"] == "Hello there" + expected
+    client = triton.InferenceServerClient(vllm_proxy.listeners["grpc"])
+    try:
+        unary = text_of(client.infer(MODEL, inputs("Hello there", stream=False, **sampling)))
+    finally:
+        client.close()
+    assert unary == "Hello there" + expected
+    plain = _post(gateway.url() + f"/v2/models/{MODEL}/generate",
+                  {"text_input": "Hello there", "max_tokens": 8, "seed": 11})  # fmt: skip
+    assert plain["text_output"] != generated["text_output"]  # the fields changed the answer
+
+
 def test_stop_stream_aborts_every_request_in_vllm(gateway: Process, vllm_proxy: Process) -> None:
     before = metric_sum(
         gateway.url(), "hangup_gateway_cancellations_total", reason="grpc_cancelled"

@@ -3,7 +3,7 @@ store (:mod:`.kv_handoff`), the decode worker loads it from there, keyed by the 
 
 vLLM loads this module inside each engine core, through ``kv_transfer_config``
 (``kv_connector="HangupHandoffConnector"``, ``kv_connector_module_path`` naming this module,
-``kv_connector_extra_config={"handoff_dir": ...}``; see :mod:`.vllm_pd`). A request takes part
+``kv_connector_extra_config={"handoff_dir": ...}``; see :mod:`.pd`). A request takes part
 through its ``kv_transfer_params`` (``SamplingParams.extra_args``):
 ``{"hangup_handoff": KEY, "hangup_role": "save" | "load"}``. Requests without them run as usual.
 
@@ -57,7 +57,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from gateway_server.engine.kv_handoff import (
+from gateway_server.engine.vllm.kv_handoff import (
     KEY_PATTERN,
     LOAD,
     META_BLOCK_SIZE,

@@ -37,9 +37,9 @@ KV-cache usage. Running is capped by the requests this engine has in flight and 
 count as waiting, so a request still being tokenized counts too.
 
 Workers and devices. :func:`vllm_engine_factory` gives each worker its own GPUs when GPUs exist
-(:mod:`.devices`; what vLLM sees: :mod:`.vllm_devices`). Workers start one after another, off
+(:mod:`.devices`; what vLLM sees: :mod:`.devices`). Workers start one after another, off
 the event loop: the device variable is process-wide while a core is spawned. Scheduler
-statistics reach the gateway through a stat logger (:mod:`.vllm_stats`).
+statistics reach the gateway through a stat logger (:mod:`.stats`).
 
 Failures. A worker that fails to start raises :class:`~.base.EngineError` naming the worker and
 the model. When an engine core dies later, vLLM's monitor marks the client dead; every request
@@ -70,7 +70,6 @@ from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
 
-from gateway_server.engine import process_tree
 from gateway_server.engine.base import (
     ChatOptions,
     EngineDead,
@@ -88,11 +87,12 @@ from gateway_server.engine.base import (
     TokenLogprob,
 )
 from gateway_server.engine.devices import DevicePin, device_env, device_groups
-from gateway_server.engine.output_tail import OutputTail
-from gateway_server.engine.vllm_devices import visible_devices
-from gateway_server.engine.vllm_inputs import prompt_input, sampling_params
-from gateway_server.engine.vllm_options import VllmOptions
-from gateway_server.engine.vllm_stats import (
+from gateway_server.engine.vllm import process_tree
+from gateway_server.engine.vllm.devices import visible_devices
+from gateway_server.engine.vllm.inputs import prompt_input, sampling_params
+from gateway_server.engine.vllm.options import VllmOptions
+from gateway_server.engine.vllm.output_tail import OutputTail
+from gateway_server.engine.vllm.stats import (
     SchedulerSnapshot,
     scheduler_statistics_only,
     stat_logger_factory,
@@ -237,7 +237,7 @@ class VllmEngine:
             model=self.model, disable_log_stats=True, **self._engine_args()
         )
         # disable_log_stats drops vLLM's logging logger; ours takes the place of its Prometheus
-        # logger and still gets every step's scheduler statistics (see vllm_stats).
+        # logger and still gets every step's scheduler statistics (see .stats).
         factory = stat_logger_factory(self._stats)
         with self._spawn_lock, device_env(self.devices), self._output.capture():
             llm = async_llm.AsyncLLM.from_engine_args(args, stat_loggers=[factory])

@@ -8,7 +8,7 @@ prompt tokens of those still reading their prompt (chunked prefill). The step la
 ``step_base_s + step_per_seq_s * batch + prefill_per_token_s * prefilled`` seconds: time grows
 with batch size and prompt length. A request is ``queued`` until admitted, ``prefill`` until its
 first token, ``decode`` after. Tokens are words of a fixed vocabulary drawn by
-:mod:`.sim_sampling` (a tiny language model with real temperature, top-k, top-p, min-p, logit
+:mod:`.sampling` (a tiny language model with real temperature, top-k, top-p, min-p, logit
 bias and log-probabilities) with a PRNG seeded from (engine seed, request seed, prompt): the same
 request always gets the same text. Prompt "tokens" are whitespace-separated words (or token ids,
 vocabulary indices). The simulation never emits end-of-sequence: requests end on ``max_tokens``
@@ -17,10 +17,10 @@ It has no penalties, no special tokens and no prompt log-probabilities: those fi
 refused by the OpenAI layer (:attr:`SimulatedEngine.features`).
 
 Disaggregated prefill/decode (:mod:`.handoff`): ``prefill`` runs a prompt like any request but,
-once read, keeps its KV in the engine's :class:`~.sim_kv.SavedKv` (counted in its cache use)
+once read, keeps its KV in the engine's :class:`~.kv.SavedKv` (counted in its cache use)
 instead of generating. ``decode`` admits a request into a slot with its prompt's blocks
 allocated and in phase ``transfer`` for ``transfer_per_block_s`` per block, then pulls the KV
-from the prefill engine through the shared :class:`~.sim_kv.SimKvStore` and decodes; KV that
+from the prefill engine through the shared :class:`~.kv.SimKvStore` and decodes; KV that
 is gone by then (released, lease expired) is recomputed: the request prefills as usual.
 
 Faults (:meth:`SimulatedEngine.inject_fault`, reached through the gateway's fault switch, see
@@ -57,8 +57,8 @@ from gateway_server.engine.base import (
     TokenChunk,
 )
 from gateway_server.engine.handoff import KvHandoff
-from gateway_server.engine.sim_kv import SavedKv, SimKvStore
-from gateway_server.engine.sim_sampling import VOCAB, Sampler, piece
+from gateway_server.engine.sim.kv import SavedKv, SimKvStore
+from gateway_server.engine.sim.sampling import VOCAB, Sampler, piece
 from hangup_contract.runtime.options import ConfigError
 from hangup_contract.vocabulary import Phase
 

@@ -3,7 +3,7 @@
 vLLM hands every engine step's statistics to its stat loggers, in the event loop (AsyncLLM's
 output handler). The gateway registers one that copies what it needs into a
 :class:`SchedulerSnapshot`: requests running and waiting, KV-cache use, and a step count (phases
-are inferred from it, see ``gateway_server.engine.vllm``).
+are inferred from it, see ``gateway_server.engine.vllm.engine``).
 
 That logger takes the place of vLLM's Prometheus logger (vLLM adds its own unless one given is a
 ``PrometheusStatLogger``): the gateway exports the model-server metrics itself

@@ -46,15 +46,15 @@ from typing import Any
 from gateway_server.engine.base import EngineError, EngineRequest, FinishReason, TokenChunk
 from gateway_server.engine.context import EngineContext
 from gateway_server.engine.handoff import KvHandoff
-from gateway_server.engine.kv_handoff import (
+from gateway_server.engine.vllm.engine import VllmEngine, vllm_engine_factory
+from gateway_server.engine.vllm.kv_handoff import (
     LOAD,
     SAVE,
     HandoffStore,
     handoff_key,
     transfer_params,
 )
-from gateway_server.engine.vllm import VllmEngine, vllm_engine_factory
-from gateway_server.engine.vllm_options import VllmOptions
+from gateway_server.engine.vllm.options import VllmOptions
 from hangup_contract.vocabulary import Phase
 
 HANGUP_CONNECTOR = "hangup"
@@ -70,7 +70,7 @@ def kv_transfer_config(connector: str, store: HandoffStore) -> Any:
         return config.KVTransferConfig(kv_connector=NIXL_CONNECTOR, kv_role="kv_both")
     return config.KVTransferConfig(
         kv_connector="HangupHandoffConnector",
-        kv_connector_module_path="gateway_server.engine.kv_connector",
+        kv_connector_module_path="gateway_server.engine.vllm.kv_connector",
         kv_role="kv_both",
         kv_connector_extra_config={"handoff_dir": str(store.root)},
         kv_load_failure_policy="recompute",  # a handoff that cannot be loaded is recomputed

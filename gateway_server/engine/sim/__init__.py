@@ -1,0 +1,1 @@
+"""The simulated engine: no model, the same seam (see :mod:`.engine`)."""
