@@ -33,21 +33,28 @@ MAY_ONLY_IMPORT = {
     },
 }  # fmt: skip
 
+MUST_NOT_IMPORT = {
+    # One engine's package knows nothing of another's: each sits behind the seam alone.
+    ("gateway_server.engine", "sim"): {"vllm"},
+    ("gateway_server.engine", "vllm"): {"sim"},
+}
+
 ADAPTERS = {"http", "grpc"}
 """The protocol adapters: each package's top, with the server that runs them."""
 ABOVE_THE_ADAPTERS = {"server", "cli", "__main__"}
 
 
 def module_files(package: str) -> Iterator[tuple[str, Path]]:
-    """Each module of ``package`` as (its part, its file)."""
-    root = REPO / package
+    """Each module of ``package`` (dotted) as (its part, its file)."""
+    root = REPO.joinpath(*package.split("."))
     for path in sorted(root.rglob("*.py")):
         part = path.relative_to(root).parts[0].removesuffix(".py")
         yield part, path
 
 
 def _is_part(package: str, name: str) -> bool:
-    return (REPO / package / f"{name}.py").exists() or (REPO / package / name).is_dir()
+    root = REPO.joinpath(*package.split("."))
+    return (root / f"{name}.py").exists() or (root / name).is_dir()
 
 
 def imported_names(path: Path, package: str) -> set[str]:
@@ -75,7 +82,8 @@ def imported_names(path: Path, package: str) -> set[str]:
 def imported_parts(path: Path, package: str) -> set[str]:
     """The parts of ``package`` that the file at ``path`` imports (``from proxy import
     responses`` included; a name that is no module, such as ``__version__``, is not a part)."""
-    parts = {name.split(".")[1] for name in imported_names(path, package)}
+    depth = package.count(".") + 1
+    parts = {name.split(".")[depth] for name in imported_names(path, package)}
     return {part for part in parts if _is_part(package, part)}
 
 
@@ -91,6 +99,11 @@ def part_imports(package: str, part: str) -> set[str]:
 @pytest.mark.parametrize(("package", "part"), sorted(MAY_ONLY_IMPORT))
 def test_a_lower_part_imports_nothing_above_it(package: str, part: str) -> None:
     assert part_imports(package, part) <= MAY_ONLY_IMPORT[package, part]
+
+
+@pytest.mark.parametrize(("package", "part"), sorted(MUST_NOT_IMPORT))
+def test_a_part_imports_nothing_of_its_peers(package: str, part: str) -> None:
+    assert not part_imports(package, part) & MUST_NOT_IMPORT[package, part]
 
 
 @pytest.mark.parametrize("package", PACKAGES)
