@@ -43,13 +43,13 @@ from gateway_server.metrics import (
     InflightCollector,
     worker_loads,
 )
+from gateway_server.openai.tools import ToolCalling, ToolSettings
 from gateway_server.pool_metrics import PoolProtocolCollector
 from gateway_server.processes import ApiProcess
 from gateway_server.registry import CallRegistry
 from gateway_server.scope import Scope, SingleProcess
 from gateway_server.service import GenerationService, ModelInfo
 from gateway_server.siblings import Siblings
-from gateway_server.tool_calls import ToolCalling, ToolSettings
 from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
 from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.runtime.logs import log_event

@@ -55,10 +55,10 @@ from gateway_server.errors import (
 )
 from gateway_server.legs import Legs
 from gateway_server.metrics import GatewayMetrics
+from gateway_server.openai.tools import ToolCalling, ToolSettings
 from gateway_server.registry import Call, CallRegistry, EngineCall
 from gateway_server.scope import CallDirectory, LocalDirectory
 from gateway_server.token_books import TokenBooks
-from gateway_server.tool_calls import ToolCalling, ToolSettings
 from gateway_server.vocabulary import Outcome, Protocol
 from hangup_contract.cancel import CancelAnswer
 from hangup_contract.runtime.logs import log_event

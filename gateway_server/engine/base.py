@@ -31,7 +31,7 @@ from hangup_contract.vocabulary import Phase
 class Feature(enum.StrEnum):
     """What an engine can honour beyond plain sampling (``temperature``, ``top_p``, ``seed``,
     stop strings, ``max_tokens``); the OpenAI layer refuses a request field naming a feature its
-    engine lacks (:mod:`gateway_server.openai_fields`)."""
+    engine lacks (:mod:`gateway_server.openai.fields`)."""
 
     TOP_K = "top_k"
     MIN_P = "min_p"

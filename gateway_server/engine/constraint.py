@@ -1,8 +1,9 @@
 """What an engine request's output must match: the seam's value for structured output.
 
-Engine-neutral: :mod:`gateway_server.structured` reads it from a request's ``response_format`` and
-``structured_outputs`` fields; each engine maps it onto its own (the vLLM engine onto
-``StructuredOutputsParams``, in :mod:`~.vllm.inputs`) or refuses it (``Engine.check``).
+Engine-neutral: :mod:`gateway_server.openai.structured` reads it from a request's
+``response_format`` and ``structured_outputs`` fields; each engine maps it onto its own (the
+vLLM engine onto ``StructuredOutputsParams``, in :mod:`~.vllm.inputs`) or refuses it
+(``Engine.check``).
 """
 
 from __future__ import annotations

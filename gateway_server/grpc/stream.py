@@ -42,7 +42,7 @@ from gateway_server.errors import (
 from gateway_server.grpc.common import parse, refused, status_of
 from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.tensors import TextRequest, decode_request, parameter, text_response
-from gateway_server.openai_fields import check_sampling
+from gateway_server.openai.fields import check_sampling
 from gateway_server.registry import Call
 from gateway_server.requests import (
     EMPTY_FINAL_OPT_IN,

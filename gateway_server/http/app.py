@@ -30,7 +30,7 @@ from gateway_server.http.common import (
     REQUEST_ID_HEADER,
     SERVICE,
 )
-from gateway_server.responses.store import ResponseStore
+from gateway_server.openai.responses.store import ResponseStore
 from gateway_server.service import GenerationService
 
 Exposition = Callable[[], Awaitable[bytes]]
@@ -56,7 +56,8 @@ def build_app(
     """``metrics``: the whole of ``/metrics``; ``pool_metrics``: ``/metrics/pool``, only the
     Endpoint Picker's gauges (``gateway_server.pool_metrics``), cheap enough to scrape every
     50 ms. ``sim_faults``: serve the simulated engine's fault switch (``.faults``).
-    ``responses_*``: the bounds of the Responses API's store (``gateway_server.responses``)."""
+    ``responses_*``: the bounds of the Responses API's store
+    (``gateway_server.openai.responses``)."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
     app[SERVICE] = service
     if cancel_token is not None:

@@ -36,7 +36,7 @@ from gateway_server.http.common import (
     read_json_object,
     request_id,
 )
-from gateway_server.openai_fields import check_sampling
+from gateway_server.openai.fields import check_sampling
 from gateway_server.requests import (
     EMPTY_FINAL_OPT_IN,
     FINAL_FLAG,

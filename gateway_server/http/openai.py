@@ -2,9 +2,9 @@
 (``/v1/responses``: :mod:`gateway_server.http.responses`); anything else under ``/v1`` is 404
 in OpenAI's error shape.
 
-What each request field does is :mod:`gateway_server.openai_fields`' table; the body is read by
-:mod:`gateway_server.openai_request`. Log-probabilities are rendered only for requests that ask
-for them (:mod:`gateway_server.openai_logprobs`); a plain stream's events are built as below.
+What each request field does is :mod:`gateway_server.openai.fields`' table; the body is read by
+:mod:`gateway_server.openai.request`. Log-probabilities are rendered only for requests that ask
+for them (:mod:`gateway_server.openai.logprobs`); a plain stream's events are built as below.
 
 Streaming answers are SSE, one ``data:`` event per chunk, ending with ``data: [DONE]``. A
 request cancelled while its answer streams (cancel API, shutdown) gets an error event and the
@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway_server import openai_logprobs, sse
+from gateway_server import sse
 from gateway_server.engine.base import FinishReason, TokenChunk, TokenLogprob
 from gateway_server.errors import (
     CancelledWhileRunning,
@@ -45,12 +45,13 @@ from gateway_server.http.common import (
     read_json_object,
     request_id,
 )
-from gateway_server.openai_request import OpenAIJob, parse
+from gateway_server.openai import logprobs as openai_logprobs
+from gateway_server.openai.request import OpenAIJob, parse
+from gateway_server.openai.streams import merge
+from gateway_server.openai.tools import ChoiceTools
 from gateway_server.registry import Call
 from gateway_server.requests import cancelled_message
 from gateway_server.service import GenerationService
-from gateway_server.streams import merge
-from gateway_server.tool_calls import ChoiceTools
 from gateway_server.vocabulary import Protocol
 
 

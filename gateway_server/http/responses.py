@@ -42,10 +42,10 @@ from gateway_server.http.common import (
     read_json_object,
     request_id,
 )
+from gateway_server.openai.responses.objects import Answer, Status, encode
+from gateway_server.openai.responses.request import ResponsesJob, read
+from gateway_server.openai.responses.store import ResponseRecord, ResponseStore
 from gateway_server.registry import Call
-from gateway_server.responses.objects import Answer, Status, encode
-from gateway_server.responses.request import ResponsesJob, read
-from gateway_server.responses.store import ResponseRecord, ResponseStore
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
 from hangup_contract import request_id as request_ids

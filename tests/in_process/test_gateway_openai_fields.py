@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from gateway_server.engine.sim.sampling import VOCAB
-from gateway_server.openai_fields import CHAT, COMPLETIONS, Use
+from gateway_server.openai.fields import CHAT, COMPLETIONS, Use
 from tests.support.gateway import MODEL, Gateway
 from tests.support.waiting import wait_until
 

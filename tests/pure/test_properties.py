@@ -20,8 +20,8 @@ from gateway_server.errors import InvalidRequest
 from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.tensors import decode_bytes_tensor, decode_request, encode_bytes_tensor
 from gateway_server.http.openai import StreamEvents
-from gateway_server.openai_fields import SAMPLING_FIELDS
-from gateway_server.openai_request import messages as chat_messages
+from gateway_server.openai.fields import SAMPLING_FIELDS
+from gateway_server.openai.request import messages as chat_messages
 from gateway_server.requests import TOKEN_BUDGET_CHAT, sampling_params
 from gateway_server.sse import Event, SSEDecoder, encode
 from hangup_contract import request_id

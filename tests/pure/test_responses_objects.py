@@ -8,7 +8,7 @@ import json
 import pytest
 
 from gateway_server import sse
-from gateway_server.responses.objects import Answer, Events, encode
+from gateway_server.openai.responses.objects import Answer, Events, encode
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from gateway_server.errors import TooManyRequests
-from gateway_server.responses.objects import Answer, Status, encode
-from gateway_server.responses.store import ResponseRecord, ResponseStore
+from gateway_server.openai.responses.objects import Answer, Status, encode
+from gateway_server.openai.responses.store import ResponseRecord, ResponseStore
 
 
 class ManualClock:

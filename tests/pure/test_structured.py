@@ -10,7 +10,7 @@ import pytest
 from gateway_server.engine.constraint import Constraint, StructuredOutput
 from gateway_server.engine.vllm.inputs import structured_outputs_kwargs
 from gateway_server.errors import InvalidRequest
-from gateway_server.structured import parse_structured
+from gateway_server.openai.structured import parse_structured
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
 OPTIONS_OFF = {"disable_any_whitespace": False, "disable_additional_properties": False,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from openai.types.responses import response_create_params
 
-from gateway_server.responses.request import RESPONSES
+from gateway_server.openai.responses.request import RESPONSES
 from tests.support.processes import Process
 from tests.support.scrape import scrape, total
 from tests.support.vllm_stack import (

@@ -27,7 +27,7 @@ import pytest
 
 from gateway_server.engine.base import EngineError
 from gateway_server.errors import InvalidRequest
-from gateway_server.tool_calls import ToolCalling, ToolSettings
+from gateway_server.openai.tools import ToolCalling, ToolSettings
 from tests.support.processes import Process
 from tests.support.scrape import scrape, total
 from tests.support.vllm_stack import (

@@ -1,6 +1,6 @@
 """A ``POST /v1/responses`` body read into what the gateway runs.
 
-Order: the field table (:data:`RESPONSES`, the rule of :mod:`gateway_server.openai_fields`)
+Order: the field table (:data:`RESPONSES`, the rule of :mod:`gateway_server.openai.fields`)
 first, then the Responses fields are read here (``input``, ``instructions``,
 ``previous_response_id``, ``max_output_tokens``, ``text.format``) and the request is handed to
 the chat path's reader as the chat request it is: the messages (the instructions as a system
@@ -17,8 +17,8 @@ from typing import Any
 
 from gateway_server.engine.base import Feature, SamplingParams
 from gateway_server.errors import InvalidRequest
-from gateway_server.openai_fields import CHAT, METADATA, NOT_YET, Rule, check, honoured, refused
-from gateway_server.openai_request import parse
+from gateway_server.openai.fields import CHAT, METADATA, NOT_YET, Rule, check, honoured, refused
+from gateway_server.openai.request import parse
 from gateway_server.requests import field
 from gateway_server.service import GenerationService
 

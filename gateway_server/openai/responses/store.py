@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway_server.errors import TooManyRequests
-from gateway_server.responses.objects import Answer, Events, Status, encode
+from gateway_server.openai.responses.objects import Answer, Events, Status, encode
 
 
 @dataclass(eq=False)

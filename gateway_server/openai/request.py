@@ -1,7 +1,7 @@
 """An OpenAI request body read into what the gateway runs: the prompts, one set of sampling
 parameters per choice, and what the answer must carry (log-probabilities, echo, usage).
 
-Order: :func:`gateway_server.openai_fields.check` first (every field honoured or refused by
+Order: :func:`gateway_server.openai.fields.check` first (every field honoured or refused by
 name), then each honoured field is read here with vLLM's names, types and ranges; every refusal
 is an ``InvalidRequest`` naming the field. No I/O.
 """
@@ -15,11 +15,11 @@ from typing import Any
 from gateway_server.engine.base import ChatOptions, Engine, Feature, SamplingParams
 from gateway_server.engine.constraint import StructuredOutput
 from gateway_server.errors import InvalidRequest
-from gateway_server.openai_fields import CHAT, COMPLETIONS, check
+from gateway_server.openai.fields import CHAT, COMPLETIONS, check
+from gateway_server.openai.structured import parse_structured
+from gateway_server.openai.tools import ToolPlan
 from gateway_server.requests import MAX_CHOICES, TOKEN_BUDGET_CHAT, field, sampling_params
 from gateway_server.service import GenerationService
-from gateway_server.structured import parse_structured
-from gateway_server.tool_calls import ToolPlan
 
 MAX_LOGPROBS = 20
 """Most top candidates per token (vLLM's default ``--max-logprobs``)."""
@@ -48,7 +48,7 @@ class OpenAIJob:
     top_logprobs: int | None
     """Log-probabilities in the answer (candidates per token), None when not asked for."""
     tools: ToolPlan | None = None
-    """Set when answers go through the tool-call parser (:mod:`gateway_server.tool_calls`)."""
+    """Set when answers go through the tool-call parser (:mod:`gateway_server.openai.tools`)."""
 
 
 def parse(body: dict[str, Any], service: GenerationService, *, chat: bool) -> OpenAIJob:
