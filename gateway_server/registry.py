@@ -18,11 +18,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from gateway_server.engine.base import Engine
-from gateway_server.engine.pool import Worker
 from gateway_server.errors import CancelledBeforeArrival, DuplicateRequestId, RequestNotFound
-from gateway_server.legs import Legs, merge_answers
 from gateway_server.metrics import GatewayMetrics
+from gateway_server.placement import Placement
+from gateway_server.placement.legs import merge_answers
 from gateway_server.vocabulary import Protocol
 from hangup_contract.cancel import CancelAnswer
 from hangup_contract.vocabulary import CancelState, Phase, Reason
@@ -68,34 +67,20 @@ class EngineCall:
     """One engine request inside a call."""
 
     engine_request_id: str
-    worker: Worker
+    placement: Placement
+    """Where it runs (:mod:`gateway_server.placement`): one worker, or two legs."""
     alias: str | None = None
     generated_tokens: int = 0
     cancel_reason: Reason | None = None
     cancel_phase: Phase | None = None
     started_decode: bool = False
-    legs: Legs | None = None
-    """Served disaggregated: its prefill and decode legs (``worker`` is the leg's running)."""
-    engine: Engine = field(init=False)
-    """The engine it runs on: kept, as its worker gets a new engine when this one dies."""
-
-    def __post_init__(self) -> None:
-        self.engine = self.worker.engine
 
     async def abort(self) -> None:
-        """Abort it on its engine (both legs, and the KV between them, when disaggregated)."""
-        if self.legs is not None:
-            await self.legs.abort()
-        else:
-            await self.engine.abort(self.engine_request_id)
+        """Abort it wherever it runs (both legs, and the KV between them, when split)."""
+        await self.placement.abort()
 
     def phase(self) -> Phase:
-        if self.legs is not None:
-            return self.legs.phase(self.started_decode)
-        seen = self.engine.phase(self.engine_request_id)
-        if seen is not None:
-            return seen
-        return Phase.DECODE if self.started_decode else Phase.QUEUED
+        return self.placement.phase(self.started_decode)
 
 
 @dataclass(eq=False)
@@ -246,9 +231,9 @@ class CallRegistry:
         repeated (the first reason wins)."""
         started = time.perf_counter()
         pending = [r for r in requests if r.cancel_reason is None]
-        # A disaggregated request whose cancel is under way: wait for it, so that this cancel
-        # too answers only once both legs and the KV between them are freed.
-        joined = [r for r in requests if r.cancel_reason is not None and r.legs is not None]
+        # A split request whose cancel is under way: wait for it, so that this cancel too
+        # answers only once both legs and the KV between them are freed.
+        joined = [r for r in requests if r.cancel_reason is not None and r.placement.joins_cancels]
         for r in pending:
             r.cancel_reason = reason
             r.cancel_phase = r.phase()
@@ -263,7 +248,7 @@ class CallRegistry:
         elapsed = time.perf_counter() - started
         for request in pending:
             self._metrics.cancel_to_abort.labels(call.model).observe(elapsed)
-            if request.legs is not None:
+            if request.placement.frees_kv:
                 self._metrics.cancel_to_freed.labels(call.model).observe(elapsed)
 
     # -- reading ---------------------------------------------------------------------------
@@ -303,13 +288,13 @@ class CallRegistry:
             for call in self.calls()
         ]
 
-    def handoffs(self) -> list[Legs]:
+    def handoffs(self) -> list[Placement]:
         """Engine requests here whose prompt's KV is held for a decode worker (in transfer)."""
         return [
-            r.legs
+            r.placement
             for call in self.calls()
             for r in list(call.requests.values())
-            if r.legs is not None and r.legs.holds_handoff
+            if r.placement.holds_handoff
         ]
 
     def __len__(self) -> int:
@@ -324,17 +309,12 @@ def not_found(request_id: str) -> RequestNotFound:
 
 
 def _legs_answer(requests: list[EngineCall]) -> dict[str, dict[str, object]] | None:
-    """The cancel answer's ``legs`` for these engine requests; None when none is disaggregated."""
-    answers = [r.legs.answer() for r in requests if r.legs is not None]
+    """The cancel answer's ``legs`` for these engine requests; None when none is split."""
+    answers = [a for r in requests if (a := r.placement.answer()) is not None]
     return merge_answers(answers) if answers else None
 
 
 def _legs_of(call: Call) -> dict[str, object]:
-    """``GET /v2/requests``' ``legs`` of a disaggregated call (each leg of each request)."""
-    legs = [
-        leg.describe()
-        for r in list(call.requests.values())
-        if r.legs is not None
-        for leg in (r.legs.prefill, r.legs.decode)
-    ]
+    """``GET /v2/requests``' ``legs`` of a split call (each leg of each request)."""
+    legs = [leg for r in list(call.requests.values()) for leg in r.placement.describe()]
     return {"legs": legs} if legs else {}

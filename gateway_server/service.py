@@ -26,13 +26,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from gateway_server.disagg import give_back_workers, run_legs
 from gateway_server.engine.base import (
     ChatOptions,
     Engine,
     EngineError,
     EngineRefused,
-    EngineRequest,
     FinishReason,
     NoChatTemplate,
     NoFaults,
@@ -41,8 +39,7 @@ from gateway_server.engine.base import (
     SamplingParams,
     TokenChunk,
 )
-from gateway_server.engine.handoff import WorkerRole
-from gateway_server.engine.pool import EnginePool, Worker
+from gateway_server.engine.pool import EnginePool
 from gateway_server.errors import (
     CancelledBeforeArrival,
     EngineFailure,
@@ -53,9 +50,9 @@ from gateway_server.errors import (
     RequestNotFound,
     Unavailable,
 )
-from gateway_server.legs import Legs
 from gateway_server.metrics import GatewayMetrics
 from gateway_server.openai.tools import ToolCalling, ToolSettings
+from gateway_server.placement import placer_for
 from gateway_server.registry import Call, CallRegistry, EngineCall
 from gateway_server.scope import CallDirectory, LocalDirectory
 from gateway_server.token_books import TokenBooks
@@ -89,6 +86,8 @@ class GenerationService:
         self.metrics = metrics
         self.model = model
         self.directory = directory or LocalDirectory(registry)
+        self.placer = placer_for(pool)
+        """Where each engine request runs: chosen once, by the pool's worker roles."""
         self.draining = False
         self.liveness: Callable[[], str | None] = lambda: None
         """None while this process is live, else why not (``gateway_server.health``)."""
@@ -239,26 +238,23 @@ class GenerationService:
         """
         if call.cancel_reason is not None:
             raise RequestCancelled(call.cancel_reason)
-        pd = self.pool.disaggregated
+        request_id = call.next_engine_request_id()
         try:
-            worker = self.pool.acquire(WorkerRole.PREFILL if pd else WorkerRole.BOTH)
+            placement = self.placer.place(request_id)
         except NoLiveWorker as exc:
             raise Unavailable(str(exc)) from exc
-        request = EngineCall(call.next_engine_request_id(), worker, alias)
-        if pd:
-            request.legs = Legs(request.engine_request_id)
-            request.legs.prefill.bind(worker)
+        request = EngineCall(request_id, placement, alias)
         try:
             self.registry.attach(call, request)
             if alias is not None:
                 undo = partial(self.registry.detach, call, request, remember=False)
                 await self._claim(alias, undo)
         except GatewayError:
-            self.pool.release(worker)
+            placement.give_back()
             raise
         started = time.perf_counter()
         book = _Books(started, TokenBooks(self._tokens, self._inter_token, started))
-        stream = self._stream(request, prompt, params)
+        stream = placement.run(prompt, params, request)
         try:
             async for chunk in stream:
                 book.prompt_tokens = chunk.prompt_tokens
@@ -278,36 +274,26 @@ class GenerationService:
             raise
         except EngineRefused as exc:
             raise InvalidRequest(f"the engine refused the request: {exc}") from exc
-        except NoLiveWorker as exc:  # a disaggregated request's decode leg found none
+        except NoLiveWorker as exc:  # a split request's decode leg found none
             raise Unavailable(str(exc)) from exc
         except EngineError as exc:
-            name = request.worker.name  # with legs: the worker of the leg that failed
+            name = placement.worker.name  # split: the worker of the leg that failed
             raise EngineFailure(f"engine worker {name} failed the request: {exc}") from exc
         finally:
             book.tally.flush(time.perf_counter())  # first: nothing awaited may skip it
             try:
-                await stream.aclose()  # may suspend (a disaggregated request releases its KV)
+                await stream.aclose()  # may suspend (a split request releases its KV)
             finally:  # the books close even when the handler is cancelled meanwhile
-                self._close_books(call, request, worker, alias, book)
+                self._close_books(call, request, alias, book)
 
     def _close_books(
-        self, call: Call, request: EngineCall, worker: Worker, alias: str | None, book: _Books
+        self, call: Call, request: EngineCall, alias: str | None, book: _Books
     ) -> None:
-        if request.legs is None:
-            self.pool.release(worker)
-        else:  # the legs' runner gave its workers back, unless it never ran
-            give_back_workers(self.pool, request.legs)
+        request.placement.give_back()  # a split runner gave its workers back, unless it never ran
         self.registry.detach(call, request)
         if alias is not None:
             self.directory.release(alias, request.generated_tokens)
         self._record_end(call, request, book)
-
-    def _stream(
-        self, request: EngineCall, prompt: str | tuple[int, ...], params: SamplingParams
-    ) -> AsyncGenerator[TokenChunk, None]:
-        if request.legs is not None:
-            return run_legs(self.pool, request, prompt, params)
-        return request.engine.generate(EngineRequest(request.engine_request_id, prompt, params))
 
     def _count_tokens(self, call: Call, request: EngineCall, book: _Books, n: int) -> None:
         """The call's and request's counts are exact at every token (cancel answers and

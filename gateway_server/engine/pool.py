@@ -103,7 +103,8 @@ class EnginePool:
         pairs = enumerate(zip(engines, roles, strict=True))
         self.workers = [Worker(first_index + i, e, role) for i, (e, role) in pairs]
         self.disaggregated = disaggregated(roles)
-        """Whether calls run as a prefill leg and a decode leg (:mod:`gateway_server.disagg`)."""
+        """Whether calls run as a prefill leg and a decode leg
+        (:mod:`gateway_server.placement.split`)."""
         self.factory = factory
         self.policy = policy or RestartPolicy()
         self._on_restart = on_restart

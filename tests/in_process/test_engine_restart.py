@@ -74,7 +74,7 @@ def up(gw: Gateway, worker: str) -> float:
 
 def worker_of(gw: Gateway, rid: str) -> str:
     call = next(c for c in gw.server.registry.calls() if c.call_id == rid)
-    return next(iter(call.requests.values())).worker.name
+    return next(iter(call.requests.values())).placement.worker.name
 
 
 async def test_a_killed_worker_fails_its_streams_clearly_and_serves_again(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from gateway_server.legs import Legs, LegState
+from gateway_server.placement.legs import Legs, LegState
 from hangup_contract.vocabulary import Phase
 
 

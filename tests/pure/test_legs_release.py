@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from gateway_server.legs import Legs, LegState
+from gateway_server.placement.legs import Legs, LegState
 from tests.support.waiting import run_ready_callbacks
 
 

@@ -1,9 +1,9 @@
-"""The two legs of an engine request served disaggregated, as the registry and a cancel see them.
+"""The two legs of an engine request served split, as a cancel and ``GET /v2/requests`` see them.
 
-An engine request of a disaggregated pool (:mod:`gateway_server.disagg` runs it) is one
-:class:`~gateway_server.registry.EngineCall` whose ``legs`` are a :class:`Legs`: the prefill
-leg's and the decode leg's engine request (each on its worker), and the key the prompt's KV is
-kept under between them (the engine request's id, derived from the call id).
+An engine request of a disaggregated pool is placed :class:`~.split.Split`, whose ``legs`` are a
+:class:`Legs`: the prefill leg's and the decode leg's engine request (each on its worker), and
+the key the prompt's KV is kept under between them (the engine request's id,
+``<call id>-<n>``).
 
 :meth:`Legs.abort` is what every cancel runs (the cancel API, a hang-up, a deadline, shutdown):
 abort whichever legs run, then release the key's KV on the prefill engine, and return once
