@@ -21,6 +21,8 @@ PACKAGES = ("proxy", "gateway_server")
 MAY_ONLY_IMPORT = {
     # The engines stay behind their seam: no request parsing, no errors of the API, no config.
     ("gateway_server", "engine"): {"engine"},
+    # Where an engine request runs: below the registry and the service, which call it.
+    ("gateway_server", "placement"): {"placement", "engine"},
     # The API processes' shared state, below the service and the protocol adapters.
     ("gateway_server", "siblings"): {
         "siblings", "errors", "metrics", "pool_metrics", "processes", "registry",
