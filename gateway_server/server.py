@@ -43,6 +43,8 @@ from gateway_server.metrics import (
     InflightCollector,
     worker_loads,
 )
+from gateway_server.openai.responses.runner import ResponsesRunner
+from gateway_server.openai.responses.store import ResponseStore
 from gateway_server.openai.tools import ToolCalling, ToolSettings
 from gateway_server.pool_metrics import PoolProtocolCollector
 from gateway_server.processes import ApiProcess
@@ -98,6 +100,7 @@ class GatewayServer:
         self.api_process = api_process
         self.scope = self._scope()
         self.service: GenerationService | None = None
+        self.responses: ResponsesRunner | None = None
         self.listeners: dict[str, str | None] = {}
         self._runner: LimitedAppRunner | None = None
         self._grpc: GrpcServerHandle | None = None
@@ -135,16 +138,22 @@ class GatewayServer:
         cfg = self.config
         await self.pool.start()
         model = ModelInfo(cfg.model_name, self.pool.workers[0].engine.max_model_len)
-        self.service = GenerationService(
-            self.pool, self.registry, self.metrics, model, self.scope.directory
-        )
-        tools = ToolSettings(cfg.tool_call_parser, cfg.enable_auto_tool_choice)
         engine = self.pool.workers[0].engine
-        self.service.tools = ToolCalling(tools, engine.tool_tokenizer(), cfg.model or model.name)
-        self.service.liveness = liveness(self.pool.down_for, cfg.engine_down_limit, self.watchdog)
+        tools = ToolSettings(cfg.tool_call_parser, cfg.enable_auto_tool_choice)
+        self.service = GenerationService(
+            self.pool,
+            self.registry,
+            self.metrics,
+            model,
+            self.scope.directory,
+            tools=ToolCalling(tools, engine.tool_tokenizer(), cfg.model or model.name),
+            liveness=liveness(self.pool.down_for, cfg.engine_down_limit, self.watchdog),
+        )
+        store = ResponseStore(cfg.responses_max_stored, cfg.responses_ttl)
+        self.responses = ResponsesRunner(self.service, store)
         self.watchdog.start()
         await self.scope.start()
-        http = await self._start_http(self.service)
+        http = await self._start_http(self.service, self.responses)
         self._grpc = await start_grpc_server(self.service, cfg)
         self.listeners = {"http": http, "grpc": f"{cfg.host}:{self._grpc.port}"}
         if freeze_heap:
@@ -161,7 +170,7 @@ class GatewayServer:
         )
         return self.listeners
 
-    async def _start_http(self, service: GenerationService) -> str:
+    async def _start_http(self, service: GenerationService, responses: ResponsesRunner) -> str:
         """Listen on HTTP (with siblings, on the port they share); returns ``host:port``."""
         cfg = self.config
         app = build_app(
@@ -172,8 +181,7 @@ class GatewayServer:
             sim_faults=cfg.sim_faults,
             max_body_bytes=cfg.max_body_bytes,
             body_timeout=cfg.body_timeout,
-            responses_max_stored=cfg.responses_max_stored,
-            responses_ttl=cfg.responses_ttl,
+            responses=responses,
         )
         self._runner = LimitedAppRunner(
             app,
@@ -209,6 +217,7 @@ class GatewayServer:
 
     async def shutdown(self) -> None:
         assert self.service is not None and self._runner is not None
+        assert self.responses is not None
         self.service.draining = True
         for site in list(self._runner.sites):
             await site.stop()
@@ -231,6 +240,7 @@ class GatewayServer:
             log_event(log, "drain_timeout", cancelled_calls=cancelled)
         if self._grpc is not None:
             await self._grpc.stop(grace=1.0)
+        await self.responses.stop()  # background responses still running end cancelled
         await self._runner.cleanup()
         await self.pool.shutdown()
         await self.watchdog.stop()

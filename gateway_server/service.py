@@ -78,9 +78,14 @@ class GenerationService:
         metrics: GatewayMetrics,
         model: ModelInfo,
         directory: CallDirectory | None = None,
+        *,
+        tools: ToolCalling | None = None,
+        liveness: Callable[[], str | None] | None = None,
     ) -> None:
         """``directory``: where ids are claimed, cancelled and listed gateway-wide (default:
-        this process is the gateway; see :mod:`gateway_server.scope`)."""
+        this process is the gateway; see :mod:`gateway_server.scope`). ``tools``: how ``tools``
+        are handled (``--tool-call-parser``; default: no parser). ``liveness``: None while this
+        process is live, else why not (``gateway_server.health``; default: always live)."""
         self.pool = pool
         self.registry = registry
         self.metrics = metrics
@@ -89,10 +94,8 @@ class GenerationService:
         self.placer = placer_for(pool)
         """Where each engine request runs: chosen once, by the pool's worker roles."""
         self.draining = False
-        self.liveness: Callable[[], str | None] = lambda: None
-        """None while this process is live, else why not (``gateway_server.health``)."""
-        self.tools: ToolCalling = ToolCalling(ToolSettings(), None)
-        """How ``tools`` are handled (``--tool-call-parser``); set once the engines run."""
+        self.liveness: Callable[[], str | None] = liveness or (lambda: None)
+        self.tools = tools or ToolCalling(ToolSettings(), None)
         # Every call runs the one served model (``call`` checks it): the per-token series are
         # bound once, as a labels() lookup costs more than the update it leads to.
         self._tokens = metrics.generated_tokens.labels(model.name)

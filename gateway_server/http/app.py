@@ -20,7 +20,8 @@ from gateway_server.errors import (
     GatewayError,
     Unavailable,
 )
-from gateway_server.http import cancel, faults, kserve, openai, responses
+from gateway_server.http import cancel, faults, kserve, openai
+from gateway_server.http import responses as http_responses
 from gateway_server.http.common import (
     BODY_TIMEOUT,
     CANCEL_TOKEN,
@@ -30,7 +31,7 @@ from gateway_server.http.common import (
     REQUEST_ID_HEADER,
     SERVICE,
 )
-from gateway_server.openai.responses.store import ResponseStore
+from gateway_server.openai.responses.runner import ResponsesRunner
 from gateway_server.service import GenerationService
 
 Exposition = Callable[[], Awaitable[bytes]]
@@ -49,15 +50,13 @@ def build_app(
     cancel_token: str | None,
     max_body_bytes: int,
     body_timeout: float,
+    responses: ResponsesRunner,
     sim_faults: bool = False,
-    responses_max_stored: int = 1000,
-    responses_ttl: float = 3600.0,
 ) -> web.Application:
     """``metrics``: the whole of ``/metrics``; ``pool_metrics``: ``/metrics/pool``, only the
     Endpoint Picker's gauges (``gateway_server.pool_metrics``), cheap enough to scrape every
     50 ms. ``sim_faults``: serve the simulated engine's fault switch (``.faults``).
-    ``responses_*``: the bounds of the Responses API's store
-    (``gateway_server.openai.responses``)."""
+    ``responses``: what runs the Responses API's responses (the server stops it)."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
     app[SERVICE] = service
     if cancel_token is not None:
@@ -66,7 +65,7 @@ def build_app(
     app[BODY_TIMEOUT] = body_timeout
     app[METRICS] = metrics
     app[POOL_METRICS] = pool_metrics
-    responses.add_routes(app, ResponseStore(responses_max_stored, responses_ttl))
+    http_responses.add_routes(app, responses)
     openai.add_routes(app)
     kserve.add_routes(app)
     cancel.add_routes(app)

@@ -1,0 +1,162 @@
+"""How Responses API responses run, whatever carries them (the HTTP adapter's routes).
+
+- synchronous and streaming ones: in the call their handler opened, under the request's id
+  (:meth:`ResponsesRunner.run`), events emitted as they are made;
+- background ones: each as a task of the runner's, a call of its own under a fresh id
+  (:meth:`ResponsesRunner.start_background`); only its cancel or the gateway's shutdown stops it.
+
+The runner owns the store of responses in flight and stored (:mod:`.store`) and its background
+tasks; :meth:`ResponsesRunner.stop` ends those still running, a named step of the gateway's
+shutdown (after the drain, before the listeners close).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from typing import Any
+
+from gateway_server.engine.base import FinishReason
+from gateway_server.errors import GatewayError, InvalidRequest, RequestCancelled, RequestNotFound
+from gateway_server.openai.responses.objects import Answer, Status
+from gateway_server.openai.responses.request import ResponsesJob
+from gateway_server.openai.responses.store import ResponseRecord, ResponseStore
+from gateway_server.registry import Call
+from gateway_server.service import GenerationService
+from gateway_server.vocabulary import Protocol
+from hangup_contract import request_id as request_ids
+from hangup_contract.vocabulary import Reason
+
+log = logging.getLogger("hangup.gateway")
+
+PREFIX = "resp_"
+Emit = Callable[[list[dict[str, Any]]], Awaitable[None]]
+
+
+class ResponsesRunner:
+    def __init__(self, service: GenerationService, store: ResponseStore) -> None:
+        self.service = service
+        self.store = store
+
+    async def run(
+        self, call: Call, record: ResponseRecord, job: ResponsesJob, emit: Emit | None
+    ) -> None:
+        """Generate the answer into ``record``, emitting its events from ``in_progress`` on
+        (none are built without ``emit``: a synchronous response). Ends with the record's final
+        status (a client that left: cancelled, and the CancelledError goes on)."""
+        service = self.service
+        answer, events = record.answer, record.events
+        answer.status = Status.IN_PROGRESS
+        finish: FinishReason | None = None
+        try:
+            if emit is not None:
+                await emit([events.in_progress()])
+            async with aclosing(service.generate(call, job.prompt, job.params)) as chunks:
+                async for chunk in chunks:
+                    started = answer.started_output
+                    answer.started_output = True
+                    answer.input_tokens = chunk.prompt_tokens
+                    answer.output_tokens += chunk.new_tokens
+                    finish = chunk.finish_reason or finish
+                    answer.text += chunk.text
+                    if emit is not None and (chunk.text or not started):
+                        new = [] if started else events.output_started()
+                        await emit([*new, events.delta(chunk.text)] if chunk.text else new)
+            answer.status = Status.INCOMPLETE if finish is FinishReason.LENGTH else Status.COMPLETED
+        except RequestCancelled:
+            answer.status = Status.CANCELLED
+        except GatewayError as exc:
+            answer.status = Status.FAILED
+            answer.error = {"code": exc.error_type, "message": exc.message}
+        finally:
+            if not answer.status.ended:  # the client left (or its socket broke) mid-way
+                answer.status = Status.CANCELLED
+            answer.completed_at = int(time.time())
+            record.turns.append({"role": "assistant", "content": answer.text})
+        if emit is not None:
+            await emit(events.ended())
+
+    async def start_background(self, job: ResponsesJob) -> ResponseRecord:
+        """Start a background response as a task of its own; return its record once its call
+        holds its id. Raises what opening the call raises (the gateway drains)."""
+        record = new_record(job, request_ids.new_request_id())
+        self.store.start(record)
+        opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        record.task = asyncio.create_task(self._work(record, job, opened))
+        await asyncio.shield(opened)  # a client leaving here must not cancel the work
+        return record
+
+    async def _work(
+        self, record: ResponseRecord, job: ResponsesJob, opened: asyncio.Future[None]
+    ) -> None:
+        """A background response's task: its own call; ``opened`` once it holds its id."""
+
+        async def keep(events: list[dict[str, Any]]) -> None:
+            record.emit(events)
+
+        try:
+            async with self.service.call(record.call_id, job.model, Protocol.OPENAI) as call:
+                call.hangup_reason = Reason.SHUTDOWN  # only shutdown cancels this task
+                record.emit([record.events.created(), record.events.queued()])
+                opened.set_result(None)
+                try:
+                    await self.run(call, record, job, keep)
+                finally:
+                    self.store.finish(record)
+        except GatewayError as exc:  # the call did not open (draining): nothing ran
+            if opened.done():
+                raise
+            self.store.forget(record)
+            opened.set_exception(exc)
+        finally:
+            if not opened.done():
+                self.store.forget(record)
+                opened.cancel()
+
+    async def stop(self) -> None:
+        """At shutdown, after the drain: background responses still running end cancelled."""
+        tasks = self.store.tasks()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def earlier(self, previous: object) -> list[dict[str, Any]] | None:
+        """The turns a ``previous_response_id`` continues. Raises RequestNotFound or
+        InvalidRequest naming the field."""
+        if previous is None:
+            return None
+        if not isinstance(previous, str):
+            message = "'previous_response_id' must be a string"
+            raise InvalidRequest(message, param="previous_response_id")
+        record = self.store.get(previous)
+        if record is None or not record.store:
+            raise RequestNotFound(
+                f"no stored response with id {previous!r}", param="previous_response_id"
+            )
+        if not record.ended:
+            raise InvalidRequest(
+                f"response {previous} is still {record.answer.status}: wait for it to end",
+                param="previous_response_id",
+            )
+        return list(record.turns)
+
+
+def new_record(job: ResponsesJob, call_id: str) -> ResponseRecord:
+    settings = {
+        "background": job.background,
+        "instructions": job.instructions,
+        "max_output_tokens": job.max_output_tokens,
+        "metadata": job.metadata or {},
+        "previous_response_id": job.previous_response_id,
+        "store": job.store,
+        "temperature": job.temperature,
+        "text": {"format": job.text_format},
+        "top_p": job.top_p,
+        "truncation": "disabled",
+    }
+    status = Status.QUEUED if job.background else Status.IN_PROGRESS
+    answer = Answer(PREFIX + call_id, job.model, settings, status=status)
+    return ResponseRecord(answer, call_id, job.store, job.background, list(job.turns))
