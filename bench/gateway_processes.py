@@ -40,8 +40,8 @@ from pathlib import Path
 import aiohttp
 
 from bench.stats import cpu_of, median_p99
-from gateway_server.processes import METRICS_ENV, SLOT_ENV, SUPERVISOR_ENV
 from gateway_server.siblings import home_of
+from gateway_server.siblings.processes import METRICS_ENV, SLOT_ENV, SUPERVISOR_ENV
 from tests.support.processes import REPO, children, spawn
 from tests.support.scrape import scrape_async, total
 from tests.support.stack import completion_request

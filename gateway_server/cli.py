@@ -15,8 +15,8 @@ from prometheus_client import disable_created_metrics
 
 from gateway_server.config import from_args
 from gateway_server.engine.base import EngineError
-from gateway_server.processes import ApiProcess, Supervisor
 from gateway_server.server import serve
+from gateway_server.siblings.processes import ApiProcess, Supervisor
 from hangup_contract.runtime import logs
 from hangup_contract.runtime.options import ConfigError
 from hangup_contract.runtime.supervision import supervised_signals
@@ -25,7 +25,7 @@ from hangup_contract.runtime.supervision import supervised_signals
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["make-tiny-model"]:
-        tiny: Any = import_module("gateway_server.tiny_model")
+        tiny: Any = import_module("gateway_server.engine.vllm.tiny_model")
         sys.exit(tiny.main(argv[1:]))
     try:
         config = from_args(argv)

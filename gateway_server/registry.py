@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from gateway_server.errors import CancelledBeforeArrival, DuplicateRequestId, RequestNotFound
-from gateway_server.metrics import GatewayMetrics
+from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.placement import Placement
 from gateway_server.placement.legs import merge_answers
 from gateway_server.vocabulary import Protocol

@@ -36,22 +36,22 @@ from gateway_server.engine.table import engine_factory
 from gateway_server.grpc.server import GrpcServerHandle, start_grpc_server
 from gateway_server.health import LoopWatchdog, liveness
 from gateway_server.http.app import build_app
-from gateway_server.metrics import (
+from gateway_server.metrics.gateway import (
     EngineLoadCollector,
     GatewayMetrics,
     HandoffCollector,
     InflightCollector,
     worker_loads,
 )
+from gateway_server.metrics.pool import PoolProtocolCollector
 from gateway_server.openai.responses.runner import ResponsesRunner
 from gateway_server.openai.responses.store import ResponseStore
 from gateway_server.openai.tools import ToolCalling, ToolSettings
-from gateway_server.pool_metrics import PoolProtocolCollector
-from gateway_server.processes import ApiProcess
 from gateway_server.registry import CallRegistry
-from gateway_server.scope import Scope, SingleProcess
 from gateway_server.service import GenerationService, ModelInfo
 from gateway_server.siblings import Siblings
+from gateway_server.siblings.processes import ApiProcess
+from gateway_server.siblings.scope import Scope, SingleProcess
 from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
 from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.runtime.logs import log_event

@@ -50,12 +50,12 @@ from gateway_server.errors import (
     RequestNotFound,
     Unavailable,
 )
-from gateway_server.metrics import GatewayMetrics
+from gateway_server.metrics.gateway import GatewayMetrics
+from gateway_server.metrics.token_books import TokenBooks
 from gateway_server.openai.tools import ToolCalling, ToolSettings
 from gateway_server.placement import placer_for
 from gateway_server.registry import Call, CallRegistry, EngineCall
-from gateway_server.scope import CallDirectory, LocalDirectory
-from gateway_server.token_books import TokenBooks
+from gateway_server.siblings.scope import CallDirectory, LocalDirectory
 from gateway_server.vocabulary import Outcome, Protocol
 from hangup_contract.cancel import CancelAnswer
 from hangup_contract.runtime.logs import log_event
@@ -83,9 +83,9 @@ class GenerationService:
         liveness: Callable[[], str | None] | None = None,
     ) -> None:
         """``directory``: where ids are claimed, cancelled and listed gateway-wide (default:
-        this process is the gateway; see :mod:`gateway_server.scope`). ``tools``: how ``tools``
-        are handled (``--tool-call-parser``; default: no parser). ``liveness``: None while this
-        process is live, else why not (``gateway_server.health``; default: always live)."""
+        this process is the gateway; see :mod:`gateway_server.siblings.scope`). ``tools``: how
+        ``tools`` are handled (``--tool-call-parser``; default: no parser). ``liveness``: None
+        while this process is live, else why not (``gateway_server.health``; default: live)."""
         self.pool = pool
         self.registry = registry
         self.metrics = metrics
@@ -301,7 +301,7 @@ class GenerationService:
     def _count_tokens(self, call: Call, request: EngineCall, book: _Books, n: int) -> None:
         """The call's and request's counts are exact at every token (cancel answers and
         ``GET /v2/requests`` read them); the shared series get them in batches
-        (:mod:`gateway_server.token_books`), all of them when ``generate`` ends."""
+        (:mod:`gateway_server.metrics.token_books`), all of them when ``generate`` ends."""
         now = time.perf_counter()
         if book.last_token_at is None:
             self._first_token.observe(now - book.started)

@@ -54,7 +54,7 @@ def build_app(
     sim_faults: bool = False,
 ) -> web.Application:
     """``metrics``: the whole of ``/metrics``; ``pool_metrics``: ``/metrics/pool``, only the
-    Endpoint Picker's gauges (``gateway_server.pool_metrics``), cheap enough to scrape every
+    Endpoint Picker's gauges (``gateway_server.metrics.pool``), cheap enough to scrape every
     50 ms. ``sim_faults``: serve the simulated engine's fault switch (``.faults``).
     ``responses``: what runs the Responses API's responses (the server stops it)."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])

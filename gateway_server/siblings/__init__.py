@@ -1,5 +1,9 @@
 """Several API processes, one gateway: how a cancel finds its request (``--api-processes P``).
 
+The package holds the API processes whatever their number: :mod:`.scope` (one process or several:
+the call directory and ``/metrics`` a process uses), :mod:`.processes` (the supervisor, which
+workers each process runs), and, here and in the other modules, what several of them share.
+
 Each API process serves the shared HTTP and gRPC ports (the kernel spreads connections over
 them) and runs the requests it accepts on its own engine workers; its
 :class:`~gateway_server.registry.CallRegistry` holds them. What must hold across processes, the
@@ -39,18 +43,18 @@ from collections.abc import Callable, Iterable
 
 from prometheus_client.registry import Collector
 
-from gateway_server.metrics import GatewayMetrics, WorkerLoad
-from gateway_server.processes import ApiProcess
+from gateway_server.metrics.gateway import GatewayMetrics, WorkerLoad
 from gateway_server.registry import CallRegistry
 from gateway_server.siblings.channel import Channel
 from gateway_server.siblings.directory import SiblingDirectory, home_of
 from gateway_server.siblings.metrics import SiblingMetrics
+from gateway_server.siblings.processes import ApiProcess
 
 __all__ = ["SiblingDirectory", "SiblingMetrics", "Siblings", "home_of"]
 
 
 class Siblings:
-    """This API process as one of several (a :class:`~gateway_server.scope.Scope`): its
+    """This API process as one of several (a :class:`~gateway_server.siblings.scope.Scope`): its
     channel, its call directory over it, and the gateway-wide expositions.
 
     ``live``: the collectors of this process's in-flight and engine-load gauges;

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from gateway_server.processes import ApiProcess
+from gateway_server.siblings.processes import ApiProcess
 from hangup_contract.runtime.logs import log_event
 
 log = logging.getLogger("hangup.gateway")

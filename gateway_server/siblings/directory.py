@@ -3,8 +3,8 @@
 Every request id has a home process, :func:`home_of`; the home's :class:`HomeEntries` say which
 process runs the id, that it ended (with its tokens), or that a cancel came first (a
 tombstone). :class:`SiblingDirectory` is what the service calls (a
-:class:`~gateway_server.scope.CallDirectory`) and what a sibling's questions reach. The rules
-it keeps are the package's (:mod:`gateway_server.siblings`).
+:class:`~gateway_server.siblings.scope.CallDirectory`) and what a sibling's questions reach. The
+rules it keeps are the package's (:mod:`gateway_server.siblings`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from gateway_server.errors import (
     GatewayError,
     RequestNotFound,
 )
-from gateway_server.metrics import GatewayMetrics
+from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.registry import CallRegistry, Remembered, not_found
 from gateway_server.siblings.channel import Channel, Message, Op, SiblingUnreachable
 from hangup_contract.cancel import CancelAnswer

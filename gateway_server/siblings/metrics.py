@@ -6,7 +6,7 @@ process starting) is skipped for that scrape and counted in
 ``hangup_gateway_metrics_files_skipped_total`` (:mod:`hangup_contract.runtime.process_files`).
 The in-flight and engine-load gauges are read live from every process over the channel at each
 scrape and summed by series (worker labels are gateway-wide indices, so they do not collide);
-the model-server protocol's gauges (:mod:`gateway_server.pool_metrics`) combine every process's
+the model-server protocol's gauges (:mod:`gateway_server.metrics.pool`) combine every process's
 worker loads into one series each.
 """
 
@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway_server.metrics import WorkerLoad
-from gateway_server.pool_metrics import PoolProtocolCollector
-from gateway_server.processes import ApiProcess
+from gateway_server.metrics.gateway import WorkerLoad
+from gateway_server.metrics.pool import PoolProtocolCollector
 from gateway_server.siblings.channel import Channel, Message, Op
+from gateway_server.siblings.processes import ApiProcess
 from hangup_contract.runtime.process_files import ProcessFiles
 
 

@@ -1,4 +1,4 @@
-"""The model-server metrics protocol an Endpoint Picker reads (``gateway_server.pool_metrics``):
+"""The model-server metrics protocol an Endpoint Picker reads (``gateway_server.metrics.pool``):
 ``vllm:num_requests_waiting``/``running``, ``vllm:kv_cache_usage_perc`` and
 ``vllm:cache_config_info`` follow the gateway's real load, one series each for the whole pod
 (every worker of every API process), with the types and labels vLLM's exporter gives them.

@@ -23,10 +23,9 @@ MAY_ONLY_IMPORT = {
     ("gateway_server", "engine"): {"engine"},
     # Where an engine request runs: below the registry and the service, which call it.
     ("gateway_server", "placement"): {"placement", "engine"},
-    # The API processes' shared state, below the service and the protocol adapters.
-    ("gateway_server", "siblings"): {
-        "siblings", "errors", "metrics", "pool_metrics", "processes", "registry",
-    },
+    # The API processes (one or several, their supervisor, their shared state), below the
+    # service and the protocol adapters.
+    ("gateway_server", "siblings"): {"siblings", "errors", "metrics", "registry", "config"},
     # The HTTP/1.1 client, below both its users (the relay and the cancel calls).
     ("proxy", "upstream"): {"upstream", "errors"},
     # The cancel path, below both listeners.

@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gateway_server.errors import CancelledBeforeArrival, DuplicateRequestId, RequestNotFound
-from gateway_server.metrics import GatewayMetrics
+from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.registry import CallRegistry
 from gateway_server.vocabulary import Protocol
 from hangup_contract.vocabulary import Reason

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from gateway_server.metrics import LATENCY_BUCKETS
-from gateway_server.token_books import FLUSH_SECONDS, FLUSH_TOKENS, TokenBooks
+from gateway_server.metrics.gateway import LATENCY_BUCKETS
+from gateway_server.metrics.token_books import FLUSH_SECONDS, FLUSH_TOKENS, TokenBooks
 
 # (tokens in the chunk, seconds since the previous chunk): gaps from 0 to past the last bucket,
 # bucket bounds themselves included (a value on a bound belongs to that bucket).

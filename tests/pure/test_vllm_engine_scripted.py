@@ -36,7 +36,7 @@ from gateway_server.engine.pool import EnginePool
 from gateway_server.engine.vllm import engine as vllm_engine
 from gateway_server.engine.vllm.options import VllmOptions
 from gateway_server.errors import InvalidRequest
-from gateway_server.metrics import GatewayMetrics
+from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.registry import CallRegistry
 from gateway_server.service import GenerationService, ModelInfo
 from hangup_contract.vocabulary import Phase

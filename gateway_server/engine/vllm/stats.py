@@ -7,7 +7,7 @@ are inferred from it, see ``gateway_server.engine.vllm.engine``).
 
 That logger takes the place of vLLM's Prometheus logger (vLLM adds its own unless one given is a
 ``PrometheusStatLogger``): the gateway exports the model-server metrics itself
-(:mod:`gateway_server.pool_metrics`) from its own registry, so vLLM's would be updated every
+(:mod:`gateway_server.metrics.pool`) from its own registry, so vLLM's would be updated every
 step, for every request, and never read. :func:`scheduler_statistics_only` turns off vLLM's
 per-request statistics in this process for the same reason. What the two save per streamed
 token: docs/benchmarks.md.

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway_server.metrics import WorkerLoad
+from gateway_server.metrics.gateway import WorkerLoad
 
 ENGINE = "0"
 """The ``engine`` label of every series: the pod reads as one engine."""
