@@ -33,6 +33,7 @@ from gateway_server.config import GatewayConfig
 from gateway_server.engine.base import Engine
 from gateway_server.engine.pool import EnginePool, RestartPolicy
 from gateway_server.engine.table import engine_factory
+from gateway_server.engine.tools import ToolSettings
 from gateway_server.grpc.server import GrpcServerHandle, start_grpc_server
 from gateway_server.health import LoopWatchdog, liveness
 from gateway_server.http.app import build_app
@@ -46,7 +47,6 @@ from gateway_server.metrics.gateway import (
 from gateway_server.metrics.pool import PoolProtocolCollector
 from gateway_server.openai.responses.runner import ResponsesRunner
 from gateway_server.openai.responses.store import ResponseStore
-from gateway_server.openai.tools import ToolCalling, ToolSettings
 from gateway_server.registry import CallRegistry
 from gateway_server.service import GenerationService, ModelInfo
 from gateway_server.siblings import Siblings
@@ -146,7 +146,7 @@ class GatewayServer:
             self.metrics,
             model,
             self.scope.directory,
-            tools=ToolCalling(tools, engine.tool_tokenizer(), cfg.model or model.name),
+            tools=engine.tool_calling(tools, cfg.model or model.name),
             liveness=liveness(self.pool.down_for, cfg.engine_down_limit, self.watchdog),
         )
         store = ResponseStore(cfg.responses_max_stored, cfg.responses_ttl)

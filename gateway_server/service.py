@@ -40,6 +40,7 @@ from gateway_server.engine.base import (
     TokenChunk,
 )
 from gateway_server.engine.pool import EnginePool
+from gateway_server.engine.tools import ToolCalling, ToolPlan
 from gateway_server.errors import (
     CancelledBeforeArrival,
     EngineFailure,
@@ -52,7 +53,6 @@ from gateway_server.errors import (
 )
 from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.metrics.token_books import TokenBooks
-from gateway_server.openai.tools import ToolCalling, ToolSettings
 from gateway_server.placement import placer_for
 from gateway_server.registry import Call, CallRegistry, EngineCall
 from gateway_server.siblings.scope import CallDirectory, LocalDirectory
@@ -79,12 +79,12 @@ class GenerationService:
         model: ModelInfo,
         directory: CallDirectory | None = None,
         *,
-        tools: ToolCalling | None = None,
+        tools: ToolCalling,
         liveness: Callable[[], str | None] | None = None,
     ) -> None:
         """``directory``: where ids are claimed, cancelled and listed gateway-wide (default:
         this process is the gateway; see :mod:`gateway_server.siblings.scope`). ``tools``: how
-        ``tools`` are handled (``--tool-call-parser``; default: no parser). ``liveness``: None
+        ``tools`` are read (the engine's, with ``--tool-call-parser``). ``liveness``: None
         while this process is live, else why not (``gateway_server.health``; default: live)."""
         self.pool = pool
         self.registry = registry
@@ -95,7 +95,7 @@ class GenerationService:
         """Where each engine request runs: chosen once, by the pool's worker roles."""
         self.draining = False
         self.liveness: Callable[[], str | None] = liveness or (lambda: None)
-        self.tools = tools or ToolCalling(ToolSettings(), None)
+        self.tools = tools
         # Every call runs the one served model (``call`` checks it): the per-token series are
         # bound once, as a labels() lookup costs more than the update it leads to.
         self._tokens = metrics.generated_tokens.labels(model.name)
@@ -158,6 +158,14 @@ class GenerationService:
                 f"model's context length of {limit} tokens",
                 param="prompt",
             )
+
+    def plan_tools(self, body: dict[str, Any]) -> ToolPlan | None:
+        """What to do about a chat request's tools (None: it names none). Raises InvalidRequest
+        naming the field."""
+        try:
+            return self.tools.plan(body)
+        except RequestRejected as exc:
+            raise InvalidRequest(str(exc), param=exc.param) from exc
 
     def chat_prompt(
         self, messages: list[dict[str, Any]], options: ChatOptions | None = None

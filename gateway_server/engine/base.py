@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gateway_server.engine.constraint import StructuredOutput
+from gateway_server.engine.tools import ToolCalling, ToolSettings
 from hangup_contract.vocabulary import Phase
 
 
@@ -164,6 +165,11 @@ class NoLiveWorker(EngineError):
 class RequestRejected(EngineError):
     """The engine cannot run this request as asked (a client error: the gateway answers 400)."""
 
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        """The request field it names, if one."""
+
 
 class NoChatTemplate(EngineError):
     """The model has no chat template: it cannot turn chat messages into a prompt."""
@@ -227,8 +233,9 @@ class Engine(Protocol):
         there is nothing to check."""
         ...
 
-    def tool_tokenizer(self) -> object | None:
-        """The tokenizer vLLM's tool-call parsers read; None when the engine has none."""
+    def tool_calling(self, settings: ToolSettings, model: str) -> ToolCalling:
+        """How requests' tools are read (``--tool-call-parser``): a started engine's. Raises
+        EngineError when the parser is unknown or cannot read the model's tokenizer."""
         ...
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]: ...

@@ -30,6 +30,7 @@ from aiohttp import web
 
 from gateway_server import sse
 from gateway_server.engine.base import FinishReason, TokenChunk, TokenLogprob
+from gateway_server.engine.tools import ChoiceTools
 from gateway_server.errors import (
     CancelledWhileRunning,
     GatewayError,
@@ -48,7 +49,6 @@ from gateway_server.http.common import (
 from gateway_server.openai import logprobs as openai_logprobs
 from gateway_server.openai.request import OpenAIJob, parse
 from gateway_server.openai.streams import merge
-from gateway_server.openai.tools import ChoiceTools
 from gateway_server.registry import Call
 from gateway_server.requests import cancelled_message
 from gateway_server.service import GenerationService

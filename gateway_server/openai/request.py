@@ -14,10 +14,10 @@ from typing import Any
 
 from gateway_server.engine.base import ChatOptions, Engine, Feature, SamplingParams
 from gateway_server.engine.constraint import StructuredOutput
+from gateway_server.engine.tools import ToolPlan
 from gateway_server.errors import InvalidRequest
 from gateway_server.openai.fields import CHAT, COMPLETIONS, check
 from gateway_server.openai.structured import parse_structured
-from gateway_server.openai.tools import ToolPlan
 from gateway_server.requests import MAX_CHOICES, TOKEN_BUDGET_CHAT, field, sampling_params
 from gateway_server.service import GenerationService
 
@@ -76,7 +76,7 @@ def parse(body: dict[str, Any], service: GenerationService, *, chat: bool) -> Op
         body, engine, max_model_len=max_model_len, default_max_tokens=256 if chat else 16,
         budget=budget, logprobs=top,
     )  # fmt: skip
-    tools = service.tools.plan(body) if chat else None
+    tools = service.plan_tools(body) if chat else None
     params = _constrained(service, params, structured, tools)
     if chat:
         prompts: list[str | tuple[int, ...]] = [_chat_prompt(body, service, tools)]

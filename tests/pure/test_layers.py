@@ -60,6 +60,11 @@ def _is_part(package: str, name: str) -> bool:
 
 def imported_names(path: Path, package: str) -> set[str]:
     """Every module of ``package`` that the file at ``path`` imports, dotted."""
+    return {n for n in all_imported_names(path) if n.startswith(f"{package}.")}
+
+
+def all_imported_names(path: Path) -> set[str]:
+    """Every module the file at ``path`` imports, dotted (and each ``from`` name after it)."""
     names: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -77,7 +82,7 @@ def imported_names(path: Path, package: str) -> set[str]:
             and isinstance(node.args[0].value, str)
         ):
             names.add(node.args[0].value)
-    return {n for n in names if n.startswith(f"{package}.")}
+    return names
 
 
 def imported_parts(path: Path, package: str) -> set[str]:
@@ -117,6 +122,16 @@ def test_only_the_server_imports_the_protocol_adapters(package: str) -> None:
         if imported != part  # an adapter's own modules
     }
     assert not wrong, f"imports a protocol adapter: {sorted(wrong)}"
+
+
+def test_nothing_outside_the_engines_imports_vllm() -> None:
+    outside = {
+        str(path.relative_to(REPO))
+        for part, path in module_files("gateway_server")
+        if part != "engine"
+        and any(n == "vllm" or n.startswith("vllm.") for n in all_imported_names(path))
+    }
+    assert not outside, f"import vLLM outside gateway_server/engine: {sorted(outside)}"
 
 
 def module_graph(package: str) -> dict[str, set[str]]:

@@ -203,6 +203,11 @@ async def test_an_abort_returns_once_the_core_confirmed_it(
     assert llm.aborted == ["r-1"], "closing the stream after the abort does not abort again"
 
 
+class _NoToolCalls:
+    def plan(self, body: dict[str, Any]) -> None:
+        return None
+
+
 def test_a_model_without_a_chat_template_is_a_clear_client_error(
     scripted: tuple[vllm_engine.VllmEngine, ScriptedAsyncLLM],
 ) -> None:
@@ -215,7 +220,7 @@ def test_a_model_without_a_chat_template_is_a_clear_client_error(
         engine.apply_chat_template(messages, ChatOptions())
     metrics = GatewayMetrics(CollectorRegistry(), ["scripted"])
     service = GenerationService(EnginePool([engine]), CallRegistry(metrics), metrics,
-                                ModelInfo("scripted", 64))  # fmt: skip
+                                ModelInfo("scripted", 64), tools=_NoToolCalls())  # fmt: skip
     with pytest.raises(InvalidRequest, match="no chat template; use /v1/completions") as caught:
         service.chat_prompt(messages)
     assert caught.value.status == 400

@@ -25,9 +25,9 @@ import httpx
 import openai
 import pytest
 
-from gateway_server.engine.base import EngineError
-from gateway_server.errors import InvalidRequest
-from gateway_server.openai.tools import ToolCalling, ToolSettings
+from gateway_server.engine.base import EngineError, RequestRejected
+from gateway_server.engine.tools import ToolSettings
+from gateway_server.engine.vllm.tools import VllmToolCalling
 from tests.support.processes import Process
 from tests.support.scrape import scrape, total
 from tests.support.vllm_stack import (
@@ -279,10 +279,10 @@ def test_without_auto_tool_choice_tools_are_refused_where_vllm_serve_refuses(
     """``vllm serve`` uses its tool parser only with --enable-auto-tool-choice; without one, it
     refuses every tool choice but "none". Its words, read from its source, not from memory."""
     assert refusal.split(" requires ")[1] in renderer_source
-    calling = ToolCalling(settings, tokenizer=object())
-    with pytest.raises(InvalidRequest) as refused:
+    calling = VllmToolCalling(settings, tokenizer=object())
+    with pytest.raises(RequestRejected) as refused:
         calling.plan({"tools": [WEATHER], "tool_choice": choice})
-    assert refusal in refused.value.message and refused.value.param == "tool_choice"
+    assert refusal in str(refused.value) and refused.value.param == "tool_choice"
     plan = calling.plan({"tools": [WEATHER], "tool_choice": "none"})
     assert plan is not None and not plan.parses and plan.tool_dicts is not None
 
@@ -291,7 +291,7 @@ def test_an_unknown_tool_parser_is_an_error_at_start(renderer_source: str) -> No
     with pytest.raises(
         EngineError, match=r"--tool-call-parser no-such-parser: .*not been registered"
     ):
-        ToolCalling(ToolSettings("no-such-parser", auto=True), tokenizer=object())
+        VllmToolCalling(ToolSettings("no-such-parser", auto=True), tokenizer=object())
 
 
 @pytest.mark.parametrize(

@@ -59,6 +59,7 @@ from gateway_server.engine.base import (
 from gateway_server.engine.handoff import KvHandoff
 from gateway_server.engine.sim.kv import SavedKv, SimKvStore
 from gateway_server.engine.sim.sampling import VOCAB, Sampler, piece
+from gateway_server.engine.tools import ToolCalling, ToolSettings
 from hangup_contract.runtime.options import ConfigError
 from hangup_contract.vocabulary import Phase
 
@@ -226,8 +227,8 @@ class SimulatedEngine:
                 f"'{params.structured.source}' is not supported by the simulated engine"
             )
 
-    def tool_tokenizer(self) -> None:
-        return None
+    def tool_calling(self, settings: ToolSettings, model: str) -> ToolCalling:
+        return _NoTools()
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]:
         return self._stream(request, None)
@@ -486,3 +487,13 @@ class SimulatedEngine:
 _PD_FAULTS = ("lose_notification", "expire_leases", "stall_transfer")
 FAULTS = ("kill", "hang", "resume", *_PD_FAULTS)
 """The faults :meth:`SimulatedEngine.inject_fault` knows."""
+
+
+class _NoTools:
+    """The simulation reads no tool calls: a request that names tools is refused by field."""
+
+    def plan(self, body: dict[str, Any]) -> None:
+        if body.get("tools") is None and body.get("tool_choice") in (None, "none"):
+            return None
+        name = "tools" if body.get("tools") is not None else "tool_choice"
+        raise RequestRejected(f"'{name}' is not supported by the simulated engine", param=name)

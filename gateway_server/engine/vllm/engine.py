@@ -87,6 +87,7 @@ from gateway_server.engine.base import (
     TokenLogprob,
 )
 from gateway_server.engine.devices import DevicePin, device_env, device_groups
+from gateway_server.engine.tools import ToolCalling, ToolSettings
 from gateway_server.engine.vllm import process_tree
 from gateway_server.engine.vllm.devices import visible_devices
 from gateway_server.engine.vllm.inputs import prompt_input, sampling_params
@@ -97,6 +98,7 @@ from gateway_server.engine.vllm.stats import (
     scheduler_statistics_only,
     stat_logger_factory,
 )
+from gateway_server.engine.vllm.tools import VllmToolCalling
 from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import Phase
 
@@ -334,8 +336,8 @@ class VllmEngine:
         except (ValueError, client_fault) as exc:
             raise RequestRejected(str(exc)) from exc
 
-    def tool_tokenizer(self) -> object:
-        return self._tokenizer()
+    def tool_calling(self, settings: ToolSettings, model: str) -> ToolCalling:
+        return VllmToolCalling(settings, self._tokenizer(), model)
 
     def _tokenizer(self) -> Any:
         if self._tokenizer_copy is None:

@@ -3,7 +3,7 @@
 Two options, named as in ``vllm serve``: ``--tool-call-parser NAME`` picks one of vLLM's tool
 parsers (``hermes``, ``llama3_json``, ...) and ``--enable-auto-tool-choice`` lets the model decide
 (``"auto"``). As in ``vllm serve``, the parser is used only when both are given. Per request
-(:meth:`ToolCalling.plan`):
+(:meth:`VllmToolCalling.plan`):
 
 1. vLLM's own request model (``ChatCompletionRequest``) validates ``tools``, ``tool_choice``,
    ``parallel_tool_calls`` and the structured-output fields: an empty ``tools``, a ``tool_choice``
@@ -14,50 +14,41 @@ parsers (``hermes``, ``llama3_json``, ...) and ``--enable-auto-tool-choice`` let
 4. With a parser, the parser adjusts the request as in ``vllm serve``: a named or ``"required"``
    choice becomes a structured output (a structural tag in the parser's own call format, or a
    JSON schema built from the tools), which replaces the request's own.
-5. Each choice gets its own parser (they keep state while streaming): :class:`ChoiceTools` turns
+5. Each choice gets its own parser (they keep state while streaming): :class:`VllmChoiceTools` turns
    the answer's text into ``message.tool_calls`` or streamed ``delta.tool_calls`` and picks the
    finish reason (``"tool_calls"``) by vLLM's rules.
 
-The simulated engine has no tokenizer: every request that names tools is refused by name, and
-vLLM is not imported.
+Refusals are ``RequestRejected`` naming the field (the OpenAI layer answers them 400). The
+simulated engine has no tool parsing: every request that names tools is refused by name there.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
 
-from gateway_server.engine.base import EngineError
-from gateway_server.engine.constraint import Constraint, StructuredOutput
+from gateway_server.engine.base import EngineError, RequestRejected
+from gateway_server.engine.constraint import Constraint
+from gateway_server.engine.tools import ToolPlan, ToolSettings
 from gateway_server.engine.vllm.inputs import from_vllm
-from gateway_server.errors import InvalidRequest
 
 _FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "structured_outputs")
 """The request fields vLLM's request model reads to validate and adjust a request with tools."""
 _PROTOCOL = "vllm.entrypoints.openai.chat_completion.protocol"
 
 
-@dataclass(frozen=True, slots=True)
-class ToolSettings:
-    parser: str | None = None
-    """``--tool-call-parser``: the name of one of vLLM's tool parsers."""
-    auto: bool = False
-    """``--enable-auto-tool-choice``."""
+class VllmToolCalling:
+    """:class:`~..tools.ToolCalling` with vLLM's parsers, built once the engine runs (the parser
+    reads the model's tokenizer). Raises EngineError when the parser is unknown or cannot read
+    that tokenizer."""
 
-
-class ToolCalling:
-    """The gateway's tool handling, built once the engines run (the parser reads the model's
-    tokenizer). Raises EngineError when the parser is unknown or cannot read that tokenizer."""
-
-    def __init__(self, settings: ToolSettings, tokenizer: object | None, model: str = "") -> None:
+    def __init__(self, settings: ToolSettings, tokenizer: object, model: str = "") -> None:
         self.settings = settings
         self._tokenizer = tokenizer
         self._parser_cls: Any = None
-        if tokenizer is not None:  # the vLLM engine: import now, not on the first request
-            for module in (_PROTOCOL, "vllm.renderers.chat_utils", "vllm.exceptions"):
-                import_module(module)
-        if tokenizer is not None and settings.parser is not None:
+        for module in (_PROTOCOL, "vllm.renderers.chat_utils", "vllm.exceptions"):
+            import_module(module)  # now, not on the first request
+        if settings.parser is not None:
             manager: Any = import_module("vllm.parser").ParserManager
             try:
                 self._parser_cls = manager.get_parser(
@@ -72,12 +63,9 @@ class ToolCalling:
     def plan(self, body: dict[str, Any]) -> ToolPlan | None:
         """What to do about the request's tools; None when it names none.
 
-        Raises InvalidRequest naming the field, with ``vllm serve``'s refusals."""
+        Raises RequestRejected naming the field, with ``vllm serve``'s refusals."""
         if body.get("tools") is None and body.get("tool_choice") in (None, "none"):
             return None
-        if self._tokenizer is None:
-            name = "tools" if body.get("tools") is not None else "tool_choice"
-            raise InvalidRequest(f"'{name}' is not supported by the simulated engine", param=name)
         request = _vllm_request(body)
         self._refuse_without_parser(request.tool_choice)
         tool_dicts = None if request.tools is None else [t.model_dump() for t in request.tools]
@@ -88,7 +76,8 @@ class ToolCalling:
         structured = from_vllm(request.extract_structured_outputs(), "tool_choice")
         if not forced and (structured is None or structured.kind is not Constraint.STRUCTURAL_TAG):
             structured = None  # the parser left the request's own constraint as it was
-        return ToolPlan(tool_dicts, structured, request, self)
+        skip = request.skip_special_tokens is not False  # as vLLM's parser set it
+        return ToolPlan(tool_dicts, structured, _Parsers(self, request), skip)
 
     def _refuse_without_parser(self, choice: Any) -> None:
         if self._parser_cls is not None or choice in (None, "none"):
@@ -102,43 +91,26 @@ class ToolCalling:
             name = _named(choice)
             wanted = f'"{choice}"' if name is None else f'function "{name}"'
             message = f"tool_choice={wanted} requires --tool-call-parser to be set"
-        raise InvalidRequest(message, param="tool_choice")
+        raise RequestRejected(message, param="tool_choice")
 
     def parser_for(self, request: Any) -> Any:
         """A fresh vLLM parser for ``request`` (vLLM's request model); parsers keep state."""
         return self._parser_cls(self._tokenizer, request.tools, model_config=None)
 
 
-@dataclass(frozen=True)
-class ToolPlan:
-    """One request's tools: the template's ``tools``, the constraint that replaces the request's
-    own (None: keep it), and, with a parser, what :class:`ChoiceTools` needs."""
+class _Parsers:
+    """A parser per choice, for one request as vLLM's parser adjusted it."""
 
-    tool_dicts: list[dict[str, Any]] | None
-    structured: StructuredOutput | None = None
-    request: Any = None
-    """vLLM's request, adjusted by the parser; None when answers are plain text."""
-    calling: ToolCalling | None = None
+    def __init__(self, calling: VllmToolCalling, request: Any) -> None:
+        self._calling = calling
+        self._request = request
 
-    @property
-    def skip_special_tokens(self) -> bool:
-        """False when the parser reads special tokens (``hermes``: its tags are special in
-        some models), as vLLM's parser set it on the request."""
-        return self.request is None or self.request.skip_special_tokens is not False
-
-    @property
-    def parses(self) -> bool:
-        """Whether answers go through the tool parser."""
-        return self.request is not None
-
-    def choice(self) -> ChoiceTools:
-        """A fresh parser for one choice of the answer."""
-        assert self.calling is not None and self.request is not None
-        parser = self.calling.parser_for(self.request)
-        return ChoiceTools(parser, self.request, self.calling.settings)
+    def choice(self) -> VllmChoiceTools:
+        parser = self._calling.parser_for(self._request)
+        return VllmChoiceTools(parser, self._request, self._calling.settings)
 
 
-class ChoiceTools:
+class VllmChoiceTools:
     """Tool calls in one choice's answer: vLLM's parser, then ``vllm serve``'s rules for the
     message, the stream deltas and the finish reason."""
 
@@ -209,7 +181,7 @@ def _vllm_request(body: dict[str, Any]) -> Any:
         )
     except (ValueError, client_fault) as exc:  # pydantic's ValidationError is a ValueError
         message, param = _reason(exc)
-        raise InvalidRequest(message, param=param) from exc
+        raise RequestRejected(message, param=param) from exc
 
 
 def _reason(exc: Exception) -> tuple[str, str]:
