@@ -48,7 +48,7 @@ class OpenAIJob:
     top_logprobs: int | None
     """Log-probabilities in the answer (candidates per token), None when not asked for."""
     tools: ToolPlan | None = None
-    """Set when answers go through the tool-call parser (:mod:`gateway_server.openai.tools`)."""
+    """Set when answers go through the tool-call parser (:mod:`gateway_server.engine.tools`)."""
 
 
 def parse(body: dict[str, Any], service: GenerationService, *, chat: bool) -> OpenAIJob:
