@@ -29,13 +29,21 @@ def test_uses_a_module_socket(held):
     held.send(b"x")
 
 
+class Accepted(asyncio.Protocol):
+    made = None
+
+    def connection_made(self, transport):
+        Accepted.made.set()
+
+
 @pytest.mark.asyncio
 async def test_leaves_a_connection_open():
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(asyncio.Protocol, "127.0.0.1", 0)  # LISTENER
+    Accepted.made = asyncio.Event()
+    server = await loop.create_server(Accepted, "127.0.0.1", 0)  # LISTENER
     port = server.sockets[0].getsockname()[1]
     await loop.create_connection(asyncio.Protocol, "127.0.0.1", port)  # CLIENT
-    await asyncio.sleep(0.05)
+    await Accepted.made.wait()  # both sides are transports now
     server.close()
 
 
