@@ -56,6 +56,37 @@ def test_the_battery_is_large_and_covers_every_endpoint() -> None:
     assert {c.expect for c in CASES} == {"same", "both_refuse", "gateway_refuses"}
 
 
+KSERVE_SAMPLING = [
+    {"max_tokens": 8, "temperature": 0},
+    {"max_tokens": 8, "seed": 11, "temperature": 1.0, "top_k": 5, "min_p": 0.05},
+    {"max_tokens": 8, "seed": 3, "temperature": 0.8, "top_p": 0.9, "presence_penalty": 1.5,
+     "frequency_penalty": 0.5, "repetition_penalty": 1.3},
+    {"max_tokens": 8, "temperature": 0, "logit_bias": {"100": 100}, "min_tokens": 8},
+    {"max_tokens": 12, "temperature": 0, "stop_token_ids": [100], "ignore_eos": True},
+]  # fmt: skip
+"""Sampling fields KServe once accepted and ignored, each seeded or greedy."""
+
+
+@pytest.mark.parametrize("sampling", KSERVE_SAMPLING, ids=lambda s: ",".join(sorted(s)))
+async def test_kserve_sampling_answers_as_vllm_serve_answers_it(
+    served: str, gateway: Process, sampling: dict[str, object]
+) -> None:
+    """The oracle for KServe's sampling fields: ``vllm serve``'s completion of the same prompt
+    with the same fields; the gateway's ``generate`` reads them from ``parameters`` and from
+    ``sampling_parameters`` alike."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        body = {"model": MODEL, "prompt": "Hello there", **sampling}
+        async with session.post(f"{served}/v1/completions", json=body) as resp:
+            assert resp.status == 200, await resp.text()
+            expected = (await resp.json())["choices"][0]["text"]
+        for where in ("parameters", "sampling_parameters"):
+            given = {"text_input": "Hello there", "exclude_input_in_output": True, where: sampling}
+            url = f"{gateway.url()}/v2/models/{MODEL}/generate"
+            async with session.post(url, json=given) as resp:
+                assert resp.status == 200, await resp.text()
+                assert (await resp.json())["text_output"] == expected, where
+
+
 async def test_each_request_is_answered_as_vllm_serve_answers_it(
     served: str, gateway: Process
 ) -> None:
