@@ -20,7 +20,8 @@ from pathlib import Path
 import uvloop
 
 from gateway_server.config import from_args
-from gateway_server.engine.sim.engine import SimConfig, SimulatedEngine
+from gateway_server.engine.sim.config import SimConfig
+from gateway_server.engine.sim.engine import SimulatedEngine
 from gateway_server.server import GatewayServer
 from hangup_contract.runtime import logs
 

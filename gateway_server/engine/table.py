@@ -18,7 +18,8 @@ from typing import Any
 
 from gateway_server.engine.context import EngineContext
 from gateway_server.engine.pool import EngineFactory
-from gateway_server.engine.sim.engine import SimConfig, SimulatedEngine
+from gateway_server.engine.sim.config import SimConfig
+from gateway_server.engine.sim.engine import SimulatedEngine
 from gateway_server.engine.sim.kv import SimKvStore
 from gateway_server.engine.sim.options import SIM_OPTIONS
 from gateway_server.engine.vllm.options import VLLM_OPTIONS, VllmOptions

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import tritonclient.grpc.aio as triton
 
-from gateway_server.engine.sim.engine import SimConfig
+from gateway_server.engine.sim.config import SimConfig
 from gateway_server.siblings import Siblings, home_of
 from tests.support.gateway import LONG, MODEL, Gateway, running_api_processes
 from tests.support.metrics_files import unreadable_files, write_counter

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from gateway_server.engine.sim.engine import SimConfig
+from gateway_server.engine.sim.config import SimConfig
 from tests.support.gateway import MODEL, Gateway, running_gateway
 from tests.support.waiting import wait_until
 

@@ -19,7 +19,7 @@ import pytest
 import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
-from gateway_server.engine.sim.engine import SimConfig
+from gateway_server.engine.sim.config import SimConfig
 from hangup_contract.protos import cancellation_pb2
 from tests.support.gateway import MODEL, Gateway, running_gateway
 from tests.support.triton_io import Stream, inputs

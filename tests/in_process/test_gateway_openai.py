@@ -120,7 +120,7 @@ async def test_bad_chat_messages_are_refused(gateway: Gateway) -> None:
 
 
 async def test_prompt_longer_than_the_model_allows() -> None:
-    from gateway_server.engine.sim.engine import SimConfig
+    from gateway_server.engine.sim.config import SimConfig
 
     async with running_gateway(sim=SimConfig(max_model_len=64)) as gw:
         body = {"model": MODEL, "prompt": "w " * 60, "max_tokens": 10}

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway_server.engine.sim.engine import SIM_BLOCK_SIZE, SimConfig
+from gateway_server.engine.sim.config import SIM_BLOCK_SIZE, SimConfig
 from proxy.lifecycle import CALL_LOGGER
 from proxy.server import Server
 from tests.support.gateway import LONG, MODEL, Gateway, running_api_processes, running_gateway

@@ -13,7 +13,7 @@ import aiohttp
 import openai
 import pytest
 
-from gateway_server.engine.sim.engine import SimConfig
+from gateway_server.engine.sim.config import SimConfig
 from tests.support.gateway import LONG, MODEL, Gateway, running_api_processes, running_gateway
 from tests.support.waiting import wait_until
 

@@ -10,7 +10,8 @@ import pytest
 
 from gateway_server.engine.base import EngineRequest, FinishReason, SamplingParams
 from gateway_server.engine.handoff import DisaggregatedEngine
-from gateway_server.engine.sim.engine import SimConfig, SimulatedEngine
+from gateway_server.engine.sim.config import SimConfig
+from gateway_server.engine.sim.engine import SimulatedEngine
 from gateway_server.engine.sim.kv import SimKvStore
 from hangup_contract.vocabulary import Phase
 from tests.support.waiting import wait_until

@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gateway_server.engine.base import EngineRequest, FinishReason, SamplingParams, TokenChunk
-from gateway_server.engine.sim.engine import SimConfig, SimulatedEngine
+from gateway_server.engine.sim.config import SimConfig
+from gateway_server.engine.sim.engine import SimulatedEngine
 from hangup_contract.vocabulary import Phase
 from tests.support.waiting import wait_until
 

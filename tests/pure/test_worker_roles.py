@@ -11,7 +11,8 @@ from gateway_server.config import from_args
 from gateway_server.engine.base import EngineError, NoLiveWorker
 from gateway_server.engine.handoff import WorkerRole
 from gateway_server.engine.pool import EnginePool
-from gateway_server.engine.sim.engine import SimConfig, SimulatedEngine
+from gateway_server.engine.sim.config import SimConfig
+from gateway_server.engine.sim.engine import SimulatedEngine
 from gateway_server.engine.vllm.kv_handoff import HandoffStore
 from gateway_server.engine.vllm.options import VllmOptions
 from gateway_server.engine.vllm.pd import vllm_pd_engine_factory

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from gateway_server.config import GatewayConfig
 from gateway_server.engine.base import Engine
-from gateway_server.engine.sim.engine import SimConfig
+from gateway_server.engine.sim.config import SimConfig
 from gateway_server.server import GatewayServer
 from gateway_server.siblings.processes import ApiProcess
 from hangup_contract.cancel import cancel_path

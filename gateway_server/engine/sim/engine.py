@@ -41,7 +41,6 @@ import random
 import time
 from collections import deque
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, field
 from typing import Any
 
 from gateway_server.engine.base import (
@@ -57,57 +56,13 @@ from gateway_server.engine.base import (
     TokenChunk,
 )
 from gateway_server.engine.handoff import KvHandoff
+from gateway_server.engine.sim.config import SIM_BLOCK_SIZE, SimConfig
 from gateway_server.engine.sim.kv import SavedKv, SimKvStore
 from gateway_server.engine.sim.sampling import VOCAB, Sampler, piece
+from gateway_server.engine.sim.sequence import Sequence
+from gateway_server.engine.sim.tools import NoTools
 from gateway_server.engine.tools import ToolCalling, ToolSettings
-from hangup_contract.runtime.options import ConfigError
 from hangup_contract.vocabulary import Phase
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    slots: int = 8
-    max_model_len: int = 4096
-    step_base_s: float = 0.01
-    step_per_seq_s: float = 0.0005
-    prefill_per_token_s: float = 0.00002
-    prefill_chunk_tokens: int = 512
-    seed: int = 0
-    transfer_per_block_s: float = 0.0005
-    """P/D: seconds a decode engine takes to load one block of a prompt's KV."""
-    kv_lease_s: float = 30.0
-    """P/D: seconds a prefill engine keeps a prompt's KV that nobody pulled or released."""
-
-    def __post_init__(self) -> None:
-        if self.slots < 1 or self.prefill_chunk_tokens < 1:
-            raise ConfigError("--sim-slots and --sim-prefill-chunk must be at least 1")
-
-
-SIM_BLOCK_SIZE = 16
-"""Tokens per simulated KV-cache block (vLLM's default on GPUs): the simulation holds every
-running sequence's tokens, ``slots * max_model_len`` of them, and reports them as blocks."""
-
-
-@dataclass(eq=False)
-class _Sequence:
-    request: EngineRequest
-    prompt_tokens: int
-    sampler: Sampler
-    out: asyncio.Queue[TokenChunk | EngineDead] = field(default_factory=asyncio.Queue)
-    prefilled: int = 0
-    generated: int = 0
-    text: str = ""
-    phase: Phase = Phase.QUEUED
-    finished: bool = False
-    save_as: str | None = None
-    """Prefill only: keep the prompt's KV under this key once read, then end."""
-    handoff: KvHandoff | None = None
-    """Decode: the prompt's KV comes from this handoff (phase ``transfer`` until loaded)."""
-    transfer_done_at: float = 0.0
-
-    @property
-    def held_tokens(self) -> int:
-        return self.prefilled + self.generated
 
 
 class SimulatedEngine:
@@ -134,9 +89,9 @@ class SimulatedEngine:
         self._kv = kv if kv is not None else SimKvStore()
         self._saved = SavedKv(self._kv, SIM_BLOCK_SIZE)
         self._stall_transfers = False
-        self._waiting: deque[_Sequence] = deque()
-        self._running: list[_Sequence] = []
-        self._by_id: dict[str, _Sequence] = {}
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        self._by_id: dict[str, Sequence] = {}
         # Pending aborts: request id → one future per caller waiting for the step boundary.
         self._aborts: dict[str, list[asyncio.Future[None]]] = {}
         self._wake = asyncio.Event()
@@ -228,7 +183,7 @@ class SimulatedEngine:
             )
 
     def tool_calling(self, settings: ToolSettings, model: str) -> ToolCalling:
-        return _NoTools()
+        return NoTools()
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[TokenChunk, None]:
         return self._stream(request, None)
@@ -261,14 +216,14 @@ class SimulatedEngine:
     def handoff_blocks(self) -> int:
         return self._saved.blocks()
 
-    def _enqueue(self, request: EngineRequest) -> _Sequence:
+    def _enqueue(self, request: EngineRequest) -> Sequence:
         if not self.alive:
             raise EngineError("simulated engine is not running")
         if request.request_id in self._by_id:
             raise EngineError(f"engine request id {request.request_id} is already running")
         seed = f"{self._config.seed}:{request.params.seed}:{request.prompt}"
         sampler = Sampler(request.params, random.Random(seed))
-        seq = _Sequence(request, self.count_prompt_tokens(request.prompt), sampler)
+        seq = Sequence(request, self.count_prompt_tokens(request.prompt), sampler)
         self._by_id[request.request_id] = seq
         self._waiting.append(seq)
         self._wake.set()
@@ -392,9 +347,9 @@ class SimulatedEngine:
                 seq.transfer_done_at = time.monotonic() + transfer_s
             self._running.append(seq)
 
-    def _plan_prefill(self) -> dict[_Sequence, int]:
+    def _plan_prefill(self) -> dict[Sequence, int]:
         budget = self._config.prefill_chunk_tokens
-        plan: dict[_Sequence, int] = {}
+        plan: dict[Sequence, int] = {}
         for seq in self._running:
             if seq.phase is Phase.PREFILL and budget > 0:
                 take = min(budget, seq.prompt_tokens - seq.prefilled)
@@ -402,7 +357,7 @@ class SimulatedEngine:
                 budget -= take
         return plan
 
-    def _complete_step(self, prefill: dict[_Sequence, int]) -> None:
+    def _complete_step(self, prefill: dict[Sequence, int]) -> None:
         for seq in list(self._running):  # aborted ones already left: they emit nothing more
             if seq.phase is Phase.TRANSFER:
                 self._transfer(seq)
@@ -417,7 +372,7 @@ class SimulatedEngine:
                 seq.phase = Phase.DECODE  # the step that ends prefill yields the first token
             self._emit_token(seq)
 
-    def _save(self, seq: _Sequence) -> None:
+    def _save(self, seq: Sequence) -> None:
         """A prefill-only request read its prompt: keep the KV for a decode engine, and end."""
         assert seq.save_as is not None
         blocks, expires = self._saved.save(seq.save_as, seq.prompt_tokens, self._config.kv_lease_s)
@@ -427,7 +382,7 @@ class SimulatedEngine:
         self._running.remove(seq)
         self._finish(seq, FinishReason.LENGTH)
 
-    def _transfer(self, seq: _Sequence) -> None:
+    def _transfer(self, seq: Sequence) -> None:
         """Load the prompt's KV once its transfer time has passed; recompute it when gone."""
         if self._stall_transfers or time.monotonic() < seq.transfer_done_at:
             return
@@ -437,7 +392,7 @@ class SimulatedEngine:
         else:
             seq.phase, seq.prefilled = Phase.PREFILL, 0
 
-    def _emit_token(self, seq: _Sequence) -> None:
+    def _emit_token(self, seq: Sequence) -> None:
         params = seq.request.params
         prev, first = seq.sampler.prev, seq.generated == 0
         token = seq.sampler.next()
@@ -452,7 +407,7 @@ class SimulatedEngine:
             if token in params.stop_token_ids:
                 finish = FinishReason.STOP
             elif params.stop:
-                text, finish = self._stop_strings(seq, text)
+                text, finish = seq.cut_at_stop(text)
         if finish is None and (
             seq.generated >= params.max_tokens
             or seq.prompt_tokens + seq.generated >= self._config.max_model_len
@@ -463,19 +418,7 @@ class SimulatedEngine:
             self._running.remove(seq)
             self._finish(seq, finish, emitted=True)
 
-    @staticmethod
-    def _stop_strings(seq: _Sequence, text: str) -> tuple[str, FinishReason | None]:
-        """The token's text up to the first stop string (or to its end with
-        ``include_stop_str_in_output``), and STOP when one was found."""
-        for stop in seq.request.params.stop:
-            if stop and stop in seq.text:
-                end = seq.text.index(stop)
-                if seq.request.params.include_stop_str_in_output:
-                    end += len(stop)
-                return text[: max(0, len(text) - (len(seq.text) - end))], FinishReason.STOP
-        return text, None
-
-    def _finish(self, seq: _Sequence, reason: FinishReason, *, emitted: bool = False) -> None:
+    def _finish(self, seq: Sequence, reason: FinishReason, *, emitted: bool = False) -> None:
         if seq.finished:
             return
         seq.finished = True
@@ -487,13 +430,3 @@ class SimulatedEngine:
 _PD_FAULTS = ("lose_notification", "expire_leases", "stall_transfer")
 FAULTS = ("kill", "hang", "resume", *_PD_FAULTS)
 """The faults :meth:`SimulatedEngine.inject_fault` knows."""
-
-
-class _NoTools:
-    """The simulation reads no tool calls: a request that names tools is refused by field."""
-
-    def plan(self, body: dict[str, Any]) -> None:
-        if body.get("tools") is None and body.get("tool_choice") in (None, "none"):
-            return None
-        name = "tools" if body.get("tools") is not None else "tool_choice"
-        raise RequestRejected(f"'{name}' is not supported by the simulated engine", param=name)
