@@ -62,11 +62,9 @@ import contextlib
 import copy
 import itertools
 import logging
-import signal
 import threading
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from importlib import import_module
 from typing import Any
 
@@ -78,13 +76,11 @@ from gateway_server.engine.base import (
     EngineRefused,
     EngineRequest,
     Feature,
-    FinishReason,
     NoChatTemplate,
     NoFaults,
     RequestRejected,
     SamplingParams,
     TokenChunk,
-    TokenLogprob,
 )
 from gateway_server.engine.devices import DevicePin, device_env, device_groups
 from gateway_server.engine.tools import ToolCalling, ToolSettings
@@ -93,6 +89,8 @@ from gateway_server.engine.vllm.devices import visible_devices
 from gateway_server.engine.vllm.inputs import prompt_input, sampling_params
 from gateway_server.engine.vllm.options import VllmOptions
 from gateway_server.engine.vllm.output_tail import OutputTail
+from gateway_server.engine.vllm.outputs import Live
+from gateway_server.engine.vllm.outputs import chunk as to_chunk
 from gateway_server.engine.vllm.stats import (
     SchedulerSnapshot,
     scheduler_statistics_only,
@@ -110,23 +108,6 @@ ABORT_CONFIRM_TIMEOUT_S = 30.0
 """How long an abort waits for the engine core's confirmation before giving up (logged)."""
 DEATH_POLL_S = 0.05
 """How often a call waiting on the engine core looks whether the core has died."""
-
-_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
-
-
-@dataclass(eq=False)
-class _Live:
-    seq: int
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    registered: asyncio.Event = field(default_factory=asyncio.Event)
-    seen_after: int | None = None
-    """``steps`` when the engine core confirmed it holds the request; statistics received
-    after that count it."""
-    abort_task: asyncio.Task[None] | None = None
-    confirm_task: asyncio.Task[None] | None = None
-    """The utility call that confirms the core holds the request (phase bookkeeping only)."""
-    prompt_logprobs_sent: bool = False
 
 
 class VllmEngine:
@@ -152,7 +133,7 @@ class VllmEngine:
         self._llm: Any = None
         self._tokenizer_copy: Any = None
         self._stopped = False
-        self._live: dict[str, _Live] = {}
+        self._live: dict[str, Live] = {}
         self._arrivals = itertools.count(1)
         self._stats = SchedulerSnapshot()
         self._processes: list[process_tree.ProcessId] = []
@@ -183,13 +164,7 @@ class VllmEngine:
         return "; ".join(causes) or "vLLM marked its engine core dead"
 
     def _exit_statuses(self) -> list[str]:
-        manager = getattr(getattr(self._llm, "engine_core", None), "resources", None)
-        processes = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
-        return [
-            _exit_status(p.pid, p.exitcode)
-            for p in processes
-            if getattr(p, "exitcode", None) not in (None, 0)
-        ]
+        return process_tree.exit_statuses(self._llm)
 
     async def start(self) -> None:
         """Spawn the engine core and load the model (off the event loop).
@@ -228,9 +203,7 @@ class VllmEngine:
     @property
     def engine_core_pids(self) -> list[int]:
         """Process ids of this worker's vLLM engine core(s), for operators; [] if not known."""
-        manager = getattr(getattr(self._llm, "engine_core", None), "resources", None)
-        processes = getattr(getattr(manager, "engine_manager", None), "processes", None) or []
-        return [int(p.pid) for p in processes if getattr(p, "pid", None)]
+        return process_tree.core_pids(self._llm)
 
     def _build(self) -> tuple[Any, Any]:
         engine_args: Any = import_module("vllm.engine.arg_utils")
@@ -357,7 +330,7 @@ class VllmEngine:
         rid = request.request_id
         if rid in self._live:
             raise EngineError(f"engine request id {rid} is already running")
-        state = self._live[rid] = _Live(next(self._arrivals))
+        state = self._live[rid] = Live(next(self._arrivals))
         finished = False
         collector: Any = None
         try:
@@ -390,49 +363,14 @@ class VllmEngine:
                 # the caller's own abort() awaits the same task.
                 self._abort_once(rid, state)
 
-    def _chunk(self, state: _Live, out: Any) -> TokenChunk:
-        completion = out.outputs[0]
-        new_tokens = len(completion.token_ids)
-        state.output_tokens += new_tokens
-        if out.prompt_token_ids is not None:
-            state.prompt_tokens = len(out.prompt_token_ids)
-        finish = None
-        if out.finished:
-            reason = str(completion.finish_reason)
-            if reason not in _FINISH:
-                raise EngineError(f"vLLM ended the request with {reason!r}")
-            finish = _FINISH[reason]
-        logprobs = prompt_logprobs = None
-        if completion.logprobs is not None:  # only when asked for
-            logprobs = self._logprobs(completion.token_ids, completion.logprobs)
-        if out.prompt_logprobs is not None and not state.prompt_logprobs_sent:
-            state.prompt_logprobs_sent = True
-            prompt_logprobs = self._logprobs(out.prompt_token_ids, out.prompt_logprobs)
-        return TokenChunk(
-            completion.text, new_tokens, state.prompt_tokens, finish, logprobs, prompt_logprobs
-        )
+    def _chunk(self, state: Live, out: Any) -> TokenChunk:
+        """One of vLLM's outputs as a chunk (the P/D engine also reads its handoff from it)."""
+        return to_chunk(state, out, self._decode_token)
 
-    def _logprobs(self, token_ids: Sequence[int], steps: Sequence[Any]) -> tuple[TokenLogprob, ...]:
-        """vLLM's ``{token id: Logprob}`` per position as :class:`TokenLogprob` (the chosen token
-        first, as vLLM orders them; -inf as -9999.0, as vllm serve writes it)."""
-        out = []
-        for token_id, step in zip(token_ids, steps, strict=False):
-            chosen = step.get(token_id) if step is not None else None
-            if chosen is None:
-                out.append(TokenLogprob(self._decode(token_id, None), None))
-                continue
-            top = tuple((self._decode(i, lp), max(lp.logprob, -9999.0)) for i, lp in step.items())
-            out.append(
-                TokenLogprob(self._decode(token_id, chosen), max(chosen.logprob, -9999.0), top)
-            )
-        return tuple(out)
-
-    def _decode(self, token_id: int, logprob: Any) -> str:
-        if logprob is not None and logprob.decoded_token is not None:
-            return str(logprob.decoded_token)
+    def _decode_token(self, token_id: int) -> str:
         return str(self._tokenizer().decode([token_id]))
 
-    async def _confirm_held(self, state: _Live) -> None:
+    async def _confirm_held(self, state: Live) -> None:
         """Note when the engine core holds the request: it handles its input in order, so once a
         utility call sent after the request is answered, statistics received later count the
         request (see :meth:`phase`). Runs beside the stream; a failure only leaves the phase at
@@ -458,16 +396,16 @@ class VllmEngine:
         if state is not None:
             await asyncio.shield(self._abort_once(request_id, state))
 
-    def _abort_once(self, request_id: str, state: _Live) -> asyncio.Task[None]:
+    def _abort_once(self, request_id: str, state: Live) -> asyncio.Task[None]:
         if state.abort_task is None:
             state.abort_task = asyncio.ensure_future(self._abort(request_id, state))
         return state.abort_task
 
-    def _forget(self, request_id: str, state: _Live) -> None:
+    def _forget(self, request_id: str, state: Live) -> None:
         if self._live.get(request_id) is state:
             del self._live[request_id]
 
-    async def _abort(self, request_id: str, state: _Live) -> None:
+    async def _abort(self, request_id: str, state: Live) -> None:
         llm = self._llm
         try:
             async with asyncio.timeout(ABORT_CONFIRM_TIMEOUT_S):
@@ -537,13 +475,6 @@ class VllmEngine:
         # KV use as the core reports it, never inferred from what is in flight here: an abort
         # that did not reach the core shows as cache still held (the vLLM tests rely on it).
         return EngineLoad(running, in_flight - running, stats.kv_cache_usage, blocks, block_size)
-
-
-def _exit_status(pid: int, code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"engine core {pid} killed by {signal.Signals(-code).name}"
-    return f"engine core {pid} exited with status {code}"
 
 
 def vllm_engine_factory(model: str, options: VllmOptions, workers: int) -> EngineFactory:

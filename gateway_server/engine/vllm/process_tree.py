@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 PROC = Path("/proc")
 
@@ -63,3 +64,31 @@ def kill_leftovers(processes: list[ProcessId]) -> list[int]:
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
     return killed
+
+
+def _core_processes(llm: Any) -> list[Any]:
+    """vLLM's handles on its engine-core processes (``multiprocessing`` processes); [] when
+    not known (not started, or a vLLM that keeps them elsewhere)."""
+    manager = getattr(getattr(llm, "engine_core", None), "resources", None)
+    return list(getattr(getattr(manager, "engine_manager", None), "processes", None) or [])
+
+
+def core_pids(llm: Any) -> list[int]:
+    """Process ids of an ``AsyncLLM``'s engine core(s)."""
+    return [int(p.pid) for p in _core_processes(llm) if getattr(p, "pid", None)]
+
+
+def exit_statuses(llm: Any) -> list[str]:
+    """How each engine core of an ``AsyncLLM`` that has exited ended, in words."""
+    return [
+        _exit_status(p.pid, p.exitcode)
+        for p in _core_processes(llm)
+        if getattr(p, "exitcode", None) not in (None, 0)
+    ]
+
+
+def _exit_status(pid: int, code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"engine core {pid} killed by {signal.Signals(-code).name}"
+    return f"engine core {pid} exited with status {code}"
