@@ -92,18 +92,22 @@ def pytest_runtest_teardown(
 
 
 def _leaks() -> list[str]:
-    """What the garbage collector finds open now: each object, and where its socket was made."""
+    """What the garbage collector finds open now: each socket once (its transport's warning and
+    its own, whichever of the two the collector finalized first), and where it was made."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
         gc.collect()
-    found = []
+    messages: dict[int, list[str]] = {}  # id(socket) -> what was said of it, in order
     for warning in caught:
         if not issubclass(warning.category, ResourceWarning):
             continue
         source = warning.source
         sock = getattr(source, "_sock", source)  # a transport's socket, or the socket itself
-        site = _sites.get(id(sock), "(made before this test, or not a socket)\n")
-        found.append(f"{warning.message}\nmade at:\n{site}")
+        messages.setdefault(id(sock), []).append(str(warning.message))
         del source, sock
     caught.clear()
-    return found
+    unknown = "(made before this test, or not a socket)\n"
+    return [
+        "\n".join(said) + "\nmade at:\n" + _sites.get(key, unknown)
+        for key, said in messages.items()
+    ]
