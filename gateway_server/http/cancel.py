@@ -1,6 +1,6 @@
 """The cancel API over HTTP: ``POST /v2/requests/{id}/cancel`` (the contract's route and bodies,
 ``hangup_contract.cancel``) and ``GET /v2/requests``, behind the bearer token when the gateway
-has one (README, "The cancel API")."""
+has one (docs/gateway.md, "The cancel API")."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 /v1/responses/{id}``, ``POST /v1/responses/{id}/cancel``. The routes; how a response runs is the
 runner's (:mod:`gateway_server.openai.responses.runner`).
 
-What each kind of response is to its client (README, "The Responses API"):
+What each kind of response is to its client (docs/openai.md, "The Responses API"):
 
 - synchronous and streaming: the handler runs the call under the request's ``X-Request-Id``
   (the proxy's id), as a chat completion does: a client that hangs up, or the proxy's cancel of

