@@ -69,7 +69,7 @@ def _vllm(context: EngineContext) -> EngineFactory:
         vllm_pd: Any = import_module("gateway_server.engine.vllm.pd")
         pd_factory: EngineFactory = vllm_pd.pd_factory(context)
         return pd_factory
-    vllm: Any = import_module("gateway_server.engine.vllm.engine")
+    vllm: Any = import_module("gateway_server.engine.vllm.factory")
     factory: EngineFactory = vllm.vllm_engine_factory(
         context.model, context.settings, context.workers
     )

