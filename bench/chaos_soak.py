@@ -21,7 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support import chaos
+from tests.support import chaos, chaos_report, chaos_traffic
 from tests.support.faults import Pod
 from tests.support.vllm_stack import START_TIMEOUT_S, make_tiny_model
 
@@ -33,10 +33,10 @@ def gateway_args(args: argparse.Namespace, tmp: Path) -> list[str]:
             "--sim-faults"]  # fmt: skip
 
 
-async def soak(args: argparse.Namespace, tmp: Path) -> list[chaos.PhaseReport]:
+async def soak(args: argparse.Namespace, tmp: Path) -> list[chaos_report.PhaseReport]:
     proxy_args = chaos.PROXY_ARGS
     rng = random.Random(args.seed)
-    reports: list[chaos.PhaseReport] = []
+    reports: list[chaos_report.PhaseReport] = []
     calls = 0
     faults = chaos.VLLM_FAULTS if args.engine == "vllm" else chaos.FAULTS
     start_s = START_TIMEOUT_S if args.engine == "vllm" else 60.0
@@ -44,7 +44,7 @@ async def soak(args: argparse.Namespace, tmp: Path) -> list[chaos.PhaseReport]:
         Pod(tmp, gateway_args(args, tmp), proxy_args, args.engine, start_s) as pod,
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
     ):
-        expected = await chaos.references(pod, session)
+        expected = await chaos_traffic.references(pod, session)
         while calls < args.calls:
             fault = faults[len(reports) % len(faults)]
             report = await chaos.run_phase(pod, session, expected, fault,
@@ -52,13 +52,13 @@ async def soak(args: argparse.Namespace, tmp: Path) -> list[chaos.PhaseReport]:
                                            concurrency=args.concurrency, rng=rng)  # fmt: skip
             reports.append(report)
             calls += sum(report.calls.values())
-            print(f"[{calls:>7}] {chaos.summary(report)}", flush=True)
+            print(f"[{calls:>7}] {chaos_report.summary(report)}", flush=True)
             for finding in report.findings[:5]:
                 print(f"          finding: {finding}", flush=True)
     return reports
 
 
-def totals(reports: list[chaos.PhaseReport], took: float) -> None:
+def totals(reports: list[chaos_report.PhaseReport], took: float) -> None:
     calls = collections.Counter[str]()
     for report in reports:
         calls.update(report.calls)
@@ -75,7 +75,7 @@ def totals(reports: list[chaos.PhaseReport], took: float) -> None:
           f" {sum(len(r.findings) for r in reports)}; cancels given up on (each counted and"
           f" logged): {sum(gave_up.values()):g}")  # fmt: skip
     for name in ("gateway", "proxy"):
-        rss, files = chaos.growth(reports, name)
+        rss, files = chaos_report.growth(reports, name)
         seen = [r.resources[name] for r in reports if name in r.resources]
         low, high = min(s[0] for s in seen) // 1024, max(s[0] for s in seen) // 1024
         fewest, most = min(s[1] for s in seen), max(s[1] for s in seen)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import chaos
+from tests.support import chaos, chaos_report
 from tests.support.faults import Pod
 
 pytestmark = pytest.mark.slow
@@ -34,7 +34,7 @@ async def test_chaos_soak_leaves_no_zombie_and_no_wrong_answer(tmp_path: Path) -
         reports = await chaos.run_schedule(
             pod, SCHEDULE, seconds=PHASE_S, concurrency=CONCURRENCY, rng=random.Random(5)
         )
-    chaos.assert_clean_and_serving(reports)
+    chaos_report.assert_clean_and_serving(reports)
     stopped = reports[SCHEDULE.index("stop_gateway")]
     assert stopped.gave_up >= chaos.STOPPED_HANG_UPS  # counted, and logged (no finding above)
     hung = reports[SCHEDULE.index("hang_engine")]
@@ -43,5 +43,5 @@ async def test_chaos_soak_leaves_no_zombie_and_no_wrong_answer(tmp_path: Path) -
     calls = sum(sum(r.calls.values()) for r in reports)
     assert calls > 1000, calls
     for name in ("gateway", "proxy"):
-        rss_kib, files = chaos.growth(reports, name)
+        rss_kib, files = chaos_report.growth(reports, name)
         assert files <= 16 and rss_kib <= 64 * 1024, (name, rss_kib, files)

@@ -17,7 +17,7 @@ import aiohttp
 import grpc
 import pytest
 
-from tests.support import chaos
+from tests.support import chaos_traffic
 from tests.support.processes import alive, children
 from tests.support.scrape import scrape_async, scraping, total
 from tests.support.stack import (
@@ -134,9 +134,9 @@ async def test_sigterm_drains_every_worker_and_cancels_what_is_left(
     async with aiohttp.ClientSession() as session:
         streams = [await raw.open(stack.proxy_url, completion_request("/v1/completions", LONG))
                    for _ in range(4)]  # fmt: skip
-        request = chaos.Request("grpc_stream", "long", 3000, 1)
+        request = chaos_traffic.Request("grpc_stream", "long", 3000, 1)
         async with grpc.aio.insecure_channel(stack.proxy.listeners["grpc"]) as channel:
-            grpc_call = asyncio.ensure_future(chaos.grpc_call(channel, request))
+            grpc_call = asyncio.ensure_future(chaos_traffic.grpc_call(channel, request))
             await wait_until(lambda: _running(session, stack, 5), what="five calls upstream")
             workers = children(stack.proxy.popen.pid)
             stack.proxy.popen.terminate()

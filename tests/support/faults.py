@@ -1,9 +1,10 @@
-"""Faults for the chaos soak (``tests/support/chaos.py``): one pod (the gateway with the simulated
-engine or vLLM, the proxy in front, real processes on 127.0.0.1) whose processes can be killed,
-stopped, drained and restarted while clients use it, whose engine can be killed or hung (the
-simulated one through the gateway's fault switch, ``--sim-faults``; vLLM's engine core, named by
-the gateway's latest ``vllm_worker_ready`` log line, with SIGKILL, SIGSTOP and SIGCONT), and a TCP
-forwarder between the proxy and the gateway that can reset every upstream connection at once.
+"""Faults for the chaos soak (``tests/support/chaos.py``, which fires them in its phases; the
+clients are ``chaos_traffic.py``): one pod (the gateway with the simulated engine or vLLM, the
+proxy in front, real processes on 127.0.0.1) whose processes can be killed, stopped, drained and
+restarted while clients use it, whose engine can be killed or hung (the simulated one through the
+gateway's fault switch, ``--sim-faults``; vLLM's engine core, named by the gateway's latest
+``vllm_worker_ready`` log line, with SIGKILL, SIGSTOP and SIGCONT), and a TCP forwarder between
+the proxy and the gateway that can reset every upstream connection at once.
 
 The gateway leads a process group of its own, as a container's processes are all ended together:
 vLLM's engine core processes are in it, so killing the gateway kills the group, and once the

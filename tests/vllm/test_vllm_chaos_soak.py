@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import chaos
+from tests.support import chaos, chaos_report
 from tests.support.faults import Pod
 from tests.support.vllm_stack import START_TIMEOUT_S, requires_vllm
 
@@ -37,7 +37,7 @@ async def test_chaos_soak_with_vllm_leaves_no_zombie_and_no_wrong_answer(
         reports = await chaos.run_schedule(
             pod, SCHEDULE, seconds=PHASE_S, concurrency=CONCURRENCY, rng=random.Random(7)
         )
-    chaos.assert_clean_and_serving(reports)
+    chaos_report.assert_clean_and_serving(reports)
     assert reports[SCHEDULE.index("kill_engine")].engine_restarts == 1
     assert reports[SCHEDULE.index("hang_engine")].gave_up >= chaos.STOPPED_HANG_UPS
     hung_up = sum(n for r in reports for k, n in r.calls.items() if "hang-up" in k)
