@@ -1,0 +1,193 @@
+"""A real Triton Inference Server on 127.0.0.1, serving the project's own python-backend models
+(``tests/triton/models``), for the Triton tier.
+
+Triton 2.51.0 comes from the ``nvidia-pytriton`` 0.7.0 wheel, which ships the ``tritonserver``
+binary with the python backend only; ``make test`` installs it into a virtualenv of its own,
+``.venv-triton`` (numpy 1.26 there: with numpy 2.3 the backend's stub crashed reading the first
+BYTES input). The binary is run directly on a model repository of our own, not through PyTriton's
+``bind()``, whose functions never see a cancellation. What it needs, each found here:
+
+- the python backend's stub links ``libpython3.11``: the virtualenv interpreter's ``LIBDIR``
+  first in ``LD_LIBRARY_PATH`` (another 3.11 library on the machine would shadow it), then the
+  wheel's ``nvidia_pytriton.libs``;
+- the stub finds numpy through ``PATH``: the virtualenv's ``bin`` first;
+- a backend directory holding the wheel's python backend and its 3.11 stub.
+
+Triton takes no port 0, so three free ports are picked and a start that lost one of them to
+another process is made again on new ones (at most three times). Each model appends how every
+request ended to ``<records>/<model>.jsonl`` (``tests/triton/models/record.py``)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.support.processes import REPO
+
+VENV = REPO / ".venv-triton"
+MODELS = REPO / "tests" / "triton" / "models"
+READY_S = 60.0
+BIND_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class Install:
+    server: Path  # the tritonserver binary
+    backends: Path  # the wheel's backends/ (python)
+    stub: Path  # the python backend's stub for 3.11
+    env: dict[str, str]  # PATH and LD_LIBRARY_PATH as the stub needs them
+
+
+@dataclass
+class TritonServer:
+    popen: subprocess.Popen[bytes]
+    http: str  # host:port
+    grpc: str
+    metrics: str
+    records: Path
+    log_path: Path
+
+    def url(self) -> str:
+        return f"http://{self.http}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def ended(self, model: str, by: str = "id") -> dict[str, dict[str, Any]]:
+        """How each request of ``model`` ended, by request id (or by ``prompt``, for an HTTP
+        ``generate`` call, which carries no id); the latest line per key."""
+        path = self.records / f"{model}.jsonl"
+        if not path.exists():
+            return {}
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line]
+        return {line[by]: line for line in lines}
+
+
+def install() -> Install | str:
+    """What is needed to run Triton here, or why it cannot run (the tier then skips)."""
+    python = VENV / "bin" / "python"
+    if not python.exists():
+        return f"no {VENV.name}: `make test` installs nvidia-pytriton there (x86_64 Linux only)"
+    found = subprocess.run(
+        [str(python), "-c", "import sysconfig, site, sys; "
+         "print(sysconfig.get_config_var('LIBDIR')); print(site.getsitepackages()[0]); "
+         "print(f'{sys.version_info[0]}.{sys.version_info[1]}')"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if found.returncode != 0:
+        return f"{python} does not run: {found.stderr.strip()}"
+    libdir, site_packages, version = found.stdout.split()
+    wheel = Path(site_packages) / "pytriton" / "tritonserver"
+    server = wheel / "bin" / "tritonserver"
+    stub = wheel / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not server.exists() or not stub.exists():
+        return f"nvidia-pytriton in {VENV.name} has no tritonserver or no stub for {version}"
+    libraries = [libdir, str(Path(site_packages) / "nvidia_pytriton.libs")]
+    env = {
+        "PATH": os.pathsep.join([str(VENV / "bin"), os.environ.get("PATH", "")]),
+        "LD_LIBRARY_PATH": os.pathsep.join(libraries),
+    }
+    return Install(server, wheel / "backends", stub, env)
+
+
+def _repository(tmp: Path, records: Path) -> Path:
+    """The models, copied, with where to record filled in and ``record.py`` beside each."""
+    repository = tmp / "models"
+    for model in (p for p in MODELS.iterdir() if (p / "config.pbtxt").exists()):
+        copy = repository / model.name
+        shutil.copytree(model, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        config = copy / "config.pbtxt"
+        config.write_text(config.read_text().replace("@RECORD_DIR@", str(records)))
+        for version in (p for p in copy.iterdir() if p.is_dir()):
+            shutil.copy(MODELS / "record.py", version / "record.py")
+    return repository
+
+
+def _backends(tmp: Path, found: Install) -> Path:
+    backends = tmp / "backends"
+    shutil.copytree(found.backends, backends)
+    shutil.copy(found.stub, backends / "python" / found.stub.name)
+    return backends
+
+
+def _free_ports(count: int) -> list[int]:
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+
+
+def _ready(server: TritonServer, deadline: float) -> bool:
+    """True once Triton answers ready; False if it exited (the caller reads its log)."""
+    while time.monotonic() < deadline:
+        if server.popen.poll() is not None:
+            return False
+        ready = f"{server.url()}/v2/health/ready"
+        with contextlib.suppress(OSError), urllib.request.urlopen(ready, timeout=1) as answer:
+            if answer.status == 200:
+                return True
+        time.sleep(0.1)
+    raise TimeoutError(f"Triton not ready within {READY_S}s:\n{server.log()}")
+
+
+def _stop(popen: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to Triton, then its whole group (the backend stubs) once it has exited."""
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+        try:
+            popen.wait(15)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(popen.pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def running_triton(tmp: Path, found: Install) -> Iterator[TritonServer]:
+    records = tmp / "records"
+    records.mkdir(parents=True)
+    repository, backends = _repository(tmp, records), _backends(tmp, found)
+    for attempt in range(BIND_ATTEMPTS):
+        http, grpc, metrics = _free_ports(3)
+        log_path = tmp / f"triton-{attempt}.log"
+        with log_path.open("wb") as out:
+            popen = subprocess.Popen(
+                [str(found.server), "--model-repository", str(repository),
+                 "--backend-directory", str(backends), "--allow-gpu-metrics=false",
+                 "--http-address", "127.0.0.1", "--http-port", str(http),
+                 "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc),
+                 "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics),
+                 "--exit-timeout-secs", "5"],
+                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **found.env},
+                process_group=0,  # its own group (not session): the stubs end with it
+            )  # fmt: skip
+        server = TritonServer(popen, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}",
+                              f"127.0.0.1:{metrics}", records, log_path)  # fmt: skip
+        try:
+            if _ready(server, time.monotonic() + READY_S):
+                break
+        except BaseException:
+            _stop(popen)
+            raise
+        _stop(popen)
+        if "already in use" not in server.log() and "Address in use" not in server.log():
+            raise RuntimeError(f"Triton exited with {popen.returncode}:\n{server.log()}")
+    else:
+        raise RuntimeError(f"Triton lost its ports {BIND_ATTEMPTS} times:\n{server.log()}")
+    try:
+        yield server
+    finally:
+        _stop(server.popen)

@@ -1,0 +1,35 @@
+"""The Triton tier's fixtures: one real Triton (``tests/support/triton_server.py``) serving the
+project's python-backend models, and hangup's proxy in front of it, shared by the session. The
+tier skips, saying why, where ``make test`` could not install Triton."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.processes import Process, spawn
+from tests.support.triton_server import TritonServer, install, running_triton
+
+
+@pytest.fixture(scope="session")
+def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    found = install()
+    if isinstance(found, str):
+        pytest.skip(found)
+    with running_triton(tmp_path_factory.mktemp("triton"), found) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def triton_proxy(
+    triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Process]:
+    """``hangup-proxy`` in front of Triton, HTTP and gRPC. Over gRPC, closing the upstream call
+    is Triton's cancellation, so no cancel adapter is needed (``none``)."""
+    args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+            "--upstream-http", triton.url(), "--upstream-grpc", triton.grpc,
+            "--cancel-adapter", "none"]  # fmt: skip
+    with spawn("proxy", args, tmp_path_factory.mktemp("triton-proxy")) as proc:
+        yield proc
+        proc.terminate()
