@@ -85,13 +85,14 @@ demo: $(VENV)/.installed-base
 demo-scale: $(VENV)/.installed-base
 	$(PY) -m bench.scale_out
 
-bench: $(VENV)/.installed-base
+bench: $(VENV)/.installed-base $(TRITON_VENV)/.installed
 	$(PY) -m bench.gateway_cancel
 	$(PY) -m bench.proxy_cancel
 	$(PY) -m bench.proxy_overhead
 	$(PY) -m bench.grpc_cancel
 	$(PY) -m bench.grpc_relay
 	$(PY) -m bench.scale_out --scrape-cost
+	$(PY) -m bench.triton_hangup
 
 # AIPerf lives in a virtualenv of its own: it brings ~140 packages hangup does not need.
 AIPERF_VENV ?= .venv-aiperf

@@ -59,8 +59,8 @@ class Stream:
 
     def send(self, request_id: str, prompt: str, **options: Any) -> None:
         stream = options.pop("stream", True)
-        extra = {k: options.pop(k) for k in ("sequence_id", "sequence_start", "sequence_end")
-                 if k in options}  # fmt: skip
+        extra: dict[str, Any] = {k: options.pop(k) for k in ("sequence_id", "sequence_start",
+                                 "sequence_end") if k in options}  # fmt: skip
         tensors = inputs(prompt, stream=stream, **options)
         request = {"model_name": self.model, "request_id": request_id, "inputs": tensors, **extra}
         self._requests.put_nowait(request)
