@@ -14,6 +14,7 @@ same classes to gRPC codes. Handlers raise these; one middleware per protocol re
     │   ├── DuplicateRequestId        (409)
     │   ├── TooManyRequests           (429)  a bound on what a client may hold was reached
     │   └── CancelledBeforeArrival    (499)  a cancel for this id arrived first (tombstone)
+    ├── NotImplementedForModel        (501)  a path the model cannot serve (/infer: decoupled)
     ├── Unavailable                   (503)  draining, no live worker
     ├── EngineFailure                 (500)  the engine failed this request
     └── CancelledWhileRunning         (499)  cancelled before any of the answer was sent
@@ -98,6 +99,13 @@ class CancelledBeforeArrival(ClientError):
     def __init__(self, request_id: str, reason: Reason) -> None:
         super().__init__(f"request {request_id} was cancelled ({reason}) before it arrived")
         self.reason = reason
+
+
+class NotImplementedForModel(GatewayError):
+    """A KServe path the served model cannot answer, as Triton answers it: 501."""
+
+    status = 501
+    error_type = "not_implemented"
 
 
 class Unavailable(GatewayError):

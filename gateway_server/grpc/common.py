@@ -32,6 +32,7 @@ from gateway_server.errors import (
     GatewayError,
     InvalidRequest,
     ModelNotFound,
+    NotImplementedForModel,
     RequestNotFound,
     RequestTooLarge,
     Unauthorized,
@@ -50,6 +51,7 @@ _CODES: tuple[tuple[type[GatewayError] | tuple[type[GatewayError], ...], grpc.St
     (CancelledBeforeArrival, grpc.StatusCode.CANCELLED),
     (ClientError, grpc.StatusCode.INVALID_ARGUMENT),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (NotImplementedForModel, grpc.StatusCode.UNIMPLEMENTED),
 )
 
 T = TypeVar("T")

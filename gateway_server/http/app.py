@@ -73,6 +73,7 @@ def build_app(
         faults.add_routes(app)
     app.router.add_get("/metrics", _exposition(METRICS))
     app.router.add_get("/metrics/pool", _exposition(POOL_METRICS))
+    kserve.add_unknown_paths(app)  # last: what no route above took
     return app
 
 
@@ -120,7 +121,10 @@ def error_response(request: web.Request, exc: GatewayError) -> web.Response:
         headers["WWW-Authenticate"] = 'Bearer realm="hangup-cancel"'
     if REQUEST_ID_HEADER in request.headers:
         headers[REQUEST_ID_HEADER] = request.headers[REQUEST_ID_HEADER]
-    response = web.json_response(body, status=exc.status, headers=headers)
+    if request.path.startswith("/v1/"):
+        response = web.json_response(body, status=exc.status, headers=headers)
+    else:  # KServe / Triton: compact, as Triton writes it
+        response = kserve.json_answer(body, status=exc.status, headers=headers)
     if exc.status in (408, 413):  # the rest of the body stays unread: close, do not drain it
         response.force_close()
     return response

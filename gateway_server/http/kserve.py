@@ -1,12 +1,20 @@
 """KServe v2 over HTTP, with Triton's generate extension.
 
 Health and metadata: ``/v2/health/live``, ``/v2/health/ready``, ``/v2``, ``/v2/models/{m}``,
-``/v2/models/{m}/ready``. Generation: ``POST /v2/models/{m}/generate`` (one JSON answer) and
-``POST /v2/models/{m}/generate_stream`` (SSE, one event per response). The body takes
-``text_input`` and the sampling fields (``max_tokens``, ``temperature``, ``top_p``, ``seed``,
-``stop``, ``ignore_eos``) at the top level, under ``parameters``, or as a ``sampling_parameters``
-JSON string, as Triton's vLLM backend does; ``exclude_input_in_output`` drops the prompt from a
-non-streamed answer (streamed answers never repeat it).
+``/v2/models/{m}/ready``, ``/v2/models/{m}/config`` (the model's configuration as Triton writes
+it), ``POST /v2/repository/index``. Generation: ``POST /v2/models/{m}/generate`` (one JSON answer)
+and ``POST /v2/models/{m}/generate_stream`` (SSE, one event per response); ``/infer`` is answered
+501 as Triton answers it for a decoupled model. Every model path also takes
+``/versions/{v}`` after the model (the one version is ``1``), and any other path or method under
+``/v2`` is a 404 or 405 in the same ``{"error": message}`` shape. Bodies are written as Triton
+writes them: compact JSON as ``application/json``, events as ``text/event-stream;
+charset=utf-8`` (``tests/triton/test_triton_parity.py`` checks the shapes against a real Triton).
+
+The generation body takes ``text_input`` and the sampling fields (``max_tokens``,
+``temperature``, ``top_p``, ``seed``, ``stop``, ``ignore_eos``) at the top level, under
+``parameters``, or as a ``sampling_parameters`` JSON string, as Triton's vLLM backend does;
+``exclude_input_in_output`` drops the prompt from a non-streamed answer (streamed answers never
+repeat it).
 
 Streamed events carry ``triton_final_response``: false on every event but the last. When the
 request sets ``parameters.triton_enable_empty_final_response``, the last data event keeps false
@@ -26,6 +34,10 @@ from gateway_server.errors import (
     CancelledWhileRunning,
     GatewayError,
     InvalidRequest,
+    MethodNotAllowed,
+    ModelNotFound,
+    NotImplementedForModel,
+    PathNotFound,
     RequestCancelled,
 )
 from gateway_server.http.common import (
@@ -49,6 +61,8 @@ from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
 
 MODEL_VERSION = "1"
+MODEL_PATHS = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
+EVENT_STREAM = "text/event-stream; charset=utf-8"
 
 
 def add_routes(app: web.Application) -> None:
@@ -56,10 +70,37 @@ def add_routes(app: web.Application) -> None:
     r.add_get("/v2/health/live", live)
     r.add_get("/v2/health/ready", ready)
     r.add_get("/v2", server_metadata)
-    r.add_get("/v2/models/{model}", model_metadata)
-    r.add_get("/v2/models/{model}/ready", model_ready)
-    r.add_post("/v2/models/{model}/generate", generate)
-    r.add_post("/v2/models/{model}/generate_stream", generate_stream)
+    r.add_post("/v2/repository/index", repository_index)
+    for model in MODEL_PATHS:
+        r.add_get(model, model_metadata)
+        r.add_get(f"{model}/ready", model_ready)
+        r.add_get(f"{model}/config", model_config)
+        r.add_post(f"{model}/generate", generate)
+        r.add_post(f"{model}/generate_stream", generate_stream)
+        r.add_post(f"{model}/infer", infer)
+
+
+def add_unknown_paths(app: web.Application) -> None:
+    """Last of all routes: anything else under ``/v2`` (what no other route of any part took)."""
+    app.router.add_route("*", "/v2/{tail:.*}", unknown_path)
+
+
+async def unknown_path(request: web.Request) -> web.StreamResponse:
+    for resource in request.app.router.resources():
+        matched, allowed = await resource.resolve(request)
+        if matched is None and allowed and resource.canonical != "/v2/{tail}":
+            raise MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+    raise PathNotFound(f"{request.method} {request.path} is not an endpoint of this gateway")
+
+
+def json_answer(
+    body: object, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    """JSON as Triton writes it: compact, ``application/json``."""
+    text = _compact(body)
+    return web.Response(
+        body=text.encode(), status=status, headers=headers, content_type="application/json"
+    )
 
 
 def _service(request: web.Request) -> GenerationService:
@@ -67,50 +108,98 @@ def _service(request: web.Request) -> GenerationService:
     return service
 
 
+def _model(request: web.Request) -> tuple[GenerationService, str]:
+    """The service and the model the path names; ModelNotFound for another model or version."""
+    service = _service(request)
+    model = request.match_info["model"]
+    service.check_model(model)
+    version = request.match_info.get("version", MODEL_VERSION)
+    if version != MODEL_VERSION:
+        raise ModelNotFound(f"model {model!r} has no version {version!r}; it has version '1'")
+    return service, model
+
+
 async def live(request: web.Request) -> web.Response:
     """200 while this process can serve or get back to serving; 503 naming why not
     (``gateway_server.health``): Kubernetes restarts the container then."""
     problem = _service(request).liveness()
     if problem is None:
-        return web.json_response({"live": True})
-    return web.json_response({"live": False, "error": problem}, status=503)
+        return json_answer({"live": True})
+    return json_answer({"live": False, "error": problem}, status=503)
 
 
 async def ready(request: web.Request) -> web.Response:
     is_ready = _service(request).ready
-    return web.json_response({"ready": is_ready}, status=200 if is_ready else 503)
+    return json_answer({"ready": is_ready}, status=200 if is_ready else 503)
 
 
 async def server_metadata(request: web.Request) -> web.Response:
-    return web.json_response(
+    return json_answer(
         {"name": "hangup", "version": __version__, "extensions": ["generate", "hangup_cancel"]}
     )
 
 
+# The served model's inputs and outputs: the interface of Triton's vLLM backend.
+INPUTS = (
+    ("text_input", "BYTES", False),
+    ("stream", "BOOL", True),
+    ("sampling_parameters", "BYTES", True),
+    ("exclude_input_in_output", "BOOL", True),
+)
+CONFIG_TYPES = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL"}
+
+
 async def model_metadata(request: web.Request) -> web.Response:
-    service = _service(request)
-    service.check_model(request.match_info["model"])
-    return web.json_response(
+    service, _ = _model(request)
+    return json_answer(
         {
             "name": service.model.name,
             "versions": [MODEL_VERSION],
             "platform": "hangup",
-            "inputs": [
-                {"name": "text_input", "datatype": "BYTES", "shape": [1]},
-                {"name": "stream", "datatype": "BOOL", "shape": [1]},
-                {"name": "sampling_parameters", "datatype": "BYTES", "shape": [1]},
-                {"name": "exclude_input_in_output", "datatype": "BOOL", "shape": [1]},
-            ],
+            "inputs": [{"name": n, "datatype": t, "shape": [1]} for n, t, _ in INPUTS],
             "outputs": [{"name": "text_output", "datatype": "BYTES", "shape": [-1]}],
         }
     )
 
 
-async def model_ready(request: web.Request) -> web.Response:
+async def model_config(request: web.Request) -> web.Response:
+    """The model's configuration in Triton's words (the part that describes this model: no
+    instance groups or backend settings, which the gateway has no equivalent of)."""
+    service, _ = _model(request)
+    return json_answer(
+        {
+            "name": service.model.name,
+            "platform": "",
+            "backend": "hangup",
+            "max_batch_size": 0,
+            "input": [
+                {"name": n, "data_type": CONFIG_TYPES[t], "dims": [1], "optional": o}
+                for n, t, o in INPUTS
+            ],
+            "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [-1]}],
+            "model_transaction_policy": {"decoupled": True},
+        }
+    )
+
+
+async def repository_index(request: web.Request) -> web.Response:
     service = _service(request)
-    service.check_model(request.match_info["model"])
+    state = "READY" if service.ready else "UNAVAILABLE"
+    return json_answer([{"name": service.model.name, "version": MODEL_VERSION, "state": state}])
+
+
+async def infer(request: web.Request) -> web.Response:
+    _model(request)
+    raise NotImplementedForModel(
+        "HTTP end point doesn't support models with decoupled transaction policy; use generate,"
+        " generate_stream or gRPC ModelStreamInfer"
+    )
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    service, _ = _model(request)
     is_ready = service.ready
-    return web.json_response(
+    return json_answer(
         {"name": service.model.name, "ready": is_ready}, status=200 if is_ready else 503
     )
 
@@ -139,10 +228,8 @@ def _sampling_body(body: dict[str, Any], service: GenerationService) -> dict[str
 
 
 async def _start(request: web.Request) -> tuple[GenerationService, str, dict[str, Any], str]:
-    service = _service(request)
     request[PROTOCOL] = Protocol.KSERVE_HTTP
-    model = request.match_info["model"]
-    service.check_model(model)
+    service, model = _model(request)
     request[MODEL] = model
     call_id = request_id(request)
     body = await read_json_object(request)
@@ -165,7 +252,7 @@ async def generate(request: web.Request) -> web.Response:
     answer = {"model_name": model, "model_version": MODEL_VERSION, "text_output": text}
     if "id" in body:
         answer["id"] = str(body["id"])
-    return web.json_response(answer, headers={REQUEST_ID_HEADER: call_id})
+    return json_answer(answer, headers={REQUEST_ID_HEADER: call_id})
 
 
 async def generate_stream(request: web.Request) -> web.StreamResponse:
@@ -178,7 +265,7 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
     async with service.call(call_id, model, Protocol.KSERVE_HTTP) as call:
         response = web.StreamResponse(
             headers={
-                "Content-Type": "text/event-stream",
+                "Content-Type": EVENT_STREAM,
                 "Cache-Control": "no-cache",
                 REQUEST_ID_HEADER: call_id,
             }
@@ -190,16 +277,16 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
                     final = chunk.finish_reason is not None and not empty_final
                     if chunk.text or final:
                         event = head | {"text_output": chunk.text, FINAL_FLAG: final}
-                        await response.write(sse.encode(json.dumps(event)))
+                        await response.write(sse.encode(_compact(event)))
         except (RequestCancelled, GatewayError) as exc:
             message = (
                 cancelled_message(exc.reason) if isinstance(exc, RequestCancelled) else str(exc)
             )
-            await response.write(sse.encode(json.dumps({"error": message})))
+            await response.write(sse.encode(_compact({"error": message})))
             await response.write_eof()
             return response
         if empty_final:
-            await response.write(sse.encode(json.dumps(head | {FINAL_FLAG: True})))
+            await response.write(sse.encode(_compact(head | {FINAL_FLAG: True})))
         await response.write_eof()
         return response
 
@@ -220,3 +307,7 @@ def _parse(service: GenerationService, body: dict[str, Any]) -> tuple[str, Any, 
     field(options, "exclude_input_in_output", bool, False)
     field(options, EMPTY_FINAL_OPT_IN, bool, False)
     return prompt, params, options
+
+
+def _compact(body: object) -> str:
+    return json.dumps(body, separators=(",", ":"))

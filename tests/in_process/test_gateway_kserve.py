@@ -39,6 +39,42 @@ async def test_health_and_metadata(gateway: Gateway) -> None:
         assert "'other' is not served" in (await r.json())["error"]
 
 
+async def test_triton_clients_find_every_model_path_they_use(gateway: Gateway) -> None:
+    """The paths tritonclient.http and Triton's docs use besides generation: a version in the
+    path, the model's configuration, the repository index, ``/infer`` (501 on a decoupled model,
+    as Triton answers), and Triton's error shape for any other path or method under /v2."""
+    s, base = gateway.session, f"{gateway.url}/v2"
+    async with s.get(f"{base}/models/{MODEL}/versions/1") as r:
+        assert (r.status, (await r.json())["versions"]) == (200, ["1"])
+    async with s.get(f"{base}/models/{MODEL}/versions/2/ready") as r:
+        assert r.status == 404 and "no version '2'" in (await r.json())["error"]
+    async with s.post(f"{base}/models/{MODEL}/versions/1/generate", json={"text_input": "a"}) as r:
+        assert r.status == 200 and (await r.json())["model_version"] == "1"
+    async with s.get(f"{base}/models/{MODEL}/config") as r:
+        config = await r.json()
+    assert config["model_transaction_policy"] == {"decoupled": True}
+    assert config["input"][0]["name"] == "text_input"
+    async with s.post(f"{base}/repository/index") as r:
+        assert await r.json() == [{"name": MODEL, "version": "1", "state": "READY"}]
+    async with s.post(f"{base}/models/{MODEL}/infer", json={"inputs": []}) as r:
+        assert r.status == 501 and "decoupled" in (await r.json())["error"]
+    async with s.put(f"{base}/models/{MODEL}/generate", json={}) as r:
+        assert r.status == 405 and r.content_type == "application/json"
+    async with s.get(f"{base}/nowhere") as r:
+        assert r.status == 404 and "not an endpoint" in (await r.json())["error"]
+
+
+async def test_answers_are_written_as_triton_writes_them(gateway: Gateway) -> None:
+    """Compact JSON as ``application/json``; events as ``text/event-stream; charset=utf-8``."""
+    url = f"{gateway.url}/v2/models/{MODEL}"
+    async with gateway.session.post(f"{url}/generate", json={"text_input": "a"}) as r:
+        assert r.headers["Content-Type"] == "application/json"
+        assert (await r.text()).startswith('{"model_name":"')
+    async with gateway.session.post(f"{url}/generate_stream", json={"text_input": "a"}) as r:
+        assert r.headers["Content-Type"] == "text/event-stream; charset=utf-8"
+        assert (await r.text()).startswith('data: {"model_name":"')
+
+
 async def test_generate_includes_prompt_unless_excluded(gateway: Gateway) -> None:
     url = f"{gateway.url}/v2/models/{MODEL}/generate"
     body = {"text_input": "Once upon", "parameters": {"max_tokens": 4}}
