@@ -132,7 +132,8 @@ async def run_row(server: TritonServer, target: str, name: str, calls: int) -> s
         when, steps_then = await hang_up(target, key)
 
         def ended(key: str = key) -> dict[str, Any]:
-            return server.ended(model, by).get(key, {})  # empty, so falsy, until it ended
+            line = server.ended(model, by).get(key, {})
+            return {} if line.get("how") == "started" else line  # empty, so falsy, until it ended
 
         end = await wait_until(ended, LONG * STEP_S + 10, f"{model} to end {key}")
         steps_after.append(max(0, end["steps"] - steps_then))

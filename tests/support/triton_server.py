@@ -26,7 +26,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.processes import REPO
+from tests.support.waiting import poll_until
 
 VENV = REPO / ".venv-triton"
 MODELS = REPO / "tests" / "triton" / "models"
@@ -66,7 +66,8 @@ class TritonServer:
 
     def ended(self, model: str, by: str = "id") -> dict[str, dict[str, Any]]:
         """How each request of ``model`` ended, by request id (or by ``prompt``, for an HTTP
-        ``generate`` call, which carries no id); the latest line per key."""
+        ``generate`` call, which carries no id): the latest line per key (``how`` is
+        ``started`` while the slow model runs it)."""
         path = self.records / f"{model}.jsonl"
         if not path.exists():
             return {}
@@ -129,17 +130,19 @@ def _free_ports(count: int) -> list[int]:
         return [s.getsockname()[1] for s in sockets]
 
 
-def _ready(server: TritonServer, deadline: float) -> bool:
-    """True once Triton answers ready; False if it exited (the caller reads its log)."""
-    while time.monotonic() < deadline:
+def _ready(server: TritonServer) -> bool:
+    """True once Triton answers ready; False if it exited first (the caller reads its log)."""
+
+    def answered() -> str | None:
         if server.popen.poll() is not None:
-            return False
+            return "exited"
         ready = f"{server.url()}/v2/health/ready"
         with contextlib.suppress(OSError), urllib.request.urlopen(ready, timeout=1) as answer:
-            if answer.status == 200:
-                return True
-        time.sleep(0.1)
-    raise TimeoutError(f"Triton not ready within {READY_S}s:\n{server.log()}")
+            return "ready" if answer.status == 200 else None
+        return None
+
+    state = poll_until(answered, READY_S, "Triton to be ready", 0.05, explain=server.log)
+    return state == "ready"
 
 
 def _stop(popen: subprocess.Popen[bytes]) -> None:
@@ -177,7 +180,7 @@ def running_triton(tmp: Path, found: Install) -> Iterator[TritonServer]:
         server = TritonServer(popen, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}",
                               f"127.0.0.1:{metrics}", records, log_path)  # fmt: skip
         try:
-            if _ready(server, time.monotonic() + READY_S):
+            if _ready(server):
                 break
         except BaseException:
             _stop(popen)

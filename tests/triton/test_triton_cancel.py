@@ -64,9 +64,16 @@ def slow_inputs() -> list[triton.InferInput]:
     return [tensor]
 
 
-async def ended(triton: TritonServer, model: str, key: str, by: str = "id") -> dict[str, Any]:
+async def ended(
+    triton: TritonServer, model: str, key: str, by: str = "id", how: str | None = None
+) -> dict[str, Any]:
+    """The model's record of ``key`` once it ended (or once it is ``how``: ``started``)."""
+
     async def found() -> dict[str, Any] | None:
-        return triton.ended(model, by).get(key)
+        line = triton.ended(model, by).get(key)
+        if line is None or (how is None and line["how"] == "started"):
+            return None
+        return line if how is None or line["how"] == how else None
 
     what = f"the {model} model to end {key}"
     end: dict[str, Any] = await wait_until(found, LONG * STEP_S + 5, what)
@@ -119,7 +126,7 @@ async def test_a_request_cancelled_in_triton_queue_never_runs_a_step(
         client.infer("slow", slow_inputs(), request_id=first, parameters={"steps": 20})
     )
     try:
-        await asyncio.sleep(0.2)  # the first is running (a long head start: it runs 1 s)
+        await ended(triton, "slow", first, how="started")  # the one instance is busy now
         with pytest.raises(InferenceServerException, match="DEADLINE_EXCEEDED"):
             await client.infer("slow", slow_inputs(), request_id=second, client_timeout=0.3)
     finally:

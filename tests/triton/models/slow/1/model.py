@@ -1,7 +1,7 @@
 """Triton python-backend model: the slow one (see config.pbtxt). ``steps`` (a request
 parameter, default 20) steps of 50 ms, checking ``is_cancelled()`` every step; a cancelled
-request is answered with Triton's CANCELLED error. How each request ended is recorded
-(``record.py``)."""
+request is answered with Triton's CANCELLED error. When each request started running, and how it
+ended, is recorded (``record.py``)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ class TritonPythonModel:
 
     def _run(self, request: Any) -> Any:
         steps = int(json.loads(request.parameters() or "{}").get("steps", 20))
+        record(self.records, "slow", id=request.request_id(), how="started", steps=0)
         for step in range(steps):
             if request.is_cancelled():
                 record(self.records, "slow", id=request.request_id(), how="cancelled", steps=step)
