@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from gateway_server.grpc.protos import inference_pb2 as pb
+from hangup_contract.protos import inference_pb2 as pb
 from tests.support.processes import spawn
 from tests.support.scrape import scrape
 

@@ -7,7 +7,8 @@
 - :mod:`.tensors` turns tensors into a text request and text into a response (no I/O);
 - :mod:`.cancel` is the cancel API over gRPC; :mod:`.common` what the handlers share.
 
-The schemas live in :mod:`gateway_server.grpc.protos` (hangup's own ``.proto`` files, with
-checked-in generated modules registered in a descriptor pool of their own, so a process may also
-load Triton's client, which declares the same ``inference`` symbols).
+The schema is :mod:`hangup_contract.protos.inference_pb2` (hangup's own ``inference.proto``, shared
+with the proxy's Triton bridge; its checked-in generated module registers in a descriptor pool of
+its own, so a process may also load Triton's client, which declares the same ``inference``
+symbols).
 """

@@ -30,7 +30,6 @@ from gateway_server.grpc.common import (
     refused,
     status_of,
 )
-from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.stream import MODEL_VERSION, StreamSession, prepare
 from gateway_server.grpc.tensors import TextRequest, text_response
 from gateway_server.registry import Call
@@ -38,6 +37,7 @@ from gateway_server.requests import cancelled_message
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
 from hangup_contract import request_id as request_ids
+from hangup_contract.protos import inference_pb2 as pb
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 _INPUTS = (

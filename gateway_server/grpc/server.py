@@ -23,9 +23,8 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from gateway_server.config import GatewayConfig
 from gateway_server.grpc import cancel, inference
 from gateway_server.grpc.decoding import InvalidMessagesAreInvalidArgument
-from gateway_server.grpc.protos import inference_pb2
 from gateway_server.service import GenerationService
-from hangup_contract.protos import cancellation_pb2
+from hangup_contract.protos import cancellation_pb2, inference_pb2
 from hangup_contract.runtime.connections import grpc_server_options
 
 _SERVICES = (inference.SERVICE_NAME, cancel.SERVICE_NAME)

@@ -40,7 +40,6 @@ from gateway_server.errors import (
     RequestCancelled,
 )
 from gateway_server.grpc.common import parse, refused, status_of
-from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.tensors import TextRequest, decode_request, parameter, text_response
 from gateway_server.openai.fields import check_sampling
 from gateway_server.registry import Call
@@ -53,6 +52,7 @@ from gateway_server.requests import (
 )
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
+from hangup_contract.protos import inference_pb2 as pb
 from hangup_contract.vocabulary import Reason
 
 MODEL_VERSION = "1"

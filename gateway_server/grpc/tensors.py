@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway_server.errors import InvalidRequest
-from gateway_server.grpc.protos import inference_pb2 as pb
+from hangup_contract.protos import inference_pb2 as pb
 
 TEXT_INPUT = "text_input"
 TEXT_OUTPUT = "text_output"

@@ -7,15 +7,15 @@ fails when the checked-in ones are stale. After editing a ``.proto``::
     python -m hangup_contract.protos.regenerate
 
 Needs ``grpcio-tools`` (a test dependency), imported only when generating. One tool for every
-proto in the tree: the contract's (beside this module) and the gateway's KServe v2 / Triton
-``inference.proto`` (in ``gateway_server/grpc/protos``).
+proto in the tree, all beside this module: the cancel API's and KServe v2 / Triton's
+``inference.proto``.
 
-One change is made to protoc's output for the gateway's proto: its messages register in the
-gateway's own descriptor pool (``gateway_server.grpc.protos.pool.POOL``) instead of protobuf's
+One change is made to protoc's output for ``inference.proto``: its messages register in
+hangup's own descriptor pool (``hangup_contract.protos.pool.POOL``) instead of protobuf's
 process-wide default pool. The ``inference`` package shares its symbols with Triton's own
 generated modules, and the default pool refuses a second definition of a symbol, so without this
-a process could not hold both hangup's gateway and ``tritonclient`` (a test harness, a benchmark,
-an application that embeds both).
+a process could not hold both hangup (its gateway, or its proxy's Triton bridge) and
+``tritonclient`` (a test harness, a benchmark, an application that embeds both).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Proto:
 
 PROTOS = (
     Proto("hangup_contract/protos/cancellation.proto"),
-    Proto("gateway_server/grpc/protos/inference.proto", pool="gateway_server.grpc.protos.pool"),
+    Proto("hangup_contract/protos/inference.proto", pool="hangup_contract.protos.pool"),
 )
 
 _DEFAULT_POOL = "_descriptor_pool.Default().AddSerializedFile("

@@ -20,9 +20,9 @@ from prometheus_client import CollectorRegistry
 from tritonclient.utils import InferenceServerException
 
 from gateway_server.config import GatewayConfig
-from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.server import GatewayServer
 from hangup_contract.protos import cancellation_pb2
+from hangup_contract.protos import inference_pb2 as pb
 from tests.support.gateway import LONG, MODEL, Gateway, running_gateway
 from tests.support.triton_io import Stream, cancel_id_of, inputs, is_final, text_of
 from tests.support.waiting import wait_until

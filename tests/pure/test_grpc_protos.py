@@ -44,7 +44,7 @@ def hangup_inference(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> descriptor_pb2.FileDescriptorProto:
     out = tmp_path_factory.mktemp("descriptors") / "inference.pb"
-    source = "gateway_server/grpc/protos/inference.proto"
+    source = "hangup_contract/protos/inference.proto"
     code = protoc.main(["protoc", f"-I{regenerate.ROOT}", f"--descriptor_set_out={out}", source])
     assert code == 0
     files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())

@@ -8,7 +8,6 @@ import re
 import pytest
 
 from gateway_server.errors import InvalidRequest
-from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.tensors import (
     decode_bytes_tensor,
     decode_request,
@@ -16,6 +15,7 @@ from gateway_server.grpc.tensors import (
     parameter,
     text_response,
 )
+from hangup_contract.protos import inference_pb2 as pb
 
 
 def raw_request(**tensors: tuple[str, bytes]) -> pb.ModelInferRequest:

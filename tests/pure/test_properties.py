@@ -18,7 +18,6 @@ from gateway_server.engine.base import FinishReason
 from gateway_server.engine.sim.config import SimConfig
 from gateway_server.engine.sim.engine import SimulatedEngine
 from gateway_server.errors import InvalidRequest
-from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.tensors import decode_bytes_tensor, decode_request, encode_bytes_tensor
 from gateway_server.http.openai import StreamEvents
 from gateway_server.openai.fields import SAMPLING_FIELDS
@@ -27,6 +26,7 @@ from gateway_server.requests import TOKEN_BUDGET_CHAT, sampling_params
 from gateway_server.sse import Event, SSEDecoder, encode
 from hangup_contract import request_id
 from hangup_contract.cancel import CancelAnswer, cancel_path, encode_request, parse_request
+from hangup_contract.protos import inference_pb2 as pb
 from hangup_contract.vocabulary import Reason
 from proxy.errors import BadRequestId
 from proxy.http.headers import HOP_BY_HOP, connection_scoped, strip_hop_by_hop

@@ -26,8 +26,8 @@ from typing import Any
 import aiohttp
 import grpc
 
-from gateway_server.grpc.protos import inference_pb2 as pb
 from gateway_server.grpc.tensors import decode_bytes_tensor
+from hangup_contract.protos import inference_pb2 as pb
 from proxy.grpc.status import StatusWatch
 from tests.support.chaos_report import PhaseReport
 from tests.support.faults import Pod

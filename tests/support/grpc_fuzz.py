@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2
 
-from gateway_server.grpc.protos import inference_pb2 as pb
 from hangup_contract.protos import cancellation_pb2
+from hangup_contract.protos import inference_pb2 as pb
 from proxy.grpc.status import StatusWatch
 from tests.support.stack import MODEL, TOKEN
 
