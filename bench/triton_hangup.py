@@ -1,10 +1,12 @@
-"""Benchmark: what reaches a real Triton's model when a client hangs up, direct and through
-hangup's proxy.
+"""Benchmark: what reaches a real Triton's model when a client hangs up, direct, through hangup's
+proxy relaying HTTP as it is, and through its Triton bridge.
 
 One real Triton 2.51.0 (``tests/support/triton_server.py``: the tier's launcher, the project's
 python-backend models, each checking ``is_cancelled()`` every 50 ms step and recording how each
-request ended) and the proxy in front of it (``--cancel-adapter none``: over gRPC, closing the
-upstream call is Triton's cancellation). One call at a time, per path and target:
+request ended) and two proxies in front of it: ``--cancel-adapter none`` (``proxy``: HTTP relayed
+as it is; over gRPC, closing the upstream call is Triton's cancellation) and ``--cancel-adapter
+triton`` (``bridge``: HTTP generate carried over gRPC, ``proxy.triton``; its gRPC side is the
+same relay, so the gRPC rows are not repeated for it). One call at a time, per path and target:
 
 - ``grpc_stream``: ``ModelStreamInfer`` on the streamer, cancelled after its third token;
 - ``grpc_deadline``: ``ModelInfer`` on the slow model with a 0.5 s deadline;
@@ -15,9 +17,8 @@ upstream call is Triton's cancellation). One call at a time, per path and target
 
 Per row: the calls whose hang-up the model saw (``is_cancelled()``), the time from the hang-up
 to the model seeing it (p50/p99, ms), and the model steps run after the hang-up (p50/max; a
-hang-up never seen costs the whole request: ``LONG`` steps). The HTTP rows through the proxy
-are today's (it closes the upstream connection; Triton does not notice): the baseline for the
-proxy's Triton adapter.
+hang-up never seen costs the whole request: ``LONG`` steps). The HTTP rows through ``proxy`` are
+what closing the upstream connection does (Triton does not notice); ``bridge`` is the fix.
 
 Run: ``.venv/bin/python -m bench.triton_hangup`` (``--calls 5`` for a quick look; needs
 ``.venv-triton``, which ``make test`` installs).
@@ -157,19 +158,26 @@ async def main() -> None:
         proxy_args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
                       "--upstream-http", server.url(), "--upstream-grpc", server.grpc,
                       "--cancel-adapter", "none"]  # fmt: skip
-        with spawn("proxy", proxy_args, work / "proxy") as proxy:
+        bridge_args = [*proxy_args[:-1], "triton"]
+        with (
+            spawn("proxy", proxy_args, work / "proxy") as proxy,
+            spawn("proxy", bridge_args, work / "bridge") as bridge,
+        ):
             targets = {
                 "direct": {"grpc": server.grpc, "http": server.url()},
                 "proxy": {"grpc": proxy.listeners["grpc"], "http": proxy.url()},
+                "bridge": {"http": bridge.url()},
             }
             print(f"{'path':>19} {'target':>7} {'seen/calls':>10} {'seen ms p50/p99':>17}"
                   f" {'steps after p50/max':>13}")  # fmt: skip
             for name in args.paths.split(","):
                 protocol = PATHS[name][1]
                 for target, addresses in targets.items():
-                    row = await run_row(server, addresses[protocol], name, args.calls)
-                    print(f"{name:>19} {target:>7} {row}", flush=True)
+                    if protocol in addresses:
+                        row = await run_row(server, addresses[protocol], name, args.calls)
+                        print(f"{name:>19} {target:>7} {row}", flush=True)
             proxy.terminate()
+            bridge.terminate()
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ class AdapterName(enum.StrEnum):
     VLLM = "vllm"  # vLLM's OpenAI server: close the stream (+ POST /abort_requests if enabled)
     SGLANG = "sglang"  # SGLang: the id in the body's rid, POST /abort_request
     NONE = "none"  # no cancel call: only the upstream stream is closed
+    TRITON = "triton"  # Triton: HTTP generate carried over gRPC, a hang-up cancels the call
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ _OPTIONS = (
     Option("--admin-port", int, "admin listener: /metrics, /healthz, /readyz"),
     Option("--upstream-http", str, "the upstream's HTTP base URL"),
     Option("--upstream-grpc", str, "the upstream's gRPC host:port"),
-    Option("--cancel-adapter", AdapterName, "hangup, vllm, sglang or none (see docs/proxy.md)"),
+    Option("--cancel-adapter", AdapterName, "hangup, vllm, sglang, triton or none (docs/proxy.md)"),
     Option("--cancel-url", str, "base URL for cancel calls (default: --upstream-http)"),
     Option("--cancel-token-file", Path, "file holding the cancel API's bearer token"),
     Option(

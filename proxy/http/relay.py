@@ -8,6 +8,10 @@ still arriving, while waiting for the upstream's first byte, and while streaming
 only shuts down its write side looks the same to the transport and is treated as a hang-up (see
 docs/proxy.md, "Half-closed connections").
 
+With ``--cancel-adapter triton`` a ``generate`` or ``generate_stream`` call is answered by the
+Triton bridge over gRPC instead (``proxy.triton``), under the same call accounting and hang-up
+handling: its gRPC call is the upstream call that a hang-up closes.
+
 Per call: admit (limits) → choose ids → stream the body up (read whole first where the proxy
 must see it: a body the adapter tags, a ``POST /v1/responses`` that may ask for a background
 response, ``proxy.responses``) → relay the response chunk by chunk as it arrives (no batching of
@@ -39,6 +43,7 @@ from hangup_contract.runtime.connections import BodyStalled, body_chunks
 from hangup_contract.vocabulary import Reason
 from proxy import responses
 from proxy.cancel.choice import body_tagger
+from proxy.config import AdapterName
 from proxy.errors import (
     BadTarget,
     BodyTimeout,
@@ -49,14 +54,15 @@ from proxy.errors import (
     ProxyError,
     ProxyTimeout,
     UpstreamBroken,
-    UpstreamError,
     UpstreamUnavailable,
 )
 from proxy.http.headers import client_response_headers, upstream_request_headers
+from proxy.http.scrape import scrape
 from proxy.http.tagging import TAG_LIMIT, tag_body
 from proxy.lifecycle import CallEnding, log_call
 from proxy.request_ids import REQUEST_ID, choose_request_ids
 from proxy.state import Call, ServerState, interrupter
+from proxy.triton.bridge import TritonBridge, Upstream
 from proxy.upstream.client import Client
 from proxy.upstream.connection import Body, Response
 from proxy.vocabulary import SERVER_HEADER, CallProtocol, Outcome, Stage
@@ -64,10 +70,6 @@ from proxy.vocabulary import SERVER_HEADER, CallProtocol, Outcome, Stage
 log = logging.getLogger("hangup.proxy.http")
 
 _NO_BODY_STATUSES = frozenset({204, 304})
-# A scrape (--scrape-paths): the headers that choose its format, its deadline, its size.
-_SCRAPE_HEADERS = frozenset({"accept", "accept-encoding", "authorization"})
-SCRAPE_TIMEOUT_S = 10.0
-SCRAPE_MAX_BYTES = 16 << 20
 
 
 def _as_is(body: bytes, request_id: str) -> bytes:
@@ -118,6 +120,7 @@ class _Exchange:
         self.response: web.StreamResponse | None = None
         self.body_error: BodyTooLarge | BodyTimeout | None = None  # why the body was cut
         self.upstream_task: asyncio.Task[Response] | None = None
+        self.bridged: Upstream | None = None  # the gRPC call, when the Triton bridge answers
 
 
 class HttpRelay:
@@ -129,15 +132,19 @@ class HttpRelay:
         self._base = state.config.upstream_http.rstrip("/")
         self._tagger = body_tagger(state.canceller.adapters[CallProtocol.HTTP])
         self._upstream = Client(self._base, connect_timeout=self._config.upstream_connect_timeout)
+        triton = self._config.cancel_adapter is AdapterName.TRITON
+        self._bridge = TritonBridge(self._config.upstream_grpc) if triton else None
         # Calls whose upstream call is open, by the aiohttp protocol of their client connection.
         self._relaying: dict[object, _Exchange] = {}
 
     async def close(self) -> None:
         await self._upstream.close()
+        if self._bridge is not None:
+            await self._bridge.close()
 
     async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
         if request.method == "GET" and request.path in self._config.scrape_paths:
-            return await self._scrape(request)
+            return await scrape(request, self._upstream, self._state.metrics)
         call = Call(CallProtocol.HTTP, request.method, request.path_qs, request.remote)
         ending = CallEnding(
             call,
@@ -161,43 +168,6 @@ class HttpRelay:
             return await self._guarded(exchange)
         finally:
             self._state.release(call)
-
-    async def _scrape(self, request: web.BaseRequest) -> web.StreamResponse:
-        """A metrics scrape (``--scrape-paths``), relayed as a plain GET outside the call
-        accounting: an Endpoint Picker scrapes every 50 ms, and a call for each (a log line,
-        the call metrics) would bury the calls that matter. There is nothing to cancel: a
-        scrape whose client leaves is dropped with its handler. The answer is read whole (at
-        most ``SCRAPE_MAX_BYTES``, within ``SCRAPE_TIMEOUT_S``), as scrapers expect it."""
-        headers = [(n, v) for n, v in request.headers.items() if n.lower() in _SCRAPE_HEADERS]
-        try:
-            async with asyncio.timeout(SCRAPE_TIMEOUT_S):
-                upstream = await self._upstream.request("GET", request.raw_path, headers, None)
-                try:
-                    body = await upstream.read(SCRAPE_MAX_BYTES)
-                except BaseException:
-                    upstream.close()
-                    raise
-                upstream.release()
-                status = upstream.status
-                content_type = next(
-                    (v for n, v in upstream.headers if n.lower() == "content-type"), None
-                )
-        except (UpstreamError, ValueError, TimeoutError) as exc:
-            status = 504 if isinstance(exc, TimeoutError) else 502
-            self._state.metrics.scrapes.labels(str(status)).inc()
-            message = f"metrics scrape of the upstream failed: {exc or type(exc).__name__}"
-            error = {"error": {"message": message, "type": "proxy_error", "code": status}}
-            return web.Response(
-                status=status,
-                text=json.dumps(error),
-                content_type="application/json",
-                headers={"Server": SERVER_HEADER},
-            )
-        self._state.metrics.scrapes.labels(str(status)).inc()
-        response = web.Response(status=status, body=body, headers={"Server": SERVER_HEADER})
-        if content_type is not None:
-            response.headers["Content-Type"] = content_type
-        return response
 
     def connection_lost(self, protocol: object) -> None:
         """The client connection ``protocol`` is gone: cancel its call upstream at once.
@@ -241,7 +211,10 @@ class HttpRelay:
 
     @staticmethod
     def _close_upstream(ex: _Exchange) -> None:
-        """Drop the upstream call: its task if still connecting, its response if it has one."""
+        """Drop the upstream call: its task if still connecting, its response if it has one
+        (the bridge's gRPC call, cancelled)."""
+        if ex.bridged is not None:
+            ex.bridged.cancel()
         task = ex.upstream_task
         if task is None:
             return
@@ -269,6 +242,8 @@ class HttpRelay:
             request.headers.items(), ids=ids, client_addr=request.remote, scheme=request.scheme
         )
         await self._continue(request)
+        if self._bridge is not None and self._bridge.takes(request.method, request.path):
+            return await self._bridged(ex, self._bridge)
         call.detached = responses.names_a_response(request.path)
         body: Body = None
         if request.body_exists:
@@ -291,6 +266,24 @@ class HttpRelay:
             raise
         upstream.release()
         return response
+
+    async def _bridged(self, ex: _Exchange, bridge: TritonBridge) -> web.StreamResponse:
+        """Triton's generate over gRPC (``proxy.triton``): the body read whole, then the call
+        cancelled like any upstream call when the client leaves."""
+        body = self._arrived(ex) if ex.request.body_exists else b""
+        if body is None:
+            assert ex.call.request_id is not None
+            whole, _ = await self._whole(self._body(ex), [], ex.call.request_id, tag=False)
+            if not isinstance(whole, bytes):
+                raise BodyTooLarge(f"a generate body is read whole: at most {TAG_LIMIT} bytes")
+            body = whole
+        upstream = ex.bridged = Upstream()
+
+        def opened() -> None:
+            ex.ending.upstream_open = True
+            self._relaying[ex.request.protocol] = ex
+
+        return await bridge.relay(ex.request, ex.call, body, upstream, opened)
 
     @staticmethod
     async def _continue(request: web.BaseRequest) -> None:

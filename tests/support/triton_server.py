@@ -64,9 +64,10 @@ class TritonServer:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def ended(self, model: str, by: str = "id") -> dict[str, dict[str, Any]]:
+    def ended(self, model: str, by: str = "id") -> dict[Any, dict[str, Any]]:
         """How each request of ``model`` ended, by request id (or by ``prompt``, for an HTTP
-        ``generate`` call, which carries no id): the latest line per key (``how`` is
+        ``generate`` call, which carries no id; the slow model: its input's ``first`` value):
+        the latest line per key (``how`` is
         ``started`` while the slow model runs it)."""
         path = self.records / f"{model}.jsonl"
         if not path.exists():

@@ -33,3 +33,17 @@ def triton_proxy(
     with spawn("proxy", args, tmp_path_factory.mktemp("triton-proxy")) as proc:
         yield proc
         proc.terminate()
+
+
+@pytest.fixture(scope="session")
+def triton_bridge(
+    triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Process]:
+    """``hangup-proxy --cancel-adapter triton`` in front of Triton: HTTP generate and
+    generate_stream carried over gRPC, so that a hang-up cancels the call."""
+    args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+            "--upstream-http", triton.url(), "--upstream-grpc", triton.grpc,
+            "--cancel-adapter", "triton"]  # fmt: skip
+    with spawn("proxy", args, tmp_path_factory.mktemp("triton-bridge")) as proc:
+        yield proc
+        proc.terminate()

@@ -65,7 +65,7 @@ def slow_inputs() -> list[triton.InferInput]:
 
 
 async def ended(
-    triton: TritonServer, model: str, key: str, by: str = "id", how: str | None = None
+    triton: TritonServer, model: str, key: object, by: str = "id", how: str | None = None
 ) -> dict[str, Any]:
     """The model's record of ``key`` once it ended (or once it is ``how``: ``started``)."""
 

@@ -28,13 +28,15 @@ class TritonPythonModel:
 
     def _run(self, request: Any) -> Any:
         steps = int(json.loads(request.parameters() or "{}").get("steps", 20))
-        record(self.records, "slow", id=request.request_id(), how="started", steps=0)
+        values = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+        # by id, or by its first value for a call that carries no id (HTTP generate)
+        key = {"id": request.request_id(), "first": float(values.flat[0]) if values.size else 0}
+        record(self.records, "slow", **key, how="started", steps=0)
         for step in range(steps):
             if request.is_cancelled():
-                record(self.records, "slow", id=request.request_id(), how="cancelled", steps=step)
+                record(self.records, "slow", **key, how="cancelled", steps=step)
                 error = pb_utils.TritonError("cancelled", pb_utils.TritonError.CANCELLED)
                 return pb_utils.InferenceResponse(error=error)
             time.sleep(STEP_S)
-        record(self.records, "slow", id=request.request_id(), how="finished", steps=steps)
-        values = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+        record(self.records, "slow", **key, how="finished", steps=steps)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", values * 2)])

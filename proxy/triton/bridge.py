@@ -1,0 +1,205 @@
+"""HTTP ``generate`` and ``generate_stream`` carried to Triton over gRPC (``--cancel-adapter
+triton``), so that a client's hang-up is a cancelled gRPC call, which Triton turns into the
+request's cancellation. Over HTTP Triton notices no hang-up (Triton issue 7077): a model keeps
+running for a client that left.
+
+The body is read whole (``--max-body-size``) and made into the request Triton's generate extension
+makes (:mod:`.codec`), typed by the model's metadata (:mod:`.models`). ``generate`` on a model
+that is not decoupled is one ``ModelInfer``; on a decoupled model, and for ``generate_stream``,
+one ``ModelStreamInfer`` carrying the one request, read until Triton ends it. Answers are written
+as Triton's HTTP frontend writes them: ``generate`` one JSON object (a decoupled model's several
+responses refused as Triton refuses them); ``generate_stream`` one ``data:`` event per response as
+it arrives, an error mid-stream as a ``data: {"error": ...}`` event. Errors before an answer are
+``{"error": message}`` with the HTTP status Triton gives the gRPC status (an error that arrives in
+the stream, which carries no status, is a 400: they are the request's). The request goes up
+without an id, as Triton's HTTP frontend sends it, so Triton's messages read the same.
+
+How a call ends is the relay's (``proxy.http.relay``): its hang-up, in any stage, cancels the
+gRPC call (the relay's ``close_upstream``), and Triton cancels the request.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from aiohttp import web
+
+from hangup_contract.protos import inference_pb2 as pb
+from proxy.errors import ClientGone
+from proxy.state import Call
+from proxy.triton.codec import GenerateError, answer, encode, generate_request, parse_body
+from proxy.triton.models import SERVICE, Models
+from proxy.vocabulary import Stage
+
+PATH = re.compile(
+    r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/(?P<route>generate|generate_stream)$"
+)
+EVENT_STREAM = "text/event-stream; charset=utf-8"
+SEVERAL = (
+    "generate expects model to produce exactly 1 response, use generate stream for model that "
+    "generates various number of responses"
+)
+# The HTTP status Triton's HTTP frontend gives each error it would have made over gRPC.
+_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.UNIMPLEMENTED: 400,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+}
+
+
+class Upstream:
+    """The gRPC call a bridged exchange has open, for the relay to cancel on a hang-up."""
+
+    def __init__(self) -> None:
+        self.call: grpc.aio.Call | None = None
+
+    def cancel(self) -> None:
+        if self.call is not None and not self.call.done():
+            self.call.cancel()
+
+
+class TritonBridge:
+    def __init__(self, target: str) -> None:
+        self._channel = grpc.aio.insecure_channel(target)
+        self.models = Models(self._channel)
+        self._infer = self._channel.unary_unary(
+            SERVICE + "ModelInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
+        self._stream = self._channel.stream_stream(
+            SERVICE + "ModelStreamInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    @staticmethod
+    def takes(method: str, path: str) -> bool:
+        return method == "POST" and PATH.match(path) is not None
+
+    async def relay(
+        self,
+        request: web.BaseRequest,
+        call: Call,
+        raw: bytes,
+        upstream: Upstream,
+        opened: Callable[[], None],
+    ) -> web.StreamResponse:
+        """Answer ``request`` (its body ``raw``) from Triton over gRPC. ``opened`` is called
+        once the gRPC call is open (from then on a hang-up cancels it through ``upstream``)."""
+        match = PATH.match(request.path)
+        assert match is not None
+        model, version = match["model"], match["version"] or ""
+        try:
+            body = parse_body(raw)
+            inputs = await self.models.inputs(model, version)
+            infer = generate_request(inputs, body)
+        except GenerateError as exc:
+            return _error(call, exc.status, exc.message)
+        except grpc.aio.AioRpcError as exc:
+            return _rpc_error(call, exc)
+        sent = time.monotonic()
+        if match["route"] == "generate" and not inputs.decoupled:
+            unary = upstream.call = self._infer(infer)
+            opened()
+            try:
+                response = await unary
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() is grpc.StatusCode.NOT_FOUND:
+                    self.models.forget(model, version)
+                return _rpc_error(call, exc)
+            call.upstream_ttfb = time.monotonic() - sent
+            return _json(call, 200, answer(response, outputs_first=True))
+        stream = upstream.call = self._stream()
+        opened()
+        await stream.write(infer)
+        await stream.done_writing()
+        first = not inputs.decoupled  # Triton writes such a model's outputs first
+        if match["route"] == "generate":
+            return await _collected(call, stream, sent, first)
+        return await _streamed(request, call, stream, sent, first)
+
+
+async def _collected(call: Call, stream: Any, sent: float, first: bool) -> web.StreamResponse:
+    """``generate`` on a decoupled model: its one response (several are refused)."""
+    responses: list[pb.ModelInferResponse] = []
+    try:
+        async for message in stream:
+            call.upstream_ttfb = call.upstream_ttfb or time.monotonic() - sent
+            if message.error_message:
+                return _error(call, 400, message.error_message)
+            responses.append(message.infer_response)
+    except grpc.aio.AioRpcError as exc:
+        return _rpc_error(call, exc)
+    if len(responses) != 1:
+        return _json(call, 200, {"error": SEVERAL})
+    return _json(call, 200, answer(responses[0], outputs_first=first))
+
+
+async def _streamed(
+    request: web.BaseRequest, call: Call, stream: Any, sent: float, first: bool
+) -> web.StreamResponse:
+    """``generate_stream``: one event per response, written as it arrives."""
+    response: web.StreamResponse | None = None
+    try:
+        async for message in stream:
+            if response is None:
+                call.upstream_ttfb = time.monotonic() - sent
+                if message.error_message:
+                    return _error(call, 400, message.error_message)
+                response = await _prepare(request, call)
+            event = {"error": message.error_message} if message.error_message else None
+            data = encode(event or answer(message.infer_response, outputs_first=first))
+            await _write(response, call, b"data: " + data + b"\n\n")
+    except grpc.aio.AioRpcError as exc:
+        if response is None:
+            return _rpc_error(call, exc)
+        await _write(response, call, b"data: " + encode({"error": exc.details()}) + b"\n\n")
+    if response is None:  # no response at all: Triton answers 200 with an empty stream
+        response = await _prepare(request, call)
+    await response.write_eof()
+    return response
+
+
+async def _prepare(request: web.BaseRequest, call: Call) -> web.StreamResponse:
+    response = web.StreamResponse(status=200, headers={"Content-Type": EVENT_STREAM})
+    try:
+        await response.prepare(request)
+    except ConnectionResetError as exc:
+        raise ClientGone(f"the client left before the response began: {exc}") from exc
+    call.stage, call.status = Stage.STREAMING, 200
+    return response
+
+
+async def _write(response: web.StreamResponse, call: Call, data: bytes) -> None:
+    try:
+        await response.write(data)
+    except ConnectionResetError as exc:
+        raise ClientGone(f"the client left mid-response: {exc}") from exc
+    call.bytes_out += len(data)
+
+
+def _json(call: Call, status: int, body: object) -> web.Response:
+    data = encode(body)
+    call.status = status
+    call.bytes_out += len(data)
+    return web.Response(status=status, body=data, content_type="application/json")
+
+
+def _error(call: Call, status: int, message: str) -> web.Response:
+    call.error = message
+    return _json(call, status, {"error": message})
+
+
+def _rpc_error(call: Call, exc: grpc.aio.AioRpcError) -> web.Response:
+    return _error(call, _STATUS.get(exc.code(), 500), exc.details() or str(exc.code()))

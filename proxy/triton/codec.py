@@ -1,0 +1,152 @@
+"""Triton's generate extension, read and written as Triton's HTTP frontend does, over KServe v2
+gRPC messages (no I/O).
+
+A ``generate`` body is a JSON object: each key naming an input of the model becomes that input
+(a JSON scalar is one element, shape ``[1]``; a flat array is ``[n]`` elements), typed by the
+model's metadata; ``parameters`` become the request's parameters; any other key is ignored, as
+Triton ignores it. An answer is ``{"model_name", "model_version", <each output>}``, an output of
+one element as a JSON scalar and of several as an array, written compact with non-ASCII text as
+is (Triton's rapidjson writer does the same).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hangup_contract.protos import inference_pb2 as pb
+
+# datatype -> (the InferTensorContents field, the Python type a JSON value must be, struct code)
+_NUMBERS: dict[str, tuple[str, type, str]] = {
+    "INT8": ("int_contents", int, "b"), "INT16": ("int_contents", int, "h"),
+    "INT32": ("int_contents", int, "i"), "INT64": ("int64_contents", int, "q"),
+    "UINT8": ("uint_contents", int, "B"), "UINT16": ("uint_contents", int, "H"),
+    "UINT32": ("uint_contents", int, "I"), "UINT64": ("uint64_contents", int, "Q"),
+    "FP32": ("fp32_contents", float, "f"), "FP64": ("fp64_contents", float, "d"),
+}  # fmt: skip
+
+
+class GenerateError(Exception):
+    """A request Triton would refuse, answered before it goes up: its HTTP status and message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What the bridge needs of a model: its inputs' types, and whether it is decoupled (zero to
+    many responses a request). Which inputs are missing is Triton's to say, in its words."""
+
+    name: str
+    version: str
+    datatypes: Mapping[str, str]  # input name -> KServe datatype
+    decoupled: bool
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw) if raw else None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GenerateError(400, f"failed to parse the request JSON buffer: {exc}") from exc
+    if not isinstance(body, dict):
+        raise GenerateError(400, "the request body must be a JSON object")
+    return body
+
+
+def generate_request(model: ModelInputs, body: Mapping[str, Any]) -> pb.ModelInferRequest:
+    """The KServe request Triton's generate extension makes of ``body``."""
+    request = pb.ModelInferRequest(model_name=model.name, model_version=model.version)
+    for key, value in body.items():
+        if key == "parameters":
+            _parameters(request, value)
+        elif key in model.datatypes:
+            _input(request, key, model.datatypes[key], value)
+    return request
+
+
+def _parameters(request: pb.ModelInferRequest, values: object) -> None:
+    if not isinstance(values, dict):
+        raise GenerateError(400, "'parameters' must be a JSON object")
+    for key, value in values.items():
+        parameter = request.parameters[key]
+        if isinstance(value, bool):
+            parameter.bool_param = value
+        elif isinstance(value, int):
+            parameter.int64_param = value
+        elif isinstance(value, float):
+            parameter.double_param = value
+        elif isinstance(value, str):
+            parameter.string_param = value
+        else:
+            raise GenerateError(400, f"parameter '{key}' must be a string, number or boolean")
+
+
+def _input(request: pb.ModelInferRequest, name: str, datatype: str, value: object) -> None:
+    values = value if isinstance(value, list) else [value]
+    tensor = request.inputs.add(name=name, datatype=datatype, shape=[len(values)])
+    if datatype == "BYTES":
+        if not all(isinstance(v, str) for v in values):
+            raise GenerateError(400, f"input '{name}' (BYTES) takes strings")
+        tensor.contents.bytes_contents.extend(v.encode() for v in values)  # type: ignore[union-attr]
+    elif datatype == "BOOL":
+        if not all(isinstance(v, bool) for v in values):
+            raise GenerateError(400, f"input '{name}' (BOOL) takes booleans")
+        tensor.contents.bool_contents.extend(values)  # type: ignore[arg-type]
+    elif datatype in _NUMBERS:
+        field, kind, _ = _NUMBERS[datatype]
+        if any(isinstance(v, bool) or not isinstance(v, int | float) for v in values) or (
+            kind is int and not all(isinstance(v, int) for v in values)
+        ):
+            raise GenerateError(400, f"input '{name}' ({datatype}) takes numbers of that type")
+        getattr(tensor.contents, field).extend(values)
+    else:
+        raise GenerateError(400, f"input '{name}' is {datatype}, which generate cannot carry")
+
+
+def answer(response: pb.ModelInferResponse, *, outputs_first: bool = False) -> dict[str, Any]:
+    """The JSON object Triton's generate writes for one response: the model's name and version,
+    then the outputs; the outputs first for a model that is not decoupled (as Triton writes
+    them, on ``generate`` and ``generate_stream`` alike)."""
+    names = {"model_name": response.model_name, "model_version": response.model_version}
+    outputs: dict[str, Any] = {}
+    raw = response.raw_output_contents
+    for i, output in enumerate(response.outputs):
+        values = _decode(output.datatype, raw[i]) if i < len(raw) else _contents(output)
+        outputs[output.name] = values[0] if len(values) == 1 else values
+    return outputs | names if outputs_first else names | outputs
+
+
+def encode(body: object) -> bytes:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _decode(datatype: str, data: bytes) -> list[Any]:
+    if datatype == "BYTES":
+        values, at = [], 0
+        while at + 4 <= len(data):
+            (size,) = struct.unpack_from("<I", data, at)
+            values.append(data[at + 4 : at + 4 + size].decode(errors="replace"))
+            at += 4 + size
+        return values
+    if datatype == "BOOL":
+        return [b != 0 for b in data]
+    if datatype in _NUMBERS:
+        code = _NUMBERS[datatype][2]
+        return list(struct.unpack(f"<{len(data) // struct.calcsize(code)}{code}", data))
+    raise GenerateError(500, f"an output of datatype {datatype} cannot be written as JSON")
+
+
+def _contents(output: pb.ModelInferResponse.InferOutputTensor) -> list[Any]:
+    contents = output.contents
+    if output.datatype == "BYTES":
+        return [v.decode(errors="replace") for v in contents.bytes_contents]
+    if output.datatype == "BOOL":
+        return list(contents.bool_contents)
+    field = _NUMBERS.get(output.datatype, ("", int, ""))[0]
+    return list(getattr(contents, field)) if field else []

@@ -1,0 +1,140 @@
+"""The proxy's Triton bridge (``--cancel-adapter triton``) against a real Triton: HTTP
+``generate`` and ``generate_stream`` carried over gRPC answer byte for byte as Triton's own HTTP
+frontend answers them, and a client's hang-up, which Triton's HTTP frontend never sees
+(``test_triton_cancel.py``), stops the model within a step or two in every stage: before the
+answer, mid-stream, and in a silent phase such as a long prefill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.support.processes import Process
+from tests.support.scrape import metric_sum
+from tests.support.triton_server import TritonServer
+from tests.triton.test_triton_cancel import LONG, SEEN_WITHIN_S, ended, request_id
+
+pytestmark = pytest.mark.slow
+
+SAMPLING = json.dumps({"max_tokens": 3})
+HELLO = {"text_input": "hello", "sampling_parameters": SAMPLING}
+CASES: list[tuple[str, object]] = [
+    ("/v2/models/streamer/generate", HELLO),
+    ("/v2/models/streamer/generate", HELLO | {"exclude_input_in_output": True}),
+    ("/v2/models/streamer/versions/1/generate", HELLO),
+    ("/v2/models/streamer/generate", HELLO | {"stream": True}),  # several responses: refused
+    ("/v2/models/streamer/generate_stream", HELLO | {"stream": True}),
+    ("/v2/models/streamer/generate_stream", {"text_input": "é ✓", "stream": True,
+                                             "sampling_parameters": SAMPLING}),
+    ("/v2/models/streamer/generate_stream",
+     {"text_input": "none", "sampling_parameters": json.dumps({"max_tokens": 0})}),
+    ("/v2/models/streamer/generate", HELLO | {"parameters": {"priority": 0, "tag": "x"}}),
+    ("/v2/models/streamer/generate", {"prompt": "no text_input"}),
+    ("/v2/models/nope/generate", HELLO),
+    ("/v2/models/streamer/versions/9/generate", HELLO),
+    ("/v2/models/slow/generate", {"INPUT0": [1.5, -2.0, 3.25]}),
+    ("/v2/models/slow/generate", {"INPUT0": 4.0}),
+    ("/v2/models/slow/generate", {"INPUT0": [1, 2], "parameters": {"steps": 1}}),
+    ("/v2/models/slow/generate_stream", {"INPUT0": [0.5], "parameters": {"steps": 1}}),
+]  # fmt: skip
+
+
+async def answered(session: aiohttp.ClientSession, url: str, body: object) -> tuple[Any, ...]:
+    async with session.post(url, json=body) as answer:
+        return answer.status, answer.headers.get("Content-Type"), await answer.read()
+
+
+async def test_generate_answers_through_the_bridge_as_triton_answers_it(
+    triton: TritonServer, triton_bridge: Process
+) -> None:
+    different = []
+    async with aiohttp.ClientSession() as session:
+        for path, body in CASES:
+            theirs = await answered(session, triton.url() + path, body)
+            ours = await answered(session, triton_bridge.url() + path, body)
+            if ours != theirs:
+                different.append(f"{path} {body}:\n  Triton {theirs}\n  bridge {ours}")
+    assert not different, "\n".join(different)
+
+
+async def test_a_body_triton_cannot_read_is_refused_in_its_error_shape(
+    triton: TritonServer, triton_bridge: Process
+) -> None:
+    """Triton answers 500 to an input of the wrong type; the bridge refuses it before it goes up,
+    with 400 (the client's fault) and the same ``{"error": message}`` shape."""
+    body = {"INPUT0": "not a number"}
+    async with aiohttp.ClientSession() as session:
+        theirs = await answered(session, f"{triton.url()}/v2/models/slow/generate", body)
+        ours = await answered(session, f"{triton_bridge.url()}/v2/models/slow/generate", body)
+    assert theirs[0] == 500 and list(json.loads(theirs[2])) == ["error"]
+    assert ours[0] == 400 and b"INPUT0" in json.loads(ours[2])["error"].encode()
+
+
+async def hang_up(url: str, body: dict[str, Any], events: int | None, after_s: float) -> float:
+    """POST, then close the connection after ``events`` SSE events or ``after_s`` seconds."""
+    async with aiohttp.ClientSession() as session:
+        try:
+            async with asyncio.timeout(after_s), session.post(url, json=body) as answer:
+                seen = 0
+                async for line in answer.content:
+                    seen += line.startswith(b"data:")
+                    if seen == events:
+                        break
+        except TimeoutError:
+            pass
+        return time.time()
+
+
+STAGES = {  # stage: (route, prefill_s, events to read before hanging up, hang up after)
+    "before the answer": ("generate", 0.0, None, 0.3),
+    "mid-stream": ("generate_stream", 0.0, 3, 30.0),
+    "in a silent phase": ("generate_stream", 1.5, None, 0.3),
+}
+
+
+@pytest.mark.parametrize("stage", STAGES)
+async def test_an_http_hang_up_through_the_bridge_stops_the_model(
+    triton: TritonServer, triton_bridge: Process, stage: str
+) -> None:
+    route, prefill_s, events, after_s = STAGES[stage]
+    prompt = request_id(stage.replace(" ", "-"))
+    params = {"max_tokens": LONG, "prefill_s": prefill_s}
+    body = {"text_input": prompt, "stream": route == "generate_stream",
+            "sampling_parameters": json.dumps(params)}  # fmt: skip
+    before = metric_sum(triton_bridge.url("admin"), "hangup_proxy_client_disconnects_total")
+    gone = await hang_up(f"{triton_bridge.url()}/v2/models/streamer/{route}", body, events, after_s)
+    end = await ended(triton, "streamer", prompt, by="prompt")
+    assert end["how"] == "cancelled", end
+    assert end["at"] - gone < SEEN_WITHIN_S, end  # not after the silent phase, not never
+    after = metric_sum(triton_bridge.url("admin"), "hangup_proxy_client_disconnects_total")
+    assert after == before + 1
+
+
+async def test_sixteen_http_streams_hung_up_at_once_each_stop_the_model(
+    triton: TritonServer, triton_bridge: Process
+) -> None:
+    prompts = [request_id(f"bridge-many{i}") for i in range(16)]
+    url = f"{triton_bridge.url()}/v2/models/streamer/generate_stream"
+    sampling = json.dumps({"max_tokens": LONG})
+    bodies = [{"text_input": p, "stream": True, "sampling_parameters": sampling} for p in prompts]
+    gone = await asyncio.gather(*(hang_up(url, body, 2, 30.0) for body in bodies))
+    ends = [await ended(triton, "streamer", p, by="prompt") for p in prompts]
+    assert [e["how"] for e in ends] == ["cancelled"] * 16, ends
+    assert max(e["at"] - g for e, g in zip(ends, gone, strict=True)) < SEEN_WITHIN_S, ends
+
+
+async def test_a_hang_up_on_a_model_that_is_not_decoupled_stops_it(
+    triton: TritonServer, triton_bridge: Process
+) -> None:
+    """``generate`` on the slow model is one ``ModelInfer``: cancelled like a stream."""
+    first = float(time.monotonic_ns() % 1_000_000)  # the call's key: it carries no id
+    body = {"INPUT0": [first], "parameters": {"steps": LONG}}
+    gone = await hang_up(f"{triton_bridge.url()}/v2/models/slow/generate", body, None, 0.3)
+    end = await ended(triton, "slow", first, by="first")
+    assert end["how"] == "cancelled" and end["at"] - gone < SEEN_WITHIN_S, end
