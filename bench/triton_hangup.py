@@ -20,6 +20,10 @@ to the model seeing it (p50/p99, ms), and the model steps run after the hang-up 
 hang-up never seen costs the whole request: ``LONG`` steps). The HTTP rows through ``proxy`` are
 what closing the upstream connection does (Triton does not notice); ``bridge`` is the fix.
 
+Then the price of the bridge: ``--cost-calls`` short ``generate`` calls (one token, one 1 ms step)
+one at a time through ``proxy`` (HTTP relayed) and through ``bridge`` (carried over gRPC), in
+alternating rounds; per target, the proxy process's CPU per call and the call's time p50/p99.
+
 Run: ``.venv/bin/python -m bench.triton_hangup`` (``--calls 5`` for a quick look; needs
 ``.venv-triton``, which ``make test`` installs).
 """
@@ -41,7 +45,7 @@ import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
-from bench.stats import median_p99
+from bench.stats import cpu_seconds, median_p99
 from tests.support.processes import REPO, spawn
 from tests.support.triton_io import Stream
 from tests.support.triton_server import TritonServer, install, running_triton
@@ -145,10 +149,36 @@ async def run_row(server: TritonServer, target: str, name: str, calls: int) -> s
     return f"{len(seen_ms):>4}/{calls:<4} {seen:>17} {after:>13}"
 
 
+async def cost(targets: dict[str, tuple[str, int]], calls: int, rounds: int = 4) -> None:
+    """CPU per short ``generate`` call of each proxy process, and the calls' times."""
+    params = json.dumps({"max_tokens": 1, "step_s": 0.001})
+    body = {"text_input": "cost", "sampling_parameters": params}
+    cpu: dict[str, float] = dict.fromkeys(targets, 0.0)
+    times: dict[str, list[float]] = {name: [] for name in targets}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(rounds):
+            for name, (base, pid) in targets.items():
+                url = f"{base}/v2/models/streamer/generate"
+                before = cpu_seconds(pid)
+                for _ in range(calls // rounds):
+                    started = time.perf_counter()
+                    async with session.post(url, json=body) as answer:
+                        assert answer.status == 200, await answer.text()
+                        await answer.read()
+                    times[name].append(1000 * (time.perf_counter() - started))
+                cpu[name] += cpu_seconds(pid) - before
+    print(f"\n{'target':>7} {'calls':>6} {'proxy CPU us/call':>18} {'call ms p50/p99':>16}")
+    for name in targets:
+        done = len(times[name])
+        print(f"{name:>7} {done:>6} {1e6 * cpu[name] / done:>18.0f}"
+              f" {median_p99(times[name], 2):>16}", flush=True)  # fmt: skip
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--cost-calls", type=int, default=2000)
     args = parser.parse_args()
     found = install()
     if isinstance(found, str):
@@ -176,6 +206,10 @@ async def main() -> None:
                     if protocol in addresses:
                         row = await run_row(server, addresses[protocol], name, args.calls)
                         print(f"{name:>19} {target:>7} {row}", flush=True)
+            if args.cost_calls:
+                relays = {p: (process.url(), process.popen.pid)
+                          for p, process in (("proxy", proxy), ("bridge", bridge))}  # fmt: skip
+                await cost(relays, args.cost_calls)
             proxy.terminate()
             bridge.terminate()
 

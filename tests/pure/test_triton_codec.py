@@ -1,0 +1,84 @@
+"""The Triton bridge's codec (``proxy.triton.codec``): the generate extension's JSON as KServe v2
+messages and back, for every datatype generate can carry (no I/O; the real Triton is in
+``tests/triton/test_triton_bridge.py``)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from hangup_contract.protos import inference_pb2 as pb
+from proxy.triton.codec import (
+    GenerateError,
+    ModelInputs,
+    answer,
+    encode,
+    generate_request,
+    parse_body,
+)
+
+NUMBERS = {  # datatype: (contents field, struct code, values)
+    "INT8": ("int_contents", "b", [-3, 4]), "INT16": ("int_contents", "h", [-300, 4]),
+    "INT32": ("int_contents", "i", [-70000, 4]), "INT64": ("int64_contents", "q", [-(2**40), 4]),
+    "UINT8": ("uint_contents", "B", [3, 250]), "UINT16": ("uint_contents", "H", [3, 60000]),
+    "UINT32": ("uint_contents", "I", [3, 2**31]), "UINT64": ("uint64_contents", "Q", [3, 2**63]),
+    "FP32": ("fp32_contents", "f", [1.5, -0.25]), "FP64": ("fp64_contents", "d", [0.1, 2.5]),
+}  # fmt: skip
+TYPES = {"text": "BYTES", "flag": "BOOL"} | {name.lower(): name for name in NUMBERS}
+MODEL = ModelInputs("m", "", TYPES, decoupled=False)
+
+
+@pytest.mark.parametrize("datatype", NUMBERS)
+def test_numbers_go_up_in_their_contents_field_and_come_back_as_json(datatype: str) -> None:
+    field, code, values = NUMBERS[datatype]
+    request = generate_request(MODEL, {datatype.lower(): values})
+    (tensor,) = request.inputs
+    assert (tensor.datatype, list(tensor.shape)) == (datatype, [2])
+    assert list(getattr(tensor.contents, field)) == values
+    response = pb.ModelInferResponse(model_name="m", model_version="1")
+    response.outputs.add(name="out", datatype=datatype, shape=[2])
+    response.raw_output_contents.append(struct.pack(f"<2{code}", *values))
+    assert answer(response) == {"model_name": "m", "model_version": "1", "out": values}
+
+
+def test_text_and_flags_scalars_and_the_order_triton_writes() -> None:
+    parameters = {"n": 2, "x": 0.5, "s": "y", "b": False}
+    request = generate_request(
+        MODEL, {"text": "é", "flag": True, "ignored": 1, "parameters": parameters}
+    )
+    assert [(t.name, list(t.shape)) for t in request.inputs] == [("text", [1]), ("flag", [1])]
+    assert request.inputs[0].contents.bytes_contents == ["é".encode()]
+    kinds = {k: v.WhichOneof("parameter_choice") for k, v in request.parameters.items()}
+    assert kinds == {"n": "int64_param", "x": "double_param", "s": "string_param",
+                     "b": "bool_param"}  # fmt: skip
+    response = pb.ModelInferResponse(model_name="m", model_version="1")
+    response.outputs.add(name="t", datatype="BYTES", shape=[1])
+    response.outputs.add(name="f", datatype="BOOL", shape=[2])
+    response.raw_output_contents.extend([struct.pack("<I", 2) + "é".encode(), b"\x01\x00"])
+    assert (
+        encode(answer(response))
+        == '{"model_name":"m","model_version":"1","t":"é","f":[true,false]}'.encode()
+    )
+    assert list(answer(response, outputs_first=True)) == ["t", "f", "model_name", "model_version"]
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [({"text": 5}, "text"), ({"flag": "yes"}, "flag"), ({"int32": 1.5}, "int32"),
+     ({"fp32": True}, "fp32"), ({"parameters": [1]}, "parameters"),
+     ({"parameters": {"p": [1]}}, "p")],
+)  # fmt: skip
+def test_a_value_of_the_wrong_type_is_refused_naming_it(
+    body: dict[str, object], named: str
+) -> None:
+    with pytest.raises(GenerateError, match=named) as refused:
+        generate_request(MODEL, body)
+    assert refused.value.status == 400
+
+
+@pytest.mark.parametrize("raw", [b"", b"[1]", b"{", b"\xff"])
+def test_a_body_that_is_no_json_object_is_refused(raw: bytes) -> None:
+    with pytest.raises(GenerateError) as refused:
+        parse_body(raw)
+    assert refused.value.status == 400
