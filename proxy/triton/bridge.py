@@ -122,8 +122,11 @@ class TritonBridge:
             return _json(call, 200, answer(response, outputs_first=True))
         stream = upstream.call = self._stream()
         opened()
-        await stream.write(infer)
-        await stream.done_writing()
+        try:
+            await stream.write(infer)
+            await stream.done_writing()
+        except grpc.aio.AioRpcError as exc:  # Triton unreachable, or the call refused at once
+            return _rpc_error(call, exc)
         first = not inputs.decoupled  # Triton writes such a model's outputs first
         if match["route"] == "generate":
             return await _collected(call, stream, sent, first)
