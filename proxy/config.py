@@ -35,7 +35,7 @@ class AdapterName(enum.StrEnum):
     VLLM = "vllm"  # vLLM's OpenAI server: close the stream (+ POST /abort_requests if enabled)
     SGLANG = "sglang"  # SGLang: the id in the body's rid, POST /abort_request
     NONE = "none"  # no cancel call: only the upstream stream is closed
-    TRITON = "triton"  # Triton: HTTP generate carried over gRPC, a hang-up cancels the call
+    TRITON = "triton"  # Triton: HTTP infer/generate carried over gRPC; a hang-up cancels the call
 
 
 @dataclass(frozen=True)

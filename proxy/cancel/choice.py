@@ -6,8 +6,8 @@
   ``POST /abort_requests``, a Responses call's id written into its body first
   (``proxy.cancel.servers``).
 - ``sglang``: the id in the body's ``rid``, then ``POST /abort_request``.
-- ``triton``: close the stream; HTTP ``generate`` and ``generate_stream`` are carried to Triton
-  over gRPC so that closing it is a cancellation (``proxy.triton``).
+- ``triton``: close the stream; HTTP ``infer``, ``generate`` and ``generate_stream`` are carried
+  to Triton over gRPC so that closing it is a cancellation (``proxy.triton``).
 - ``none``: close the stream.
 
 In front of any server but hangup's gateway a gRPC hang-up closes the upstream stream.

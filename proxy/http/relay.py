@@ -8,9 +8,9 @@ still arriving, while waiting for the upstream's first byte, and while streaming
 only shuts down its write side looks the same to the transport and is treated as a hang-up (see
 docs/proxy.md, "Half-closed connections").
 
-With ``--cancel-adapter triton`` a ``generate`` or ``generate_stream`` call is answered by the
-Triton bridge over gRPC instead (``proxy.triton``), under the same call accounting and hang-up
-handling: its gRPC call is the upstream call that a hang-up closes.
+With ``--cancel-adapter triton`` an ``infer``, ``generate`` or ``generate_stream`` call is
+answered by the Triton bridge over gRPC instead (``proxy.triton``), under the same call
+accounting and hang-up handling: its gRPC call is the upstream call that a hang-up closes.
 
 Per call: admit (limits) → choose ids → stream the body up (read whole first where the proxy
 must see it: a body the adapter tags, a ``POST /v1/responses`` that may ask for a background
@@ -268,14 +268,14 @@ class HttpRelay:
         return response
 
     async def _bridged(self, ex: _Exchange, bridge: TritonBridge) -> web.StreamResponse:
-        """Triton's generate over gRPC (``proxy.triton``): the body read whole, then the call
-        cancelled like any upstream call when the client leaves."""
+        """Triton's infer or generate over gRPC (``proxy.triton``): the body read whole, then the
+        call cancelled like any upstream call when the client leaves."""
         body = self._arrived(ex) if ex.request.body_exists else b""
         if body is None:
             assert ex.call.request_id is not None
             whole, _ = await self._whole(self._body(ex), [], ex.call.request_id, tag=False)
             if not isinstance(whole, bytes):
-                raise BodyTooLarge(f"a generate body is read whole: at most {TAG_LIMIT} bytes")
+                raise BodyTooLarge(f"a bridged body is read whole: at most {TAG_LIMIT} bytes")
             body = whole
         upstream = ex.bridged = Upstream()
 

@@ -1,17 +1,19 @@
-"""HTTP ``generate`` and ``generate_stream`` carried to Triton over gRPC (``--cancel-adapter
-triton``), so that a client's hang-up is a cancelled gRPC call, which Triton turns into the
-request's cancellation. Over HTTP Triton notices no hang-up (Triton issue 7077): a model keeps
-running for a client that left.
+"""HTTP calls that run a model carried to Triton over gRPC (``--cancel-adapter triton``):
+``/infer``, ``/generate`` and ``/generate_stream``, so that a client's hang-up is a cancelled gRPC
+call, which Triton turns into the request's cancellation. Over HTTP Triton notices no hang-up
+(Triton issue 7077): a model keeps running for a client that left.
 
-The body is read whole (``--max-body-size``) and made into the request Triton's generate extension
-makes (:mod:`.codec`), typed by the model's metadata (:mod:`.models`). ``generate`` on a model
-that is not decoupled is one ``ModelInfer``; on a decoupled model, and for ``generate_stream``,
-one ``ModelStreamInfer`` carrying the one request, read until Triton ends it. Answers are written
-as Triton's HTTP frontend writes them: ``generate`` one JSON object (a decoupled model's several
-responses refused as Triton refuses them); ``generate_stream`` one ``data:`` event per response as
+The body is read whole (``--max-body-size``). ``/infer`` (KServe v2 JSON tensors and the binary
+tensor extension, :mod:`.infer`) is one ``ModelInfer``; on a decoupled model it is answered 501, as
+Triton answers it. ``generate`` (:mod:`.codec`: JSON keys to inputs typed by the model's metadata,
+:mod:`.models`) on a model that is not decoupled is one ``ModelInfer``; on a decoupled model, and
+for ``generate_stream``, one ``ModelStreamInfer`` carrying the one request, read until Triton ends
+it. Answers are written as Triton's HTTP frontend writes them: ``/infer`` its JSON (with the
+binary outputs after it when asked for), ``generate`` one JSON object (a decoupled model's several
+responses refused as Triton refuses them), ``generate_stream`` one ``data:`` event per response as
 it arrives, an error mid-stream as a ``data: {"error": ...}`` event. Errors before an answer are
 ``{"error": message}`` with the HTTP status Triton gives the gRPC status (an error that arrives in
-the stream, which carries no status, is a 400: they are the request's). The request goes up
+the stream, which carries no status, is a 400: they are the request's). A generate request goes up
 without an id, as Triton's HTTP frontend sends it, so Triton's messages read the same.
 
 How a call ends is the relay's (``proxy.http.relay``): its hang-up, in any stage, cancels the
@@ -32,13 +34,16 @@ from hangup_contract.protos import inference_pb2 as pb
 from proxy.errors import ClientGone
 from proxy.state import Call
 from proxy.triton.codec import GenerateError, answer, encode, generate_request, parse_body
+from proxy.triton.infer import HEADER_LENGTH, infer_answer, infer_request
 from proxy.triton.models import SERVICE, Models
 from proxy.vocabulary import Stage
 
 PATH = re.compile(
-    r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/(?P<route>generate|generate_stream)$"
+    r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"
+    r"/(?P<route>infer|generate|generate_stream)$"
 )
 EVENT_STREAM = "text/event-stream; charset=utf-8"
+DECOUPLED = b'{"error":"HTTP end point doesn\'t support models with decoupled transaction policy"}'
 SEVERAL = (
     "generate expects model to produce exactly 1 response, use generate stream for model that "
     "generates various number of responses"
@@ -100,16 +105,39 @@ class TritonBridge:
         match = PATH.match(request.path)
         assert match is not None
         model, version = match["model"], match["version"] or ""
+        route = match["route"]
         try:
-            body = parse_body(raw)
             inputs = await self.models.inputs(model, version)
-            infer = generate_request(inputs, body)
+            if route == "infer":
+                if inputs.decoupled:  # as Triton answers it (its JSON, labelled text/plain)
+                    return _sent(call, web.Response(status=501, body=DECOUPLED,
+                                                    content_type="text/plain"))  # fmt: skip
+                length = request.headers.get(HEADER_LENGTH)
+                infer, binary, all_binary = infer_request(model, version, raw, length)
+            else:
+                infer = generate_request(inputs, parse_body(raw))
         except GenerateError as exc:
             return _error(call, exc.status, exc.message)
         except grpc.aio.AioRpcError as exc:
-            return _rpc_error(call, exc)
+            refused = _rpc_error(call, exc)
+            if route == "infer" and exc.code() is grpc.StatusCode.NOT_FOUND:
+                refused.content_type = "text/plain"  # as Triton labels this one
+            return refused
         sent = time.monotonic()
-        if match["route"] == "generate" and not inputs.decoupled:
+        if route == "infer":
+            unary = upstream.call = self._infer(infer)
+            opened()
+            try:
+                response = await unary
+                body, headers = infer_answer(response, binary, all_binary)
+            except grpc.aio.AioRpcError as exc:
+                return _rpc_error(call, exc)
+            except GenerateError as exc:
+                return _error(call, exc.status, exc.message)
+            call.upstream_ttfb = time.monotonic() - sent
+            call.status = 200
+            return _sent(call, web.Response(status=200, body=body, headers=headers))
+        if route == "generate" and not inputs.decoupled:
             unary = upstream.call = self._infer(infer)
             opened()
             try:
@@ -128,7 +156,7 @@ class TritonBridge:
         except grpc.aio.AioRpcError as exc:  # Triton unreachable, or the call refused at once
             return _rpc_error(call, exc)
         first = not inputs.decoupled  # Triton writes such a model's outputs first
-        if match["route"] == "generate":
+        if route == "generate":
             return await _collected(call, stream, sent, first)
         return await _streamed(request, call, stream, sent, first)
 
@@ -190,6 +218,12 @@ async def _write(response: web.StreamResponse, call: Call, data: bytes) -> None:
     except ConnectionResetError as exc:
         raise ClientGone(f"the client left mid-response: {exc}") from exc
     call.bytes_out += len(data)
+
+
+def _sent(call: Call, response: web.Response) -> web.Response:
+    call.status = response.status
+    call.bytes_out += len(response.body) if isinstance(response.body, bytes) else 0
+    return response
 
 
 def _json(call: Call, status: int, body: object) -> web.Response:

@@ -73,8 +73,13 @@ def generate_request(model: ModelInputs, body: Mapping[str, Any]) -> pb.ModelInf
 def _parameters(request: pb.ModelInferRequest, values: object) -> None:
     if not isinstance(values, dict):
         raise GenerateError(400, "'parameters' must be a JSON object")
+    set_parameters(request.parameters, values)
+
+
+def set_parameters(into: Any, values: Mapping[str, object]) -> None:
+    """``values`` into a map of ``InferParameter`` (a request's, a tensor's)."""
     for key, value in values.items():
-        parameter = request.parameters[key]
+        parameter = into[key]
         if isinstance(value, bool):
             parameter.bool_param = value
         elif isinstance(value, int):
@@ -93,7 +98,7 @@ def _input(request: pb.ModelInferRequest, name: str, datatype: str, value: objec
     if datatype == "BYTES":
         if not all(isinstance(v, str) for v in values):
             raise GenerateError(400, f"input '{name}' (BYTES) takes strings")
-        tensor.contents.bytes_contents.extend(v.encode() for v in values)  # type: ignore[union-attr]
+        tensor.contents.bytes_contents.extend(str(v).encode() for v in values)
     elif datatype == "BOOL":
         if not all(isinstance(v, bool) for v in values):
             raise GenerateError(400, f"input '{name}' (BOOL) takes booleans")

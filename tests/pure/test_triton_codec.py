@@ -4,6 +4,7 @@ messages and back, for every datatype generate can carry (no I/O; the real Trito
 
 from __future__ import annotations
 
+import json
 import struct
 
 import pytest
@@ -17,6 +18,7 @@ from proxy.triton.codec import (
     generate_request,
     parse_body,
 )
+from proxy.triton.infer import HEADER_LENGTH, infer_answer, infer_request, number_text
 
 NUMBERS = {  # datatype: (contents field, struct code, values)
     "INT8": ("int_contents", "b", [-3, 4]), "INT16": ("int_contents", "h", [-300, 4]),
@@ -81,4 +83,61 @@ def test_a_value_of_the_wrong_type_is_refused_naming_it(
 def test_a_body_that_is_no_json_object_is_refused(raw: bytes) -> None:
     with pytest.raises(GenerateError) as refused:
         parse_body(raw)
+    assert refused.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("value", "written"),
+    [(246913584.0, "246913584.0"), (1e16, "10000000000000000.0"), (1e21, "1e21"),
+     (1.5e-5, "0.000015"), (-1e-6, "-0.000001"), (1e-7, "1e-7"), (0.1, "0.1"), (-3.0, "-3.0")],
+)  # fmt: skip
+def test_floats_are_laid_out_as_rapidjson_lays_them_out(value: float, written: str) -> None:
+    assert number_text(value) == written
+
+
+def test_infer_binary_tensors_both_ways() -> None:
+    head = json.dumps(
+        {
+            "id": "x",
+            "inputs": [
+                {
+                    "name": "a",
+                    "shape": [2],
+                    "datatype": "INT32",
+                    "parameters": {"binary_data_size": 8},
+                },
+                {"name": "b", "shape": [1, 2], "datatype": "BYTES", "data": [["p", "q"]]},
+            ],
+            "outputs": [{"name": "o", "parameters": {"binary_data": True}}, {"name": "j"}],
+        }
+    ).encode()
+    binary = struct.pack("<2i", 7, -8)
+    request, wanted, every = infer_request("m", "", head + binary, str(len(head)))
+    assert (request.id, [list(t.shape) for t in request.inputs]) == ("x", [[2], [1, 2]])
+    assert request.raw_input_contents == [binary, b"\x01\x00\x00\x00p\x01\x00\x00\x00q"]
+    assert (wanted, every, [o.name for o in request.outputs]) == ({"o"}, False, ["o", "j"])
+    response = pb.ModelInferResponse(model_name="m", model_version="1", id="x")
+    response.outputs.add(name="o", datatype="FP32", shape=[1])
+    response.outputs.add(name="j", datatype="UINT8", shape=[2])
+    response.raw_output_contents.extend([struct.pack("<f", 0.5), b"\x01\x02"])
+    body, headers = infer_answer(response, wanted, every)
+    text = (b'{"id":"x","model_name":"m","model_version":"1","outputs":['
+            b'{"name":"o","datatype":"FP32","shape":[1],"parameters":{"binary_data_size":4}},'
+            b'{"name":"j","datatype":"UINT8","shape":[2],"data":[1,2]}]}')  # fmt: skip
+    assert body == text + struct.pack("<f", 0.5)
+    assert headers == {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(text))}
+
+
+@pytest.mark.parametrize(
+    ("body", "length"),
+    [({"inputs": [{"name": "a", "shape": [3], "datatype": "FP32", "data": [1, 2]}]}, None),
+     ({"inputs": [{"name": "a", "shape": [1], "datatype": "BF16", "data": [1]}]}, None),
+     ({"inputs": [{"name": "a", "shape": [1], "datatype": "INT8", "data": [300]}]}, None),
+     ({"inputs": "no"}, None), ({"inputs": []}, "x"), ({"inputs": []}, "999")],
+)  # fmt: skip
+def test_an_infer_body_triton_could_not_read_is_refused(
+    body: dict[str, object], length: str | None
+) -> None:
+    with pytest.raises(GenerateError) as refused:
+        infer_request("m", "", json.dumps(body).encode(), length)
     assert refused.value.status == 400

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import struct
 import time
 from typing import Any
 
 import aiohttp
+import numpy as np
 import pytest
+import tritonclient.http as triton_http
 
+from proxy.triton.infer import HEADER_LENGTH
 from tests.support.processes import Process
 from tests.support.scrape import metric_sum
 from tests.support.triton_server import TritonServer
@@ -30,10 +34,14 @@ CASES: list[tuple[str, object]] = [
     ("/v2/models/streamer/versions/1/generate", HELLO),
     ("/v2/models/streamer/generate", HELLO | {"stream": True}),  # several responses: refused
     ("/v2/models/streamer/generate_stream", HELLO | {"stream": True}),
-    ("/v2/models/streamer/generate_stream", {"text_input": "é ✓", "stream": True,
-                                             "sampling_parameters": SAMPLING}),
-    ("/v2/models/streamer/generate_stream",
-     {"text_input": "none", "sampling_parameters": json.dumps({"max_tokens": 0})}),
+    (
+        "/v2/models/streamer/generate_stream",
+        {"text_input": "é ✓", "stream": True, "sampling_parameters": SAMPLING},
+    ),
+    (
+        "/v2/models/streamer/generate_stream",
+        {"text_input": "none", "sampling_parameters": json.dumps({"max_tokens": 0})},
+    ),
     ("/v2/models/streamer/generate", HELLO | {"parameters": {"priority": 0, "tag": "x"}}),
     ("/v2/models/streamer/generate", {"prompt": "no text_input"}),
     ("/v2/models/nope/generate", HELLO),
@@ -42,12 +50,77 @@ CASES: list[tuple[str, object]] = [
     ("/v2/models/slow/generate", {"INPUT0": 4.0}),
     ("/v2/models/slow/generate", {"INPUT0": [1, 2], "parameters": {"steps": 1}}),
     ("/v2/models/slow/generate_stream", {"INPUT0": [0.5], "parameters": {"steps": 1}}),
-]  # fmt: skip
+]
+FP32 = {"name": "INPUT0", "shape": [2], "datatype": "FP32", "data": [1, 2.5]}
+BINARY_OUT = [{"name": "OUTPUT0", "parameters": {"binary_data": True}}]
+INFER: list[tuple[str, dict[str, Any], bytes]] = [  # model, JSON, binary data after it
+    ("slow", {"inputs": [FP32]}, b""),
+    ("slow", {"id": "abc", "inputs": [FP32], "outputs": [{"name": "OUTPUT0"}],
+              "parameters": {"steps": 1}}, b""),
+    ("slow", {"inputs": [FP32], "parameters": {"binary_data_output": True}}, b""),
+    ("slow", {"inputs": [FP32], "outputs": BINARY_OUT}, b""),
+    ("slow", {"inputs": [{"name": "INPUT0", "shape": [2], "datatype": "FP32",
+                          "parameters": {"binary_data_size": 8}}], "outputs": BINARY_OUT},
+     struct.pack("<2f", 1, -2)),
+    ("slow", {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32",
+                          "data": [[1, 2]]}]}, b""),
+    ("slow", {"inputs": [{"name": "INPUT0", "shape": [0], "datatype": "FP32", "data": []}]}, b""),
+    ("slow", {"inputs": [FP32 | {"datatype": "FP64"}]}, b""),
+    ("slow", {"inputs": [FP32 | {"name": "NOPE"}]}, b""),
+    ("slow", {"inputs": [FP32], "outputs": [{"name": "NOPE"}]}, b""),
+    ("streamer", {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES",
+                              "data": ["hi"]}]}, b""),  # decoupled: 501
+    ("nope", {"inputs": [FP32]}, b""),
+]  # fmt: skip  # fmt: skip
 
 
 async def answered(session: aiohttp.ClientSession, url: str, body: object) -> tuple[Any, ...]:
     async with session.post(url, json=body) as answer:
         return answer.status, answer.headers.get("Content-Type"), await answer.read()
+
+
+async def inferred(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], binary: bytes
+) -> tuple[Any, ...]:
+    head = json.dumps(body).encode()
+    headers = {HEADER_LENGTH: str(len(head))} if binary else {}
+    async with session.post(url, data=head + binary, headers=headers) as answer:
+        content = (answer.headers.get("Content-Type"), answer.headers.get(HEADER_LENGTH))
+        return answer.status, content, await answer.read()
+
+
+async def test_infer_answers_through_the_bridge_as_triton_answers_it(
+    triton: TritonServer, triton_bridge: Process
+) -> None:
+    """JSON and binary tensors both ways, requested outputs, ids, parameters, Triton's errors
+    (a decoupled model's 501 included), byte for byte."""
+    different = []
+    async with aiohttp.ClientSession() as session:
+        for model, body, binary in INFER:
+            path = f"/v2/models/{model}/infer"
+            theirs = await inferred(session, triton.url() + path, body, binary)
+            ours = await inferred(session, triton_bridge.url() + path, body, binary)
+            if ours != theirs:
+                different.append(f"{path} {body}:\n  Triton {theirs}\n  bridge {ours}")
+    assert not different, "\n".join(different)
+
+
+@pytest.mark.parametrize("target", ["triton", "triton_bridge"])
+def test_tritonclient_infers_through_the_bridge(
+    request: pytest.FixtureRequest, target: str
+) -> None:
+    """Triton's own HTTP client (binary tensors by default) gets the same answer."""
+    server: TritonServer | Process = request.getfixturevalue(target)
+    client = triton_http.InferenceServerClient(server.url().removeprefix("http://"))
+    try:
+        tensor = triton_http.InferInput("INPUT0", [3], "FP32")
+        tensor.set_data_from_numpy(np.array([1, 2, 3], dtype=np.float32))
+        wanted = [triton_http.InferRequestedOutput("OUTPUT0")]
+        result = client.infer("slow", [tensor], outputs=wanted, request_id="tc")
+        assert result.as_numpy("OUTPUT0").tolist() == [2.0, 4.0, 6.0]
+        assert result.get_response()["id"] == "tc"
+    finally:
+        client.close()
 
 
 async def test_generate_answers_through_the_bridge_as_triton_answers_it(
@@ -89,6 +162,23 @@ async def hang_up(url: str, body: dict[str, Any], events: int | None, after_s: f
         except TimeoutError:
             pass
         return time.time()
+
+
+async def test_a_hang_up_on_infer_through_the_bridge_stops_the_model(
+    triton: TritonServer, triton_bridge: Process
+) -> None:
+    rid = request_id("infer")
+    body = {"id": rid, "inputs": [FP32], "parameters": {"steps": LONG}}
+    async with aiohttp.ClientSession() as session:
+        try:
+            url = f"{triton_bridge.url()}/v2/models/slow/infer"
+            async with asyncio.timeout(0.3), session.post(url, json=body) as answer:
+                await answer.read()
+        except TimeoutError:
+            pass
+        gone = time.time()
+    end = await ended(triton, "slow", rid)
+    assert end["how"] == "cancelled" and end["at"] - gone < SEEN_WITHIN_S, end
 
 
 STAGES = {  # stage: (route, prefill_s, events to read before hanging up, hang up after)
