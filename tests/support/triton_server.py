@@ -67,13 +67,19 @@ class TritonServer:
     def ended(self, model: str, by: str = "id") -> dict[Any, dict[str, Any]]:
         """How each request of ``model`` ended, by request id (or by ``prompt``, for an HTTP
         ``generate`` call, which carries no id; the slow model: its input's ``first`` value):
-        the latest line per key (``how`` is
-        ``started`` while the slow model runs it)."""
-        path = self.records / f"{model}.jsonl"
-        if not path.exists():
-            return {}
-        lines = [json.loads(line) for line in path.read_text().splitlines() if line]
-        return {line[by]: line for line in lines}
+        the latest line per key (``how`` is ``started`` while the slow model runs it)."""
+        return read_records(self.records / f"{model}.jsonl", by)
+
+
+def read_records(path: Path, by: str) -> dict[Any, dict[str, Any]]:
+    """The records in ``path`` by their ``by`` field, the latest line per key. A model may be
+    writing a line as this reads: only lines that end are read (each is written whole with one
+    ``O_APPEND`` write, so only the last can be cut short)."""
+    if not path.exists():
+        return {}
+    text = path.read_text()
+    lines = [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line]
+    return {line[by]: line for line in lines}
 
 
 def install() -> Install | str:
