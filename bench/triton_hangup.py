@@ -47,7 +47,7 @@ from tritonclient.utils import InferenceServerException
 
 from bench.stats import cpu_seconds, median_p99
 from tests.support.processes import REPO, spawn
-from tests.support.triton_io import Stream
+from tests.support.triton_io import Stream, hang_up_http
 from tests.support.triton_server import TritonServer, install, running_triton
 from tests.support.waiting import wait_until
 
@@ -88,31 +88,16 @@ async def grpc_deadline(address: str, key: str) -> tuple[float, int]:
     return started + 0.5, int(0.5 / STEP_S)
 
 
-async def _http(url: str, body: dict[str, Any], events: int | None, after_s: float) -> float:
-    """POST, then close the connection after ``events`` SSE events, or after ``after_s``."""
-    async with aiohttp.ClientSession() as session:
-        try:
-            async with asyncio.timeout(after_s), session.post(url, json=body) as answer:
-                seen = 0
-                async for line in answer.content:
-                    seen += line.startswith(b"data:")
-                    if events is not None and seen == events:
-                        break
-        except TimeoutError:
-            pass
-        return time.time()  # the session's close closes the connection
-
-
 def http(route: str, *, stream: bool, silent_s: float = 0.0) -> Hangup:
     async def hang_up(base: str, key: str) -> tuple[float, int]:
         params = {"max_tokens": LONG, "prefill_s": silent_s}
         body = {"text_input": key, "stream": stream, "sampling_parameters": json.dumps(params)}
         url = f"{base}/v2/models/streamer/{route}"
         if not stream:
-            return await _http(url, body, None, 0.3), int(0.3 / STEP_S)
+            return await hang_up_http(url, body, None, 0.3), int(0.3 / STEP_S)
         if silent_s:
-            return await _http(url, body, None, 0.3), int(0.3 / STEP_S)
-        return await _http(url, body, 3, 30.0), 3
+            return await hang_up_http(url, body, None, 0.3), int(0.3 / STEP_S)
+        return await hang_up_http(url, body, 3, 30.0), 3
 
     return hang_up
 

@@ -135,7 +135,6 @@ class TritonBridge:
             except GenerateError as exc:
                 return _error(call, exc.status, exc.message)
             call.upstream_ttfb = time.monotonic() - sent
-            call.status = 200
             return _sent(call, web.Response(status=200, body=body, headers=headers))
         if route == "generate" and not inputs.decoupled:
             unary = upstream.call = self._infer(infer)

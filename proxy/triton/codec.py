@@ -29,6 +29,10 @@ _NUMBERS: dict[str, tuple[str, type, str]] = {
 }  # fmt: skip
 
 
+# datatype -> struct code: how raw tensor data (little-endian, row-major) is packed, both ways
+STRUCT_CODES = {"BOOL": "?", "FP16": "e"} | {name: code for name, (_, _, code) in _NUMBERS.items()}
+
+
 class GenerateError(Exception):
     """A request Triton would refuse, answered before it goes up: its HTTP status and message."""
 
@@ -122,7 +126,7 @@ def answer(response: pb.ModelInferResponse, *, outputs_first: bool = False) -> d
     outputs: dict[str, Any] = {}
     raw = response.raw_output_contents
     for i, output in enumerate(response.outputs):
-        values = _decode(output.datatype, raw[i]) if i < len(raw) else _contents(output)
+        values = elements(output.datatype, raw[i]) if i < len(raw) else _contents(output)
         outputs[output.name] = values[0] if len(values) == 1 else values
     return outputs | names if outputs_first else names | outputs
 
@@ -131,7 +135,8 @@ def encode(body: object) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _decode(datatype: str, data: bytes) -> list[Any]:
+def elements(datatype: str, data: bytes) -> list[Any]:
+    """A tensor's raw data (``raw_output_contents``) as JSON values, flat."""
     if datatype == "BYTES":
         values, at = [], 0
         while at + 4 <= len(data):
@@ -139,12 +144,10 @@ def _decode(datatype: str, data: bytes) -> list[Any]:
             values.append(data[at + 4 : at + 4 + size].decode(errors="replace"))
             at += 4 + size
         return values
-    if datatype == "BOOL":
-        return [b != 0 for b in data]
-    if datatype in _NUMBERS:
-        code = _NUMBERS[datatype][2]
-        return list(struct.unpack(f"<{len(data) // struct.calcsize(code)}{code}", data))
-    raise GenerateError(500, f"an output of datatype {datatype} cannot be written as JSON")
+    code = STRUCT_CODES.get(datatype)
+    if code is None:
+        raise GenerateError(500, f"an output of datatype {datatype} cannot be written as JSON")
+    return list(struct.unpack(f"<{len(data) // struct.calcsize(code)}{code}", data))
 
 
 def _contents(output: pb.ModelInferResponse.InferOutputTensor) -> list[Any]:

@@ -21,13 +21,9 @@ import struct
 from typing import Any
 
 from hangup_contract.protos import inference_pb2 as pb
-from proxy.triton.codec import GenerateError, parse_body, set_parameters
+from proxy.triton.codec import STRUCT_CODES, GenerateError, elements, parse_body, set_parameters
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-_CODES = {
-    "BOOL": "?", "INT8": "b", "INT16": "h", "INT32": "i", "INT64": "q", "UINT8": "B",
-    "UINT16": "H", "UINT32": "I", "UINT64": "Q", "FP16": "e", "FP32": "f", "FP64": "d",
-}  # fmt: skip
 _HTTP_ONLY = ("binary_data", "binary_data_size", "binary_data_output")
 
 
@@ -96,7 +92,7 @@ def infer_answer(
         else:
             if extra:
                 entry["parameters"] = extra
-            entry["data"] = _elements(output.datatype, data)
+            entry["data"] = elements(output.datatype, data)
         outputs.append(entry)
     head["outputs"] = outputs
     text = _write(head)
@@ -133,27 +129,13 @@ def _raw(name: str, datatype: str, shape: list[int], data: object) -> bytes:
         if not all(isinstance(v, str) for v in values):
             raise GenerateError(400, f"input '{name}' (BYTES) takes strings")
         return b"".join(struct.pack("<I", len(e)) + e for e in (v.encode() for v in values))
-    code = _CODES.get(datatype)
+    code = STRUCT_CODES.get(datatype)
     if code is None:
         raise GenerateError(400, f"input '{name}': {datatype} cannot be given as JSON data")
     try:
         return struct.pack(f"<{len(values)}{code}", *values)
     except struct.error as exc:
         raise GenerateError(400, f"input '{name}' ({datatype}): {exc}") from exc
-
-
-def _elements(datatype: str, data: bytes) -> list[Any]:
-    if datatype == "BYTES":
-        values, at = [], 0
-        while at + 4 <= len(data):
-            (size,) = struct.unpack_from("<I", data, at)
-            values.append(data[at + 4 : at + 4 + size].decode(errors="replace"))
-            at += 4 + size
-        return values
-    code = _CODES.get(datatype)
-    if code is None:
-        raise GenerateError(500, f"an output of datatype {datatype} cannot be written as JSON")
-    return list(struct.unpack(f"<{len(data) // struct.calcsize(code)}{code}", data))
 
 
 def _value(parameter: pb.InferParameter) -> object:

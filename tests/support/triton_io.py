@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import numpy as np
 import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
@@ -83,3 +85,19 @@ class Stream:
                 mine.append(result)
                 if is_final(result):
                     return mine
+
+
+async def hang_up_http(url: str, body: dict[str, Any], events: int | None, after_s: float) -> float:
+    """POST ``body`` to ``url``, then close the connection after ``events`` SSE events, or after
+    ``after_s`` seconds, whichever comes first; the time (``time.time()``) it was closed."""
+    async with aiohttp.ClientSession() as session:
+        try:
+            async with asyncio.timeout(after_s), session.post(url, json=body) as answer:
+                seen = 0
+                async for line in answer.content:
+                    seen += line.startswith(b"data:")
+                    if seen == events:
+                        break
+        except TimeoutError:
+            pass
+        return time.time()  # the session's close closes the connection

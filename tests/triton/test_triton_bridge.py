@@ -21,6 +21,7 @@ import tritonclient.http as triton_http
 from proxy.triton.infer import HEADER_LENGTH
 from tests.support.processes import Process
 from tests.support.scrape import metric_sum
+from tests.support.triton_io import hang_up_http
 from tests.support.triton_server import TritonServer
 from tests.triton.test_triton_cancel import LONG, SEEN_WITHIN_S, ended, request_id
 
@@ -149,34 +150,12 @@ async def test_a_body_triton_cannot_read_is_refused_in_its_error_shape(
     assert ours[0] == 400 and b"INPUT0" in json.loads(ours[2])["error"].encode()
 
 
-async def hang_up(url: str, body: dict[str, Any], events: int | None, after_s: float) -> float:
-    """POST, then close the connection after ``events`` SSE events or ``after_s`` seconds."""
-    async with aiohttp.ClientSession() as session:
-        try:
-            async with asyncio.timeout(after_s), session.post(url, json=body) as answer:
-                seen = 0
-                async for line in answer.content:
-                    seen += line.startswith(b"data:")
-                    if seen == events:
-                        break
-        except TimeoutError:
-            pass
-        return time.time()
-
-
 async def test_a_hang_up_on_infer_through_the_bridge_stops_the_model(
     triton: TritonServer, triton_bridge: Process
 ) -> None:
     rid = request_id("infer")
     body = {"id": rid, "inputs": [FP32], "parameters": {"steps": LONG}}
-    async with aiohttp.ClientSession() as session:
-        try:
-            url = f"{triton_bridge.url()}/v2/models/slow/infer"
-            async with asyncio.timeout(0.3), session.post(url, json=body) as answer:
-                await answer.read()
-        except TimeoutError:
-            pass
-        gone = time.time()
+    gone = await hang_up_http(f"{triton_bridge.url()}/v2/models/slow/infer", body, None, 0.3)
     end = await ended(triton, "slow", rid)
     assert end["how"] == "cancelled" and end["at"] - gone < SEEN_WITHIN_S, end
 
@@ -198,7 +177,8 @@ async def test_an_http_hang_up_through_the_bridge_stops_the_model(
     body = {"text_input": prompt, "stream": route == "generate_stream",
             "sampling_parameters": json.dumps(params)}  # fmt: skip
     before = metric_sum(triton_bridge.url("admin"), "hangup_proxy_client_disconnects_total")
-    gone = await hang_up(f"{triton_bridge.url()}/v2/models/streamer/{route}", body, events, after_s)
+    url = f"{triton_bridge.url()}/v2/models/streamer/{route}"
+    gone = await hang_up_http(url, body, events, after_s)
     end = await ended(triton, "streamer", prompt, by="prompt")
     assert end["how"] == "cancelled", end
     assert end["at"] - gone < SEEN_WITHIN_S, end  # not after the silent phase, not never
@@ -213,7 +193,7 @@ async def test_sixteen_http_streams_hung_up_at_once_each_stop_the_model(
     url = f"{triton_bridge.url()}/v2/models/streamer/generate_stream"
     sampling = json.dumps({"max_tokens": LONG})
     bodies = [{"text_input": p, "stream": True, "sampling_parameters": sampling} for p in prompts]
-    gone = await asyncio.gather(*(hang_up(url, body, 2, 30.0) for body in bodies))
+    gone = await asyncio.gather(*(hang_up_http(url, body, 2, 30.0) for body in bodies))
     ends = [await ended(triton, "streamer", p, by="prompt") for p in prompts]
     assert [e["how"] for e in ends] == ["cancelled"] * 16, ends
     assert max(e["at"] - g for e, g in zip(ends, gone, strict=True)) < SEEN_WITHIN_S, ends
@@ -225,6 +205,6 @@ async def test_a_hang_up_on_a_model_that_is_not_decoupled_stops_it(
     """``generate`` on the slow model is one ``ModelInfer``: cancelled like a stream."""
     first = float(time.monotonic_ns() % 1_000_000)  # the call's key: it carries no id
     body = {"INPUT0": [first], "parameters": {"steps": LONG}}
-    gone = await hang_up(f"{triton_bridge.url()}/v2/models/slow/generate", body, None, 0.3)
+    gone = await hang_up_http(f"{triton_bridge.url()}/v2/models/slow/generate", body, None, 0.3)
     end = await ended(triton, "slow", first, by="first")
     assert end["how"] == "cancelled" and end["at"] - gone < SEEN_WITHIN_S, end
