@@ -283,7 +283,9 @@ class HttpRelay:
             ex.ending.upstream_open = True
             self._relaying[ex.request.protocol] = ex
 
-        return await bridge.relay(ex.request, ex.call, body, upstream, opened)
+        assert ex.call.request_id is not None
+        headers = {REQUEST_ID: ex.call.request_id, "Server": SERVER_HEADER}
+        return await bridge.relay(ex.request, ex.call, body, upstream, opened, headers)
 
     @staticmethod
     async def _continue(request: web.BaseRequest) -> None:

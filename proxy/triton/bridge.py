@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
@@ -99,9 +99,35 @@ class TritonBridge:
         raw: bytes,
         upstream: Upstream,
         opened: Callable[[], None],
+        headers: Mapping[str, str],
     ) -> web.StreamResponse:
-        """Answer ``request`` (its body ``raw``) from Triton over gRPC. ``opened`` is called
-        once the gRPC call is open (from then on a hang-up cancels it through ``upstream``)."""
+        """Answer ``request`` (its body ``raw``) from Triton over gRPC, with ``headers`` (the
+        proxy's own: the call's id, ``Server``) on every answer. ``opened`` is called once the
+        gRPC call is open (from then on a hang-up cancels it through ``upstream``)."""
+        match = PATH.match(request.path)
+        assert match is not None
+        model, version = match["model"], match["version"] or ""
+        try:
+            response = await self._answer(request, call, raw, upstream, opened, headers)
+        except grpc.aio.AioRpcError as exc:
+            response = _rpc_error(call, exc)
+            if match["route"] == "infer" and exc.code() is grpc.StatusCode.NOT_FOUND:
+                response.content_type = "text/plain"  # as Triton labels this one
+        if call.status in (400, 404):  # the model may have changed: its metadata is read again
+            self.models.forget(model, version)
+        if not response.prepared:  # a stream was prepared with them
+            response.headers.update(headers)
+        return response
+
+    async def _answer(
+        self,
+        request: web.BaseRequest,
+        call: Call,
+        raw: bytes,
+        upstream: Upstream,
+        opened: Callable[[], None],
+        headers: Mapping[str, str],
+    ) -> web.StreamResponse:
         match = PATH.match(request.path)
         assert match is not None
         model, version = match["model"], match["version"] or ""
@@ -118,11 +144,6 @@ class TritonBridge:
                 infer = generate_request(inputs, parse_body(raw))
         except GenerateError as exc:
             return _error(call, exc.status, exc.message)
-        except grpc.aio.AioRpcError as exc:
-            refused = _rpc_error(call, exc)
-            if route == "infer" and exc.code() is grpc.StatusCode.NOT_FOUND:
-                refused.content_type = "text/plain"  # as Triton labels this one
-            return refused
         sent = time.monotonic()
         if route == "infer":
             unary = upstream.call = self._infer(infer)
@@ -141,12 +162,12 @@ class TritonBridge:
             opened()
             try:
                 response = await unary
+                call.upstream_ttfb = time.monotonic() - sent
+                return _json(call, 200, answer(response, outputs_first=True))
             except grpc.aio.AioRpcError as exc:
-                if exc.code() is grpc.StatusCode.NOT_FOUND:
-                    self.models.forget(model, version)
                 return _rpc_error(call, exc)
-            call.upstream_ttfb = time.monotonic() - sent
-            return _json(call, 200, answer(response, outputs_first=True))
+            except GenerateError as exc:  # an output JSON cannot carry
+                return _error(call, exc.status, exc.message)
         stream = upstream.call = self._stream()
         opened()
         try:
@@ -157,7 +178,7 @@ class TritonBridge:
         first = not inputs.decoupled  # Triton writes such a model's outputs first
         if route == "generate":
             return await _collected(call, stream, sent, first)
-        return await _streamed(request, call, stream, sent, first)
+        return await _streamed(request, call, stream, sent, first, headers)
 
 
 async def _collected(call: Call, stream: Any, sent: float, first: bool) -> web.StreamResponse:
@@ -173,11 +194,19 @@ async def _collected(call: Call, stream: Any, sent: float, first: bool) -> web.S
         return _rpc_error(call, exc)
     if len(responses) != 1:
         return _json(call, 200, {"error": SEVERAL})
-    return _json(call, 200, answer(responses[0], outputs_first=first))
+    try:
+        return _json(call, 200, answer(responses[0], outputs_first=first))
+    except GenerateError as exc:  # an output JSON cannot carry
+        return _error(call, exc.status, exc.message)
 
 
 async def _streamed(
-    request: web.BaseRequest, call: Call, stream: Any, sent: float, first: bool
+    request: web.BaseRequest,
+    call: Call,
+    stream: Any,
+    sent: float,
+    first: bool,
+    headers: Mapping[str, str],
 ) -> web.StreamResponse:
     """``generate_stream``: one event per response, written as it arrives."""
     response: web.StreamResponse | None = None
@@ -187,22 +216,34 @@ async def _streamed(
                 call.upstream_ttfb = time.monotonic() - sent
                 if message.error_message:
                     return _error(call, 400, message.error_message)
-                response = await _prepare(request, call)
-            event = {"error": message.error_message} if message.error_message else None
-            data = encode(event or answer(message.infer_response, outputs_first=first))
+                response = await _prepare(request, call, headers)
+            data = stream_event(message, first)
             await _write(response, call, b"data: " + data + b"\n\n")
     except grpc.aio.AioRpcError as exc:
         if response is None:
             return _rpc_error(call, exc)
         await _write(response, call, b"data: " + encode({"error": exc.details()}) + b"\n\n")
     if response is None:  # no response at all: Triton answers 200 with an empty stream
-        response = await _prepare(request, call)
+        response = await _prepare(request, call, headers)
     await response.write_eof()
     return response
 
 
-async def _prepare(request: web.BaseRequest, call: Call) -> web.StreamResponse:
-    response = web.StreamResponse(status=200, headers={"Content-Type": EVENT_STREAM})
+def stream_event(message: pb.ModelStreamInferResponse, first: bool) -> bytes:
+    """One ``generate_stream`` event's JSON: the response, or its error (one an output JSON
+    cannot carry included: the stream has begun, so it is an event, not a status)."""
+    if message.error_message:
+        return encode({"error": message.error_message})
+    try:
+        return encode(answer(message.infer_response, outputs_first=first))
+    except GenerateError as exc:
+        return encode({"error": exc.message})
+
+
+async def _prepare(
+    request: web.BaseRequest, call: Call, headers: Mapping[str, str]
+) -> web.StreamResponse:
+    response = web.StreamResponse(status=200, headers={"Content-Type": EVENT_STREAM, **headers})
     try:
         await response.prepare(request)
     except ConnectionResetError as exc:

@@ -3,8 +3,9 @@
 ``generate`` maps JSON keys to inputs by the model's metadata (each input's datatype) and its
 configuration (whether the model is decoupled). Both are read with
 ``ModelMetadata`` and ``ModelConfig`` the first time a model (and version) is called, kept for
-``TTL_S``, and read again after that, or at once when Triton answers that it no longer knows the
-model (it was unloaded or reloaded). At most ``MAX_MODELS`` are kept; an error is never kept.
+``TTL_S``, and read again after that, or at once after a call to the model was refused with 400 or
+404 (it may have been unloaded, or reloaded with other inputs: one metadata read per refused
+call). At most ``MAX_MODELS`` are kept; an error is never kept.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import struct
 import pytest
 
 from hangup_contract.protos import inference_pb2 as pb
+from proxy.triton.bridge import stream_event
 from proxy.triton.codec import (
     GenerateError,
     ModelInputs,
@@ -141,3 +142,21 @@ def test_an_infer_body_triton_could_not_read_is_refused(
     with pytest.raises(GenerateError) as refused:
         infer_request("m", "", json.dumps(body).encode(), length)
     assert refused.value.status == 400
+
+
+def test_an_output_json_cannot_carry_is_an_error_event_naming_its_datatype() -> None:
+    """A BF16 output has no JSON form: generate_stream writes an error event naming it (not a
+    dropped stream), the events before it stand."""
+
+    bf16 = pb.ModelInferResponse(model_name="m", model_version="1")
+    bf16.outputs.add(name="OUT", datatype="BF16", shape=[1])
+    bf16.raw_output_contents.append(b"\x80\x3f")
+    message = pb.ModelStreamInferResponse(infer_response=bf16)
+    assert json.loads(stream_event(message, first=False)) == {
+        "error": "an output of datatype BF16 cannot be written as JSON"
+    }
+    text = pb.ModelInferResponse(model_name="m", model_version="1")
+    text.outputs.add(name="text_output", datatype="BYTES", shape=[1])
+    text.raw_output_contents.append(struct.pack("<I", 2) + b"hi")
+    ok = json.loads(stream_event(pb.ModelStreamInferResponse(infer_response=text), first=False))
+    assert ok == {"model_name": "m", "model_version": "1", "text_output": "hi"}

@@ -137,6 +137,21 @@ async def test_generate_answers_through_the_bridge_as_triton_answers_it(
     assert not different, "\n".join(different)
 
 
+async def test_every_bridged_answer_names_the_proxy_and_the_call(
+    triton_bridge: Process,
+) -> None:
+    """Answers, streams and errors alike carry the call's id (as the relay's answers do: the id
+    in the proxy's log and its cancel) and ``Server: hangup-proxy``."""
+    ids = set()
+    async with aiohttp.ClientSession() as session:
+        for path, body in [CASES[0], CASES[4], CASES[9], CASES[8]]:  # 200, stream, 404, 400
+            async with session.post(triton_bridge.url() + path, json=body) as answer:
+                await answer.read()
+                assert answer.headers.get("Server") == "hangup-proxy", (path, answer.headers)
+                ids.add(answer.headers.get("X-Request-Id"))
+    assert None not in ids and len(ids) == 4, ids
+
+
 async def test_a_body_triton_cannot_read_is_refused_in_its_error_shape(
     triton: TritonServer, triton_bridge: Process
 ) -> None:
