@@ -92,8 +92,21 @@ class InferenceServicer:
 
     @_statuses(generation=False, request_type=pb.ModelReadyRequest)
     async def model_ready(self, request: pb.ModelReadyRequest, context: Any) -> Any:
-        self.service.check_model(request.name)
-        return pb.ModelReadyResponse(ready=self.service.ready)
+        """Ready or not, as Triton answers it: a model it does not serve is not ready (OK)."""
+        known = request.name == self.service.model.name and request.version in ("", MODEL_VERSION)
+        return pb.ModelReadyResponse(ready=known and self.service.ready)
+
+    @_statuses(generation=False, request_type=pb.RepositoryIndexRequest)
+    async def repository_index(self, request: pb.RepositoryIndexRequest, context: Any) -> Any:
+        """The one model, as Triton lists its repository (``ready``: only if it is ready)."""
+        state = "READY" if self.service.ready else "UNAVAILABLE"
+        if request.ready and state != "READY":
+            return pb.RepositoryIndexResponse()
+        index = pb.RepositoryIndexResponse.ModelIndex
+        name = self.service.model.name
+        return pb.RepositoryIndexResponse(
+            models=[index(name=name, version=MODEL_VERSION, state=state)]
+        )
 
     @_statuses(generation=False, request_type=pb.ServerMetadataRequest)
     async def server_metadata(self, request: pb.ServerMetadataRequest, context: Any) -> Any:
@@ -182,6 +195,7 @@ def inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
         "ServerMetadata": unary(s.server_metadata),
         "ModelMetadata": unary(s.model_metadata),
         "ModelConfig": unary(s.model_config),
+        "RepositoryIndex": unary(s.repository_index),
         "ModelInfer": unary(s.model_infer),
         "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
             s.model_stream_infer,

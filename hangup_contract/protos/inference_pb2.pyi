@@ -277,6 +277,31 @@ class ModelConfigResponse(_message.Message):
     config: ModelConfig
     def __init__(self, config: _Optional[_Union[ModelConfig, _Mapping]] = ...) -> None: ...
 
+class RepositoryIndexRequest(_message.Message):
+    __slots__ = ("repository_name", "ready")
+    REPOSITORY_NAME_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    repository_name: str
+    ready: bool
+    def __init__(self, repository_name: _Optional[str] = ..., ready: _Optional[bool] = ...) -> None: ...
+
+class RepositoryIndexResponse(_message.Message):
+    __slots__ = ("models",)
+    class ModelIndex(_message.Message):
+        __slots__ = ("name", "version", "state", "reason")
+        NAME_FIELD_NUMBER: _ClassVar[int]
+        VERSION_FIELD_NUMBER: _ClassVar[int]
+        STATE_FIELD_NUMBER: _ClassVar[int]
+        REASON_FIELD_NUMBER: _ClassVar[int]
+        name: str
+        version: str
+        state: str
+        reason: str
+        def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    MODELS_FIELD_NUMBER: _ClassVar[int]
+    models: _containers.RepeatedCompositeFieldContainer[RepositoryIndexResponse.ModelIndex]
+    def __init__(self, models: _Optional[_Iterable[_Union[RepositoryIndexResponse.ModelIndex, _Mapping]]] = ...) -> None: ...
+
 class ModelInput(_message.Message):
     __slots__ = ("name", "data_type", "dims", "optional")
     NAME_FIELD_NUMBER: _ClassVar[int]

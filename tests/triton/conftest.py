@@ -47,3 +47,13 @@ def triton_bridge(
     with spawn("proxy", args, tmp_path_factory.mktemp("triton-bridge")) as proc:
         yield proc
         proc.terminate()
+
+
+@pytest.fixture(scope="session")
+def sim_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
+    """The gateway on its simulated engine, serving a model named as Triton's streamer, for the
+    parity tests (HTTP and gRPC)."""
+    args = ["--engine", "sim", "--model", "streamer", "--http-port", "0", "--grpc-port", "0"]
+    with spawn("gateway_server", args, tmp_path_factory.mktemp("triton-parity")) as proc:
+        yield proc
+        proc.terminate()

@@ -1,0 +1,216 @@
+"""The gateway's KServe v2 gRPC surface next to a real Triton's, call by call, read with Triton's
+own client protos (``tritonclient.grpc``).
+
+As on HTTP (``test_triton_parity.py``), Triton serves the streamer model and the gateway its
+simulated engine under the same name. Texts differ; what a client relies on must not: a stream's
+responses in order (outputs, ``triton_final_response``, the empty final response when asked for
+with ``triton_enable_empty_final_response``), errors in the stream's ``error_message`` or as the
+call's status code, and the other calls' status codes and fields. Where the gateway differs on
+purpose the case says why; the table in docs/triton-parity.md (its gRPC part) is kept by the test
+(``HANGUP_WRITE_PARITY=1`` rewrites it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc.service_pb2 as pb
+import tritonclient.grpc.service_pb2_grpc as service
+from google.protobuf.json_format import MessageToDict
+
+from tests.support.processes import Process
+from tests.support.triton_server import TritonServer
+from tests.triton.test_triton_parity import DOC, MODEL, contained
+
+pytestmark = pytest.mark.slow
+
+TABLE_START, TABLE_END = "<!-- grpc parity table: start -->", "<!-- grpc parity table: end -->"
+EXTRA = "same, and each response names its `hangup_request_id` (the id the cancel API takes)"
+
+
+def text(value: str) -> bytes:
+    """One BYTES element as Triton lays it out in ``raw_input_contents``."""
+    raw = value.encode()
+    return len(raw).to_bytes(4, "little") + raw
+
+
+def request(
+    prompt: object = "hi",
+    *,
+    stream: bool = True,
+    max_tokens: int = 3,
+    model: str = MODEL,
+    datatype: str = "BYTES",
+    name: str = "text_input",
+    empty_final: bool = False,
+    id: str = "parity",
+) -> pb.ModelInferRequest:
+    message = pb.ModelInferRequest(model_name=model, id=id)
+    message.inputs.add(name=name, datatype=datatype, shape=[1])
+    raw = text(str(prompt)) if datatype == "BYTES" else np.array([prompt], np.int32).tobytes()
+    message.inputs.add(name="stream", datatype="BOOL", shape=[1])
+    message.inputs.add(name="sampling_parameters", datatype="BYTES", shape=[1])
+    sampling = text(json.dumps({"max_tokens": max_tokens}))
+    message.raw_input_contents.extend([raw, bytes([stream]), sampling])
+    if empty_final:
+        message.parameters["triton_enable_empty_final_response"].bool_param = True
+    return message
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    call: str  # the service's method
+    message: Any
+    kept: str = ""  # why the gateway differs on purpose ("": it must not)
+
+
+CASES = [
+    Case("server live", "ServerLive", pb.ServerLiveRequest()),
+    Case("server ready", "ServerReady", pb.ServerReadyRequest()),
+    Case("server metadata", "ServerMetadata", pb.ServerMetadataRequest()),
+    Case("model ready", "ModelReady", pb.ModelReadyRequest(name=MODEL)),
+    Case("model ready, unknown model", "ModelReady", pb.ModelReadyRequest(name="nope")),
+    Case("model metadata", "ModelMetadata", pb.ModelMetadataRequest(name=MODEL)),
+    Case("model metadata, version 1", "ModelMetadata",
+         pb.ModelMetadataRequest(name=MODEL, version="1")),
+    Case("model metadata, unknown model", "ModelMetadata", pb.ModelMetadataRequest(name="nope")),
+    Case("model config", "ModelConfig", pb.ModelConfigRequest(name=MODEL)),
+    Case("repository index", "RepositoryIndex", pb.RepositoryIndexRequest()),
+    Case("stream: streamed tokens", "ModelStreamInfer", [request()]),
+    Case("stream: one answer", "ModelStreamInfer", [request(stream=False)]),
+    Case("stream: two requests", "ModelStreamInfer",
+         [request(id="a"), request(stream=False, id="b")]),
+    Case("stream: unknown model", "ModelStreamInfer", [request(model="nope")]),
+    Case("stream: unknown input", "ModelStreamInfer", [request(name="prompt")]),
+    Case("stream: wrong datatype", "ModelStreamInfer", [request(5, datatype="INT32")]),
+    Case("stream: streamed, empty final asked for", "ModelStreamInfer",
+         [request(empty_final=True)],
+         kept="the gateway ends each request with an empty final response when asked for one; "
+              "the streamer model flags its last token final, so Triton sends none (a client "
+              "that asks for it must take either)"),
+    Case("stream: max_tokens 0", "ModelStreamInfer", [request(max_tokens=0)],
+         kept="refused in the stream naming `max_tokens`, as vLLM refuses it; Triton's model "
+              "answers nothing, and without the empty final its client never hears the end"),
+    Case("stream: two requests, one id", "ModelStreamInfer",
+         [request(), request(stream=False)],
+         kept="the second is refused in the stream (ALREADY_EXISTS) while the first is in "
+              "flight: the cancel API finds a request by its id"),
+    Case("infer on the decoupled model", "ModelInfer", request(stream=False),
+         kept="Triton refuses ModelInfer on a decoupled model (UNIMPLEMENTED); the gateway "
+              "answers the whole text in one response, the simplest call with a deadline"),
+]  # fmt: skip
+
+
+def response_shape(message: Any) -> Any:
+    """A stream response as a client reads it: its error, or its outputs (name, datatype, rank)
+    and its parameters' names with ``triton_final_response``'s value."""
+    if message.error_message:
+        return {"error": "message"}
+    response = message.infer_response
+    parameters = dict(response.parameters)
+    final = parameters.get("triton_final_response")
+    return {
+        "outputs": sorted((o.name, o.datatype, len(o.shape)) for o in response.outputs),
+        "parameters": sorted(parameters),
+        "final": None if final is None else final.bool_param,
+    }
+
+
+def message_shape(message: Any) -> Any:
+    """A unary answer's fields and their kinds (values differ between servers)."""
+
+    def shape(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: shape(v) for k, v in sorted(value.items())}
+        if isinstance(value, list):
+            return [shape(value[0])] if value else []
+        return type(value).__name__
+
+    return shape(MessageToDict(message))
+
+
+async def read(address: str, case: Case) -> tuple[str, Any]:
+    """(the call's status code, what it answered) for ``case`` at ``address``."""
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = service.GRPCInferenceServiceStub(channel)
+        method: Callable[..., Any] = getattr(stub, case.call)
+        try:
+            async with asyncio.timeout(20):
+                if case.call != "ModelStreamInfer":
+                    return "OK", message_shape(await method(case.message))
+                responses = []
+                async for message in method(_requests(case.message)):
+                    responses.append(response_shape(message))
+                return "OK", responses
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name, None
+
+
+async def _requests(messages: list[Any]) -> AsyncIterator[Any]:
+    for message in messages:
+        yield message
+
+
+def alike(theirs: tuple[str, Any], ours: tuple[str, Any]) -> bool:
+    """The same status and answers; a stream's responses may name more parameters, a unary
+    answer may have fewer fields (Triton's model config has many more)."""
+    if theirs[0] != ours[0]:
+        return False
+    if not isinstance(theirs[1], list) or not isinstance(ours[1], list):
+        return bool(theirs[1] == ours[1] or contained(ours[1], theirs[1]))
+    return len(theirs[1]) == len(ours[1]) and all(
+        _response_alike(t, o) for t, o in zip(theirs[1], ours[1], strict=True)
+    )
+
+
+def _response_alike(theirs: dict[str, Any], ours: dict[str, Any]) -> bool:
+    rest = {k: v for k, v in ours.items() if k != "parameters"}
+    if rest != {k: v for k, v in theirs.items() if k != "parameters"}:
+        return False
+    return set(theirs.get("parameters", [])) <= set(ours.get("parameters", []))
+
+
+async def test_the_gateway_streams_and_answers_in_triton_shapes(
+    triton: TritonServer, sim_gateway: Process
+) -> None:
+    rows, failures = [], []
+    for case in CASES:
+        theirs = await read(triton.grpc, case)
+        ours = await read(sim_gateway.listeners["grpc"], case)
+        same = alike(theirs, ours)
+        if same and case.kept:
+            failures.append(f"{case.name}: now the same as Triton; drop its reason")
+        if not same and not case.kept:
+            failures.append(f"{case.name}:\n  Triton  {theirs}\n  gateway {ours}")
+        verdict = f"differs: {case.kept}" if case.kept else "same" if theirs == ours else EXTRA
+        if case.call == "ModelConfig" and same:
+            verdict = "same fields (Triton's configuration has more)"
+        rows.append(f"| {case.call} | {case.name} | {theirs[0]}, {_count(theirs)} "
+                    f"| {ours[0]}, {_count(ours)} | {verdict} |")  # fmt: skip
+    assert not failures, "\n".join(failures)
+    table = "\n".join(["| call | case | Triton 2.51 | gateway | outcome |",
+                       "|---|---|---|---|---|", *rows])  # fmt: skip
+    if os.environ.get("HANGUP_WRITE_PARITY"):
+        doc = DOC.read_text()
+        head, _, rest = doc.partition(TABLE_START)
+        _, _, tail = rest.partition(TABLE_END)
+        DOC.write_text(f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}")
+    assert table in DOC.read_text(), f"{DOC} is out of date: run with HANGUP_WRITE_PARITY=1"
+
+
+def _count(reading: tuple[str, Any]) -> str:
+    if not isinstance(reading[1], list):
+        return "one answer" if reading[1] is not None else "no answer"
+    finals = sum(1 for r in reading[1] if r.get("final"))
+    errors = sum(1 for r in reading[1] if "error" in r)
+    empty = sum(1 for r in reading[1] if r.get("final") and not r.get("outputs"))
+    count = f"{len(reading[1])} response" + ("" if len(reading[1]) == 1 else "s")
+    return f"{count} ({finals} final, {empty} empty, {errors} errors)"
