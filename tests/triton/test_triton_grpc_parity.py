@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import queue
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,11 +22,13 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 import tritonclient.grpc.service_pb2 as pb
 import tritonclient.grpc.service_pb2_grpc as service
 from google.protobuf.json_format import MessageToDict
 
 from tests.support.processes import Process
+from tests.support.triton_io import inputs, is_final, text_of
 from tests.support.triton_server import TritonServer
 from tests.triton.test_triton_parity import DOC, MODEL, contained
 
@@ -214,3 +217,30 @@ def _count(reading: tuple[str, Any]) -> str:
     empty = sum(1 for r in reading[1] if r.get("final") and not r.get("outputs"))
     count = f"{len(reading[1])} response" + ("" if len(reading[1]) == 1 else "s")
     return f"{count} ({finals} final, {empty} empty, {errors} errors)"
+
+
+@pytest.mark.parametrize("target", ["triton", "sim_gateway"])
+def test_tritonclient_streams_from_both_servers(
+    request: pytest.FixtureRequest, target: str
+) -> None:
+    """``tritonclient.grpc``'s own stream (callbacks, the empty final response asked for):
+    tokens, then the request's end, from Triton and from the gateway alike."""
+    server: TritonServer | Process = request.getfixturevalue(target)
+    address = server.grpc if isinstance(server, TritonServer) else server.listeners["grpc"]
+    results: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client = triton_grpc.InferenceServerClient(address)
+    try:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer(MODEL, inputs("hi", max_tokens=3), request_id="r1",
+                                  enable_empty_final_response=True)  # fmt: skip
+        texts, final = [], False
+        while not final:
+            result, error = results.get(timeout=20)
+            assert error is None, error
+            final = is_final(result)
+            texts.append(text_of(result))
+        client.stop_stream()
+    finally:
+        client.close()
+    tokens = [t for t in texts if t is not None]
+    assert len(tokens) == 3 and all(tokens), texts
