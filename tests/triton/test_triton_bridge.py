@@ -137,6 +137,34 @@ async def test_generate_answers_through_the_bridge_as_triton_answers_it(
     assert not different, "\n".join(different)
 
 
+SEQUENCE = [  # (INPUT0, parameters): the running sum is 2, 5, 9; then a refusal; then 1
+    (2, {"sequence_id": 7, "sequence_start": True}),
+    (3, {"sequence_id": 7}),
+    (4, {"sequence_id": 7, "sequence_end": True}),
+    (1, {}),  # no sequence id: refused
+    (1, {"sequence_id": "abc", "sequence_start": True, "sequence_end": True}),
+]
+
+
+async def test_a_sequence_runs_through_the_bridge_as_it_runs_direct(
+    triton: TritonServer, triton_bridge: Process
+) -> None:
+    """Sequence parameters (a numeric or a string id, start, end) reach Triton's sequence
+    batcher: the stateful model sums the same sequence through the bridge as direct."""
+    answers: dict[str, list[tuple[Any, ...]]] = {}
+    async with aiohttp.ClientSession() as session:
+        for name, base in (("direct", triton.url()), ("bridge", triton_bridge.url())):
+            url = f"{base}/v2/models/sequence_sum/infer"
+            answers[name] = []
+            for value, parameters in SEQUENCE:
+                tensor = {"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [value]}
+                body = {"inputs": [tensor], "parameters": parameters}
+                answers[name].append(await inferred(session, url, body, b""))
+    sums = [json.loads(a[2])["outputs"][0]["data"] for a in answers["direct"] if a[0] == 200]
+    assert sums == [[2.0], [5.0], [9.0], [1.0]], answers["direct"]
+    assert answers["bridge"] == answers["direct"]
+
+
 async def test_every_bridged_answer_names_the_proxy_and_the_call(
     triton_bridge: Process,
 ) -> None:
