@@ -49,6 +49,11 @@ class Config:
     cancel_adapter: AdapterName = AdapterName.HANGUP
     cancel_url: str | None = None  # where cancel calls go; the upstream's HTTP address if unset
     cancel_token: str | None = None  # read from --cancel-token-file at startup
+    # A pool the hangup cancel call asks all at once (proxy.cancel.pool): base URLs, each host
+    # resolved to all its addresses (a headless Service: every pod), again every refresh seconds.
+    cancel_pool: tuple[str, ...] = ()
+    cancel_pool_refresh: float = 5.0
+    cancel_pool_max: int = 64  # members asked at most per cancel
     vllm_abort_endpoint: bool = False  # vllm adapter: also call POST /abort_requests
     cancel_deadline: float = 10.0  # seconds from hang-up after which a cancel is given up
     cancel_attempt_timeout: float = 2.0
@@ -88,6 +93,17 @@ class Config:
         return (self.cancel_url or self.upstream_http).rstrip("/")
 
 
+def parse_urls(text: str) -> tuple[str, ...]:
+    """``http://a:1,http://b:2`` as a tuple; empty for none. Each must be ``http://host:port``
+    (an address list, resolved: TLS would need each member's name)."""
+    urls = tuple(u.strip().rstrip("/") for u in text.split(",") if u.strip())
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname or parts.port is None:
+            raise ValueError(f"not http://host:port: {url!r}")
+    return urls
+
+
 def parse_paths(text: str) -> tuple[str, ...]:
     """``/a,/b`` as ``("/a", "/b")``; empty for none. Each must be an absolute path."""
     paths = tuple(p.strip() for p in text.split(",") if p.strip())
@@ -107,6 +123,14 @@ _OPTIONS = (
     Option("--cancel-adapter", AdapterName, "hangup, vllm, sglang, triton or none (docs/proxy.md)"),
     Option("--cancel-url", str, "base URL for cancel calls (default: --upstream-http)"),
     Option("--cancel-token-file", Path, "file holding the cancel API's bearer token"),
+    Option(
+        "--cancel-pool",
+        parse_urls,
+        "hangup adapter: ask every member of this pool at once (comma-separated http://host:port; "
+        "each host resolved to all its addresses, such as a headless Service's pods)",
+    ),
+    Option("--cancel-pool-refresh", float, "seconds between resolutions of --cancel-pool"),
+    Option("--cancel-pool-max", int, "members of --cancel-pool asked at most per cancel"),
     Option(
         "--vllm-abort-endpoint",
         parse_bool,
@@ -189,6 +213,8 @@ def _validate(config: Config) -> None:
         "cancel_backoff",
         "cancel_backoff_max",
         "cancel_concurrency",
+        "cancel_pool_refresh",
+        "cancel_pool_max",
         "upstream_connect_timeout",
         "stream_close_grace",
         "max_header_size",
@@ -208,6 +234,10 @@ def _validate(config: Config) -> None:
     ):
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
+    if config.cancel_pool and config.cancel_adapter is not AdapterName.HANGUP:
+        raise ConfigError("--cancel-pool is for --cancel-adapter hangup (the gateway's cancel API)")
+    if config.cancel_pool and config.cancel_url:
+        raise ConfigError("--cancel-pool and --cancel-url name two cancel targets: give one")
     if not 1 <= config.workers <= 256:
         raise ConfigError("--workers must be between 1 and 256")
     if config.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:

@@ -83,6 +83,12 @@ class ProxyMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.cancel_pool_members = Histogram(
+            "hangup_proxy_cancel_pool_members",
+            "Members of --cancel-pool asked by one cancel (each cancel is counted once).",
+            buckets=(1, 2, 3, 4, 8, 16, 32, 64, 128),
+            registry=registry,
+        )
         self.cancels_pending = Gauge(
             "hangup_proxy_cancel_calls_pending",
             "Cancel calls waiting for a slot or an answer.",

@@ -92,7 +92,9 @@ class Server:
         config = self.config
         canceller = Canceller(
             {
-                CallProtocol.HTTP: open_http_adapter(config),
+                CallProtocol.HTTP: open_http_adapter(
+                    config, self.metrics.cancel_pool_members.observe
+                ),
                 CallProtocol.GRPC: open_grpc_adapter(config),
             },
             self.metrics,

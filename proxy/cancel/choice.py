@@ -11,21 +11,37 @@
 - ``none``: close the stream.
 
 In front of any server but hangup's gateway a gRPC hang-up closes the upstream stream.
-Cancel calls go to ``--cancel-url`` (default ``--upstream-http``) with ``--cancel-token-file``'s
-token as a bearer token.
+Cancel calls go to ``--cancel-url`` (default ``--upstream-http``), or with ``hangup`` to every
+member of ``--cancel-pool`` at once (``proxy.cancel.pool``), with ``--cancel-token-file``'s token
+as a bearer token.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from proxy.cancel.grpc import GrpcCancelAdapter
 from proxy.cancel.http import HangupCancel, HttpCancelAdapter
+from proxy.cancel.pool import PoolCancelAdapter
 from proxy.cancel.seams import CancelAdapter, CancelCall, NoCancelAdapter, TagsRequests
 from proxy.cancel.servers import SglangAbort, VllmAbort
 from proxy.config import AdapterName, Config
 
 
-def open_http_adapter(config: Config) -> CancelAdapter:
-    """The adapter the HTTP listener's calls are cancelled with."""
+def open_http_adapter(
+    config: Config, pool_asked: Callable[[int], None] = lambda members: None
+) -> CancelAdapter:
+    """The adapter the HTTP listener's calls are cancelled with (``pool_asked`` is told how many
+    members each cancel asked, with ``--cancel-pool``)."""
+    if config.cancel_pool:
+        return PoolCancelAdapter(
+            config.cancel_pool,
+            config.cancel_token,
+            config.cancel_attempt_timeout,
+            refresh=config.cancel_pool_refresh,
+            max_members=config.cancel_pool_max,
+            asked=pool_asked,
+        )
     call = _http_call(config)
     if call is None:
         return NoCancelAdapter(config.cancel_adapter.value)

@@ -65,11 +65,21 @@ def test_environment_is_read_and_flags_win(tmp_path: Path) -> None:
         (["--workers", "0"], {}, "--workers"),
         (["--body-timeout", "-1"], {}, "--body-timeout"),
         (["--scrape-paths", "/metrics,metrics"], {}, "--scrape-paths"),
+        (["--cancel-pool", "https://pods:8000"], {}, "--cancel-pool"),
+        (["--cancel-pool", "http://pods"], {}, "--cancel-pool"),
+        (["--cancel-pool", "http://pods:8000", "--cancel-adapter", "vllm"], {}, "--cancel-pool"),
+        (["--cancel-pool", "http://pods:8000", "--cancel-url", "http://a:1"], {}, "--cancel-pool"),
+        (["--cancel-pool-max", "0"], {}, "--cancel-pool-max"),
     ],
 )
 def test_bad_settings_name_the_option(argv: list[str], env: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         build_config(argv, env)
+
+
+def test_a_cancel_pool_is_a_list_of_base_urls() -> None:
+    config = build_config(["--cancel-pool", "http://pods.ns.svc:8000/, http://10.0.0.7:8000"], {})
+    assert config.cancel_pool == ("http://pods.ns.svc:8000", "http://10.0.0.7:8000")
 
 
 def test_empty_token_file_is_refused(tmp_path: Path) -> None:
