@@ -56,6 +56,18 @@ $(TRITON_VENV)/.installed:
 	$(TRITON_VENV)/bin/pip install --quiet 'nvidia-pytriton==0.7.0' 'numpy==1.26.4' && touch $@ \
 	  || echo "nvidia-pytriton could not be installed here: the Triton tests will skip"
 
+# nginx, HAProxy and Caddy for the front-door tests, unpacked from Debian's packages into a folder
+# of the project's own (no root, nothing installed system-wide); where apt-get is missing, the
+# front-door tests skip and say why.
+FRONT_DOORS ?= .front-doors
+FRONT_DOOR_DEBS := nginx haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1 caddy
+$(FRONT_DOORS)/.installed:
+	@echo "unpacking nginx, HAProxy and Caddy from Debian's packages into $(FRONT_DOORS) (seconds)"
+	rm -rf $(FRONT_DOORS) && mkdir -p $(FRONT_DOORS)/debs
+	(cd $(FRONT_DOORS)/debs && apt-get download -q -o APT::Sandbox::User=root $(FRONT_DOOR_DEBS) \
+	  && for deb in *.deb; do dpkg-deb -x $$deb ../root || exit 1; done) && touch $@ \
+	  || echo "Debian's packages could not be fetched here: the front-door tests will skip"
+
 install: $(VENV)/.installed-base
 install-engine: $(VENV)/.installed-engine
 
@@ -64,7 +76,7 @@ lint: $(VENV)/.installed-base
 	$(BIN)/ruff format --check hangup_contract gateway_server proxy tests bench
 	$(BIN)/mypy
 
-test: $(VENV)/.installed-engine $(TRITON_VENV)/.installed lint
+test: $(VENV)/.installed-engine $(TRITON_VENV)/.installed $(FRONT_DOORS)/.installed lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # Strict: a broken link or anchor, or a page missing from the navigation, fails the build.
@@ -111,7 +123,7 @@ bench-triton-vllm: $(VENV)/.installed-engine $(TRITON_VENV)/.installed
 	$(PY) -m bench.triton_vllm
 
 clean:
-	rm -rf $(VENV) $(AIPERF_VENV) $(TRITON_VENV) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(AIPERF_VENV) $(TRITON_VENV) $(FRONT_DOORS) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
 
 # --- Images, Helm chart and observability (issue 6) ---------------------------------------------
 #   make image        the CPU image (Dockerfile) and the GPU image on vLLM's (Dockerfile.gpu)

