@@ -41,6 +41,12 @@ def flag(container: dict[str, Any], name: str) -> str | None:
     return None
 
 
+def main_service(release: Release) -> dict[str, Any]:
+    """The release's Service (not the headless one an edge's cancel pool resolves)."""
+    (service,) = [s for s in release.find("Service") if s["spec"].get("clusterIP") != "None"]
+    return service
+
+
 def prestop_seconds(container: dict[str, Any]) -> int:
     command = container["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep", command
@@ -90,7 +96,7 @@ def test_schema_rejects_bad_values(helm: HelmEngine, values: dict[str, Any]) -> 
 def test_every_scenario_renders(renders: dict[str, Release], name: str) -> None:
     release = renders[name]
     assert release.ok, release.error
-    assert release.one("Deployment") and release.one("Service")
+    assert release.one("Deployment") and main_service(release)
 
 
 @pytest.mark.parametrize("name", scenarios())
@@ -98,8 +104,8 @@ def test_only_the_proxy_is_exposed(renders: dict[str, Release], name: str) -> No
     release = renders[name]
     by_name = containers(release)
     proxy_ports = {p["name"] for p in by_name["proxy"]["ports"]}
-    service = release.one("Service")
-    assert {p["targetPort"] for p in service["spec"]["ports"]} <= proxy_ports
+    for service in release.find("Service"):
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= proxy_ports
     if "gateway" in by_name:
         gateway = by_name["gateway"]
         assert "ports" not in gateway
@@ -131,7 +137,7 @@ def test_cancel_token_is_wired_to_both_containers(renders: dict[str, Release], n
     volume = next(v for v in pod_spec(release)["volumes"] if v["name"] == "cancel-token")
     secret_name = volume["secret"]["secretName"]
     readers = [c for c in by_name.values() if flag(c, "cancel-token-file")]
-    assert {c["name"] for c in readers} == {"gateway", "proxy"}
+    assert {c["name"] for c in readers} == {"gateway", "proxy"} & set(by_name)
     for container in readers:
         mount = next(m for m in container["volumeMounts"] if m["name"] == "cancel-token")
         path = Path(flag(container, "cancel-token-file") or "")
@@ -141,7 +147,7 @@ def test_cancel_token_is_wired_to_both_containers(renders: dict[str, Release], n
     if scenario(name).get("cancelToken", {}).get("existingSecret"):
         assert secret_name == scenario(name)["cancelToken"]["existingSecret"]
         assert not secrets, "a Secret was generated though the user named their own"
-        assert key == scenario(name)["cancelToken"]["key"]
+        assert key == scenario(name)["cancelToken"].get("key", "token")
     else:
         token = secrets[secret_name]["data"][key]
         assert len(token) >= 40
@@ -176,7 +182,6 @@ def test_shutdown_order_lets_the_proxy_cancel_before_the_upstream_stops(
     release = renders[name]
     by_name = containers(release)
     proxy = by_name["proxy"]
-    upstream = by_name.get("gateway") or next(c for n, c in by_name.items() if n != "proxy")
     grace = pod_spec(release)["terminationGracePeriodSeconds"]
     # Drained, then every shutdown cancel answered or given up on.
     proxy_done = (
@@ -184,6 +189,10 @@ def test_shutdown_order_lets_the_proxy_cancel_before_the_upstream_stops(
         + int(flag(proxy, "drain-timeout") or 0)
         + int(flag(proxy, "cancel-deadline") or 0)
     )
+    if list(by_name) == ["proxy"]:  # an edge: its upstream is outside the pod
+        assert grace >= proxy_done
+        return
+    upstream = by_name.get("gateway") or next(c for n, c in by_name.items() if n != "proxy")
     assert prestop_seconds(upstream) >= proxy_done
     gateway_drain = int(flag(upstream, "drain-timeout") or 0)
     assert grace >= prestop_seconds(upstream) + gateway_drain
@@ -292,8 +301,17 @@ def test_service_monitor_scrapes_proxy_and_gateway_through_the_proxy(
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     endpoints = {(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]}
     assert endpoints == {("admin", "/metrics"), ("http", "/metrics")}
-    service_ports = {p["name"] for p in renders["full-values.yaml"].one("Service")["spec"]["ports"]}
+    service = main_service(renders["full-values.yaml"])
+    service_ports = {p["name"] for p in service["spec"]["ports"]}
     assert {port for port, _ in endpoints} <= service_ports
+    selects = monitor["spec"]["selector"]
+    for candidate in renders["full-values.yaml"].find("Service"):  # each pod scraped once
+        labels = candidate["metadata"]["labels"]
+        chosen = selects["matchLabels"].items() <= labels.items() and all(
+            labels.get(e["key"]) not in e["values"] for e in selects["matchExpressions"]
+        )
+        name = candidate["metadata"]["name"]
+        assert chosen == (name == service["metadata"]["name"]), name
 
 
 def test_bring_your_own_model_server(renders: dict[str, Release]) -> None:
@@ -324,6 +342,34 @@ def test_the_adapters_for_other_servers_reach_the_proxy(
     container = containers(release)["proxy"]
     assert flag(container, "cancel-adapter") == proxy["cancelAdapter"]
     assert flag(container, "vllm-abort-endpoint") == abort_flag
+
+
+def test_pods_behind_an_edge_resolve_by_one_name_and_keep_the_edges_id(
+    renders: dict[str, Release],
+) -> None:
+    release = renders["full-values.yaml"]
+    headless = [s for s in release.find("Service") if s["metadata"]["name"].endswith("-pods")]
+    (service,) = headless
+    assert service["spec"]["clusterIP"] == "None"
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
+    assert (
+        service["spec"]["selector"] == release.one("Deployment")["spec"]["selector"]["matchLabels"]
+    )
+    assert flag(containers(release)["proxy"], "trust-client-request-id") == "true"
+    assert (
+        flag(containers(renders["default-values.yaml"])["proxy"], "trust-client-request-id") is None
+    )
+
+
+def test_an_edge_runs_the_proxy_alone_with_its_cancel_pool(renders: dict[str, Release]) -> None:
+    release = renders["edge-values.yaml"]
+    assert list(containers(release)) == ["proxy"]
+    proxy = containers(release)["proxy"]
+    assert flag(proxy, "upstream-http") == "http://litellm.llm.svc:4000"
+    assert flag(proxy, "cancel-pool") == "http://hangup-pods.llm.svc:8080"
+    assert flag(proxy, "cancel-token-file") is not None  # the pods' token, from their Secret
+    volumes = {v["name"]: v for v in pod_spec(release)["volumes"]}
+    assert volumes["cancel-token"]["secret"]["secretName"] == "hangup-cancel-token"
 
 
 def test_helm_test_hook_streams_through_the_service(renders: dict[str, Release]) -> None:

@@ -126,6 +126,12 @@ exec:
     {{- if $p.vllmAbortEndpoint }}
     - --vllm-abort-endpoint=true
     {{- end }}
+    {{- if $p.trustClientRequestId }}
+    - --trust-client-request-id=true
+    {{- end }}
+    {{- with $p.cancelPool }}
+    - --cancel-pool={{ join "," . }}
+    {{- end }}
     {{- if include "hangup.tokenEnabled" . }}
     - --cancel-token-file={{ include "hangup.tokenPath" . }}
     {{- end }}
