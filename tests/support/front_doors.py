@@ -28,7 +28,8 @@ ROOT = REPO / ".front-doors" / "root"
 CONFIGS = REPO / "docs" / "front-doors"
 LIBRARIES = ROOT / "usr" / "lib" / "x86_64-linux-gnu"
 FRONT_DOORS = ("nginx", "haproxy", "caddy", "envoy")
-READY_S = 30.0
+LITELLM = REPO / ".venv-litellm" / "bin" / "litellm"
+READY_S = 60.0  # LiteLLM takes seconds to start
 MODEL = "hangup-sim"
 PHASE = {"queued": "queued", "prefill": "prefill", "decode": "decode", "stream": "decode"}
 LONG_PROMPT = "word " * 2000  # with --sim-prefill-per-token 0.001: a 2 s prefill
@@ -36,6 +37,10 @@ LONG_PROMPT = "word " * 2000  # with --sim-prefill-per-token 0.001: a 2 s prefil
 
 def command(name: str, config: Path) -> list[str] | str:
     """How to run ``name`` on ``config``, or why it cannot run here."""
+    if name == "litellm":
+        if not LITELLM.exists():
+            return f"no {LITELLM}: `make bench-front-doors` installs LiteLLM there"
+        return [str(LITELLM), "--config", str(config), "--host", "127.0.0.1", "--port", "@PORT@"]
     if name == "envoy":
         beside = Path(sys.executable).parent / "envoy"
         found = str(beside) if beside.exists() else shutil.which("envoy")
@@ -54,6 +59,16 @@ def command(name: str, config: Path) -> list[str] | str:
     }[name]
 
 
+def _litellm_models(ports: list[int]) -> str:
+    """One ``model_list`` entry per pod, all under the model's name (LiteLLM spreads calls)."""
+    entries = [
+        f"  - model_name: {MODEL}\n    litellm_params:\n      model: openai/{MODEL}\n"
+        f"      api_base: http://127.0.0.1:{port}/v1\n      api_key: none"
+        for port in ports
+    ]
+    return "\n".join(entries)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,28 +83,39 @@ def _accepts(port: int) -> bool:
 
 @contextlib.contextmanager
 def running_front_door(
-    name: str, work: Path, upstream_port: int, edit: Callable[[str], str] = lambda text: text
+    name: str,
+    work: Path,
+    upstream_port: int | list[int],
+    edit: Callable[[str], str] = lambda text: text,
 ) -> Iterator[str]:
     """``name`` listening on 127.0.0.1 in front of ``upstream_port``; yields its base URL.
-    ``edit`` changes the shipped configuration first (a benchmark's variant). Raises
+    ``edit`` changes the shipped configuration first (a benchmark's variant). LiteLLM takes
+    several upstreams (pods), its ``cancel_on_disconnect`` off unless ``edit`` turns it on. Raises
     ``LookupError`` (why) where it cannot run here. Picks a free port and starts again on
     another (at most three times) if it lost it to another process."""
     source = {"nginx": "nginx.conf", "haproxy": "haproxy.cfg", "caddy": "Caddyfile",
-              "envoy": "envoy.yaml"}[name]  # fmt: skip
+              "envoy": "envoy.yaml", "litellm": "litellm.yaml"}[name]  # fmt: skip
     work.mkdir(parents=True, exist_ok=True)
     for attempt in range(3):
         port = _free_port()
         config = work / source
         text = edit((CONFIGS / source).read_text())
-        for field, value in {"PORT": port, "UPSTREAM_PORT": upstream_port, "WORK": work}.items():
+        ports = upstream_port if isinstance(upstream_port, list) else [upstream_port]
+        fields = {"PORT": port, "UPSTREAM_PORT": ports[0], "WORK": work,
+                  "MODELS": _litellm_models(ports), "CANCEL_ON_DISCONNECT": "false"}  # fmt: skip
+        for field, value in fields.items():
             text = text.replace(f"@{field}@", str(value))
         config.write_text(text)
         argv = command(name, config)
         if isinstance(argv, str):
             raise LookupError(argv)
+        argv = [a.replace("@PORT@", str(port)) for a in argv]
         log_path = work / f"{name}-{attempt}.log"
         env = {**os.environ, "LD_LIBRARY_PATH": str(LIBRARIES), "HOME": str(work),
-               "XDG_DATA_HOME": str(work), "XDG_CONFIG_HOME": str(work)}  # fmt: skip
+               "XDG_DATA_HOME": str(work), "XDG_CONFIG_HOME": str(work),
+               # LiteLLM: no fetch of its cost map; no master key (loopback only, no auth)
+               "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+               "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}  # fmt: skip
         with log_path.open("wb") as log:
             popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      cwd=work, process_group=0)  # fmt: skip
@@ -169,3 +195,19 @@ def stack(work: Path) -> Iterator[tuple[Process, Process]]:
             yield gateway, sidecar
             sidecar.terminate()
         gateway.terminate()
+
+
+async def idle(gateway: Process) -> None:
+    """Nothing in flight on the gateway: a call the front door never let go of is cancelled
+    with reason ``explicit`` (not counted as a hang-up), so the next row starts clean."""
+    async with aiohttp.ClientSession() as session:
+        for _ in range(500):
+            async with session.get(f"{gateway.url()}/v2/requests") as answer:
+                left = [r["request_id"] for r in (await answer.json())["requests"]]
+            if not left:
+                return
+            for request_id in left:
+                url = f"{gateway.url()}/v2/requests/{request_id}/cancel"
+                async with session.post(url, json={"reason": "explicit"}) as answer:
+                    await answer.read()
+            await asyncio.sleep(0.01)
