@@ -11,6 +11,9 @@ called directly, the baseline. Per front door and stage, ``--calls`` hang-ups on
 - ``decode``: a call that does not stream, closed after 0.3 s of decoding;
 - ``stream``: a streamed call, closed after its third event.
 
+Each call on a connection of its own, or with ``--keepalive`` on a client connection kept alive
+from an earlier call.
+
 Per row: the hang-ups the gateway counted as cancelled (``client_disconnect``) in the stage the
 row names, and the time from the client's close to the gateway's count (p50/p99 ms, polled every
 5 ms; "never": not within 5 s, then the call is cancelled through the cancel API so that the next
@@ -48,6 +51,7 @@ STAGES = ("queued", "prefill", "decode", "stream")
 # A front door with one setting of the shipped configuration undone: what that setting is for.
 VARIANTS: dict[str, tuple[str, Callable[[str], str]]] = {
     "nginx,buffered": ("nginx", lambda t: t.replace("proxy_buffering off;", "")),
+    "nginx,no-upstream-keepalive": ("nginx", lambda t: t.replace("keepalive 16;", "")),
     "nginx,ignore-abort": ("nginx", lambda t: t.replace(
         "proxy_read_timeout 3600s;", "proxy_read_timeout 3600s; proxy_ignore_client_abort on;")),
     "haproxy,no-abortonclose": ("haproxy", lambda t: t.replace("option abortonclose", "")),
@@ -61,7 +65,9 @@ VARIANTS: dict[str, tuple[str, Callable[[str], str]]] = {
 }  # fmt: skip
 
 
-async def run_row(gateway: Process, base: str, stage: str, calls: int) -> str:
+async def run_row(
+    gateway: Process, base: str, stage: str, calls: int, keepalive: bool = False
+) -> str:
     url = f"{base}/v1/chat/completions"
     seen_ms: list[float] = []
     firsts: list[float] = []
@@ -72,8 +78,11 @@ async def run_row(gateway: Process, base: str, stage: str, calls: int) -> str:
             blocker = asyncio.ensure_future(_occupy(gateway))
             await asyncio.sleep(0.1)
         before, in_phase = cancelled(gateway), cancelled(gateway, PHASE[stage])
-        connector = aiohttp.TCPConnector(force_close=True)
+        connector = aiohttp.TCPConnector(force_close=not keepalive, limit=1)
         async with aiohttp.ClientSession(connector=connector) as session:
+            if keepalive:  # the hang-up on a connection kept alive from an earlier call
+                async with session.get(f"{base}/v1/models") as answer:
+                    await answer.read()
             gone, first = await hang_up(session, url, stage)
         firsts += [first] if first else []
         deadline = time.monotonic() + 5.0
@@ -110,6 +119,11 @@ async def main() -> None:
         help="front doors (or variants) separated by ';'",
     )
     parser.add_argument("--stages", default=",".join(STAGES))
+    parser.add_argument(
+        "--keepalive",
+        action="store_true",
+        help="each call on a client connection kept alive from an earlier call",
+    )
     args = parser.parse_args()
     work = REPO / ".demo" / f"bench-front-doors-{time.time_ns()}"
     with stack(work) as (gateway, sidecar):
@@ -129,7 +143,7 @@ async def main() -> None:
                         print(f"{door:>23} skipped: {why}")
                         continue
                 for stage in args.stages.split(","):
-                    row = await run_row(gateway, base, stage, args.calls)
+                    row = await run_row(gateway, base, stage, args.calls, args.keepalive)
                     print(f"{door:>23} {stage:>8} {row}", flush=True)
 
 
