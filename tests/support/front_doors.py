@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -21,8 +20,9 @@ from typing import Any
 
 import aiohttp
 
-from tests.support.processes import REPO, Process, spawn
+from tests.support.processes import REPO, Process, spawn, stop_group
 from tests.support.scrape import scrape, total
+from tests.support.waiting import poll_until
 
 ROOT = REPO / ".front-doors" / "root"
 CONFIGS = REPO / "docs" / "front-doors"
@@ -75,6 +75,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _listening(popen: subprocess.Popen[bytes], port: int, what: str) -> None:
+    """Once ``port`` accepts, or ``popen`` exited (the caller reads why)."""
+    poll_until(lambda: popen.poll() is not None or _accepts(port), READY_S, what)
+
+
 def _accepts(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
@@ -120,15 +125,11 @@ def running_front_door(
             popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
                                      cwd=work, process_group=0)  # fmt: skip
         try:
-            deadline = time.monotonic() + READY_S
-            while popen.poll() is None and not _accepts(port):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{name} did not listen in {READY_S} s: {log_path}")
-                time.sleep(0.02)
+            _listening(popen, port, f"{name} to listen ({log_path})")
             if popen.poll() is None:
                 break
         except BaseException:
-            _stop(popen)
+            stop_group(popen)
             raise
         if "in use" not in log_path.read_text(errors="replace"):
             raise RuntimeError(f"{name} exited with {popen.returncode}: {log_path.read_text()}")
@@ -137,19 +138,7 @@ def running_front_door(
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        _stop(popen)
-
-
-def _stop(popen: subprocess.Popen[bytes]) -> None:
-    if popen.poll() is None:
-        popen.send_signal(signal.SIGTERM)
-        try:
-            popen.wait(10)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(popen.pid, signal.SIGKILL)
+        stop_group(popen)
 
 
 def body(stage: str, stream: bool) -> dict[str, Any]:

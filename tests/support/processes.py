@@ -111,6 +111,20 @@ def start(
     return proc
 
 
+def stop_group(popen: subprocess.Popen[bytes], wait_s: float = 10.0) -> None:
+    """SIGTERM to a process started in a group of its own, ``wait_s`` for it to exit (then
+    SIGKILL), then SIGKILL to whatever of its group is left (its children)."""
+    if popen.poll() is None:
+        popen.send_signal(signal.SIGTERM)
+        try:
+            popen.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(popen.pid, signal.SIGKILL)
+
+
 def _kill(popen: subprocess.Popen[bytes]) -> None:
     if popen.poll() is None:
         popen.kill()

@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import urllib.request
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.processes import REPO
+from tests.support.processes import REPO, stop_group
 from tests.support.waiting import poll_until
 
 VENV = REPO / ".venv-triton"
@@ -158,16 +157,8 @@ def _ready(server: TritonServer, ready_s: float) -> bool:
 
 
 def _stop(popen: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to Triton, then its whole group (the backend stubs) once it has exited."""
-    if popen.poll() is None:
-        popen.send_signal(signal.SIGTERM)
-        try:
-            popen.wait(15)
-        except subprocess.TimeoutExpired:
-            popen.kill()
-            popen.wait()
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(popen.pid, signal.SIGKILL)
+    """Triton, then its whole group (the backend stubs, vLLM's engine core) once it has exited."""
+    stop_group(popen, wait_s=15)
 
 
 @contextlib.contextmanager
