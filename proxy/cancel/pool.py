@@ -62,6 +62,7 @@ class PoolCancelAdapter:
         self._asked = asked
         self._members: dict[str, HttpCancelAdapter] = {}
         self._resolved_at: float | None = None
+        self._resolving = asyncio.Lock()  # one resolution at a time; cancels meanwhile wait for it
         self._stray: set[asyncio.Task[CancelResult]] = set()
 
     async def cancel(self, request_id: str, reason: Reason) -> CancelResult:
@@ -104,14 +105,17 @@ class PoolCancelAdapter:
             attempt.exception()  # read: a failed stray attempt is no error of the call
 
     async def _current(self) -> list[HttpCancelAdapter]:
-        """The members, resolved again once ``refresh`` seconds have passed."""
-        now = time.monotonic()
-        if self._resolved_at is None or now - self._resolved_at >= self._refresh:
-            self._resolved_at = now
-            try:
-                await self._resolve()
-            except OSError as exc:  # keep the members known: DNS may come back
-                log.warning("cannot resolve the cancel pool %s: %s", ",".join(self._urls), exc)
+        """The members, resolved again once ``refresh`` seconds have passed (a cancel that
+        arrives during a resolution waits for it, rather than asking the members before it)."""
+        async with self._resolving:
+            now = time.monotonic()
+            if self._resolved_at is None or now - self._resolved_at >= self._refresh:
+                self._resolved_at = now
+                try:
+                    await self._resolve()
+                except OSError as exc:  # keep the members known: DNS may come back
+                    urls = ",".join(self._urls)
+                    log.warning("cannot resolve the cancel pool %s: %s", urls, exc)
         return list(self._members.values())[: self._max]
 
     async def _resolve(self) -> None:

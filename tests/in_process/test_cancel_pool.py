@@ -19,7 +19,7 @@ from aiohttp import web
 
 from gateway_server.engine.sim.config import SimConfig
 from hangup_contract.vocabulary import Reason
-from proxy.cancel.pool import resolve
+from proxy.cancel.pool import PoolCancelAdapter, resolve
 from proxy.vocabulary import CallProtocol, CancelResult
 from tests.support.gateway import LONG, MODEL, Gateway, running_gateway
 from tests.support.proxy_harness import http_url, metric, running_proxy, wait_metric
@@ -153,6 +153,31 @@ async def test_an_id_no_member_holds_is_not_found() -> None:
         for i in range(3):
             result = await adapter.cancel(f"nowhere-{i}", Reason.CLIENT_DISCONNECT)
             assert result is CancelResult.NOT_FOUND
+
+
+async def test_cancels_that_arrive_together_on_a_fresh_pool_both_find_their_pod() -> None:
+    """The first cancel resolves the pool's name; one arriving meanwhile waits for that, rather
+    than finding no member (it used to: a failed attempt, retried after a backoff)."""
+    async with running_gateway(sim=SIM) as pod:
+        streams = []
+        for rid in ("first", "second"):
+            body = {"model": MODEL, "prompt": "x", "max_tokens": LONG, "stream": True}
+            url = f"{pod.url}/v1/completions"
+            streams.append(await pod.session.post(url, json=body, headers={"X-Request-Id": rid}))
+            await streams[-1].content.readline()  # decoding
+        port = pod.url.rsplit(":", 1)[1]
+        pool = PoolCancelAdapter([f"http://localhost:{port}"], None, 2.0, refresh=5.0,
+                                 max_members=8)  # fmt: skip
+        try:
+            results = await asyncio.gather(
+                pool.cancel("first", Reason.CLIENT_DISCONNECT),
+                pool.cancel("second", Reason.CLIENT_DISCONNECT),
+            )
+        finally:
+            await pool.close()
+            for stream in streams:
+                stream.close()
+        assert results == [CancelResult.OK, CancelResult.OK]
 
 
 async def test_a_pool_name_is_every_address_it_resolves_to() -> None:
