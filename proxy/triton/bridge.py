@@ -108,7 +108,7 @@ class TritonBridge:
         assert match is not None
         model, version = match["model"], match["version"] or ""
         try:
-            response = await self._answer(request, call, raw, upstream, opened, headers)
+            response = await self._answer(match, request, call, raw, upstream, opened, headers)
         except grpc.aio.AioRpcError as exc:
             response = _rpc_error(call, exc)
             if match["route"] == "infer" and exc.code() is grpc.StatusCode.NOT_FOUND:
@@ -121,6 +121,7 @@ class TritonBridge:
 
     async def _answer(
         self,
+        match: re.Match[str],
         request: web.BaseRequest,
         call: Call,
         raw: bytes,
@@ -128,10 +129,7 @@ class TritonBridge:
         opened: Callable[[], None],
         headers: Mapping[str, str],
     ) -> web.StreamResponse:
-        match = PATH.match(request.path)
-        assert match is not None
-        model, version = match["model"], match["version"] or ""
-        route = match["route"]
+        model, version, route = match["model"], match["version"] or "", match["route"]
         try:
             inputs = await self.models.inputs(model, version)
             if route == "infer":

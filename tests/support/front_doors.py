@@ -22,7 +22,7 @@ import aiohttp
 
 from tests.support.processes import REPO, Process, spawn, stop_group
 from tests.support.scrape import scrape, total
-from tests.support.waiting import poll_until
+from tests.support.waiting import poll_until, wait_until
 
 ROOT = REPO / ".front-doors" / "root"
 CONFIGS = REPO / "docs" / "front-doors"
@@ -190,13 +190,14 @@ async def idle(gateway: Process) -> None:
     """Nothing in flight on the gateway: a call the front door never let go of is cancelled
     with reason ``explicit`` (not counted as a hang-up), so the next row starts clean."""
     async with aiohttp.ClientSession() as session:
-        for _ in range(500):
+
+        async def none_left() -> bool:
             async with session.get(f"{gateway.url()}/v2/requests") as answer:
                 left = [r["request_id"] for r in (await answer.json())["requests"]]
-            if not left:
-                return
             for request_id in left:
                 url = f"{gateway.url()}/v2/requests/{request_id}/cancel"
                 async with session.post(url, json={"reason": "explicit"}) as answer:
                     await answer.read()
-            await asyncio.sleep(0.01)
+            return not left
+
+        await wait_until(none_left, 5.0, "the gateway to have nothing in flight")

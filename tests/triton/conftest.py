@@ -35,16 +35,20 @@ def triton_proxy(
         proc.terminate()
 
 
+def bridge_args(server: TritonServer) -> list[str]:
+    """``hangup-proxy --cancel-adapter triton`` in front of ``server``, on ephemeral ports."""
+    return ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+            "--upstream-http", server.url(), "--upstream-grpc", server.grpc,
+            "--cancel-adapter", "triton"]  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def triton_bridge(
     triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Process]:
     """``hangup-proxy --cancel-adapter triton`` in front of Triton: HTTP generate and
     generate_stream carried over gRPC, so that a hang-up cancels the call."""
-    args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
-            "--upstream-http", triton.url(), "--upstream-grpc", triton.grpc,
-            "--cancel-adapter", "triton"]  # fmt: skip
-    with spawn("proxy", args, tmp_path_factory.mktemp("triton-bridge")) as proc:
+    with spawn("proxy", bridge_args(triton), tmp_path_factory.mktemp("triton-bridge")) as proc:
         yield proc
         proc.terminate()
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import queue
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from google.protobuf.json_format import MessageToDict
 from tests.support.processes import Process
 from tests.support.triton_io import inputs, is_final, text_of
 from tests.support.triton_server import TritonServer
-from tests.triton.test_triton_parity import DOC, MODEL, contained
+from tests.triton.test_triton_parity import MODEL, contained, kept_current
 
 pytestmark = pytest.mark.slow
 
@@ -201,12 +200,7 @@ async def test_the_gateway_streams_and_answers_in_triton_shapes(
     assert not failures, "\n".join(failures)
     table = "\n".join(["| call | case | Triton 2.51 | gateway | outcome |",
                        "|---|---|---|---|---|", *rows])  # fmt: skip
-    if os.environ.get("HANGUP_WRITE_PARITY"):
-        doc = DOC.read_text()
-        head, _, rest = doc.partition(TABLE_START)
-        _, _, tail = rest.partition(TABLE_END)
-        DOC.write_text(f"{head}{TABLE_START}\n{table}\n{TABLE_END}{tail}")
-    assert table in DOC.read_text(), f"{DOC} is out of date: run with HANGUP_WRITE_PARITY=1"
+    kept_current(table, TABLE_START, TABLE_END)
 
 
 def _count(reading: tuple[str, Any]) -> str:

@@ -27,6 +27,7 @@ from tests.support.triton_server import TritonServer
 from tests.support.triton_vllm import MODEL, ended, engine_idle, triton_with_vllm
 from tests.support.triton_vllm import body as generate_body
 from tests.support.vllm_stack import LONG_PROMPT, tiny_model  # noqa: F401 (fixture)
+from tests.triton.conftest import bridge_args
 from tests.triton.test_triton_cancel import request_id
 
 pytestmark = pytest.mark.slow
@@ -51,10 +52,9 @@ def triton_vllm(
 def bridge(
     triton_vllm: TritonServer, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Process]:
-    args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
-            "--upstream-http", triton_vllm.url(), "--upstream-grpc", triton_vllm.grpc,
-            "--cancel-adapter", "triton"]  # fmt: skip
-    with spawn("proxy", args, tmp_path_factory.mktemp("triton-vllm-bridge")) as proc:
+    with spawn(
+        "proxy", bridge_args(triton_vllm), tmp_path_factory.mktemp("triton-vllm-bridge")
+    ) as proc:
         yield proc
         proc.terminate()
 
