@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 import time
 from functools import partial
@@ -52,9 +53,10 @@ from gateway_server.service import GenerationService, ModelInfo
 from gateway_server.siblings import Siblings
 from gateway_server.siblings.processes import ApiProcess
 from gateway_server.siblings.scope import Scope, SingleProcess
-from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
+from hangup_contract.runtime.connections import LimitedAppRunner, LimitedServer, counted_in
 from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.runtime.logs import log_event
+from hangup_contract.runtime.shared_listener import BalancedAcceptor
 from hangup_contract.runtime.supervision import watch_supervisor
 from hangup_contract.vocabulary import Reason
 
@@ -103,6 +105,7 @@ class GatewayServer:
         self.responses: ResponsesRunner | None = None
         self.listeners: dict[str, str | None] = {}
         self._runner: LimitedAppRunner | None = None
+        self._acceptor: BalancedAcceptor | None = None  # an API process: the shared socket
         self._grpc: GrpcServerHandle | None = None
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
@@ -196,8 +199,15 @@ class GatewayServer:
             max_field_size=cfg.max_header_bytes,
         )
         await self._runner.setup()
-        shared = self.api_process is not None  # siblings listen on the same port
-        site = web.TCPSite(self._runner, cfg.host, cfg.http_port, reuse_port=shared or None)
+        server = self._runner.server
+        assert isinstance(server, LimitedServer)
+        if self.api_process is not None:  # siblings share the supervisor's listening socket
+            self._acceptor = BalancedAcceptor.from_environ(os.environ, server, lambda: server.open)
+        if self._acceptor is not None:
+            server.on_open_changed = self._acceptor.changed
+            self._acceptor.start()
+            return self._acceptor.address
+        site = web.TCPSite(self._runner, cfg.host, cfg.http_port)
         await site.start()
         host, port = self._runner.addresses[0][:2]
         return f"{host}:{port}"
@@ -221,6 +231,8 @@ class GatewayServer:
         self.service.draining = True
         for site in list(self._runner.sites):
             await site.stop()
+        if self._acceptor is not None:
+            self._acceptor.stop()
         if self._grpc is not None:
             await self._grpc.stop_accepting()
         remaining = len(self.registry)

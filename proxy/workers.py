@@ -1,15 +1,20 @@
 """``--workers N`` (N > 1): a supervisor process and N worker processes sharing the ports.
 
-Each worker is the one-process proxy (:class:`proxy.server.Server`) without an admin listener;
-its HTTP and gRPC listeners bind the same ports as its siblings' (``SO_REUSEPORT``: the kernel
-spreads new connections over the workers). A call, its hang-up and its explicit cancel all live
-in the worker that accepted its connection: nothing about a call crosses processes, and limits
-(``--max-concurrent-streams``, ``--max-connections``, ``--cancel-concurrency``) apply per worker.
+Each worker is the one-process proxy (:class:`proxy.server.Server`) without an admin listener.
+Its HTTP listener is the supervisor's socket, shared by every worker, from which a worker takes a
+connection while it holds no more than the least loaded of the others
+(:mod:`hangup_contract.runtime.shared_listener`: connections follow load, and a worker that
+stalls or dies holds or resets none that it had not taken); its gRPC listener binds the port its
+siblings bind (``SO_REUSEPORT``: the kernel spreads new connections). A call, its hang-up and
+its explicit cancel all live in the worker that accepted its connection: nothing about a call
+crosses processes, and limits (``--max-concurrent-streams``, ``--max-connections``,
+``--cancel-concurrency``) apply per worker.
 
 The supervisor relays nothing. It
 
-- reserves the ports (a socket bound with ``SO_REUSEPORT``, never listening: port 0 becomes one
-  ephemeral port every worker shares) and starts the workers: ``python -m proxy`` with its own
+- opens the HTTP listening socket and reserves the gRPC port (a socket bound with
+  ``SO_REUSEPORT``, never listening: port 0 becomes one ephemeral port every worker shares) and
+  starts the workers: ``python -m proxy`` with its own
   flags and environment, the ports, a ready file each, ``HANGUP_PROXY_WORKER_OF`` and
   ``HANGUP_PROXY_WORKER`` set (each of a worker's log lines carries ``"worker": <0..N-1>``);
 - serves the admin listener: ``/metrics`` is every worker's metrics summed (prometheus_client's
@@ -48,7 +53,8 @@ from prometheus_client.multiprocess import mark_process_dead
 from prometheus_client.registry import Collector
 
 from hangup_contract.runtime.process_files import ProcessFiles
-from hangup_contract.runtime.supervision import Children, reserved_ports
+from hangup_contract.runtime.shared_listener import SharedListener, shared_listener
+from hangup_contract.runtime.supervision import Children, reserve_port
 from proxy.admin import AdminSite
 from proxy.config import Config
 from proxy.metrics import SupervisorMetrics
@@ -115,6 +121,7 @@ class Supervisor:
         )
         self._none_serving_since: float | None = time.monotonic()
         self._ports = (0, 0)
+        self._http: SharedListener | None = None
         self.children = Children(
             "worker",
             config.workers,
@@ -147,6 +154,7 @@ class Supervisor:
             WORKER_ENV: str(os.getpid()),
             SLOT_ENV: str(slot),
             METRICS_ENV: str(self._dir),
+            **(self._http.child_env(slot) if self._http is not None else {}),
         }
         argv = [
             "-m",
@@ -165,6 +173,8 @@ class Supervisor:
 
     def _exited(self, slot: int, pid: int, code: int | None) -> None:
         mark_process_dead(pid, str(self._dir))  # type: ignore[no-untyped-call]
+        if self._http is not None:
+            self._http.exited(slot)
         self._metrics.restarts.inc()
         log.warning(
             "worker exited; starting it again",
@@ -173,7 +183,13 @@ class Supervisor:
 
     async def serve(self, stop: asyncio.Event, hurry: asyncio.Event) -> None:
         config = self.config
-        with reserved_ports(config.host, config.http_port, config.grpc_port) as self._ports:
+        with (
+            shared_listener(config.host, config.http_port, config.workers, self._dir) as http,
+            reserve_port(config.host, config.grpc_port) as grpc,
+        ):
+            self._http = http
+            self._ports = (http.port, grpc.getsockname()[1])
+            self.children.pass_fds = (http.fd,)
             try:
                 admin = await self._admin.start()
                 addresses = {

@@ -4,8 +4,9 @@ The package holds the API processes whatever their number: :mod:`.scope` (one pr
 the call directory and ``/metrics`` a process uses), :mod:`.processes` (the supervisor, which
 workers each process runs), and, here and in the other modules, what several of them share.
 
-Each API process serves the shared HTTP and gRPC ports (the kernel spreads connections over
-them) and runs the requests it accepts on its own engine workers; its
+Each API process serves the shared HTTP and gRPC ports (HTTP connections go to the process
+holding fewest, :mod:`hangup_contract.runtime.shared_listener`; the kernel spreads gRPC ones) and
+runs the requests it accepts on its own engine workers; its
 :class:`~gateway_server.registry.CallRegistry` holds them. What must hold across processes, the
 cancel contract, rests on one rule:
 

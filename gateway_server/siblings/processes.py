@@ -2,24 +2,28 @@
 
 Each API process is the one-process gateway (:class:`gateway_server.server.GatewayServer`) over
 its share of the engine workers: process k of P runs workers ``k*W//P`` to ``(k+1)*W//P - 1``
-(worker labels and log fields keep their gateway-wide index). Its HTTP and gRPC listeners bind
-the same ports as its siblings' (``SO_REUSEPORT``: the kernel spreads new connections), and a
-request runs on a worker of the process that accepted it. How cancels, duplicate ids,
+(worker labels and log fields keep their gateway-wide index). Its HTTP listener is the
+supervisor's socket, shared by every API process, from which a process takes a connection while
+it holds no more than the least loaded of the others
+(:mod:`hangup_contract.runtime.shared_listener`: connections follow load, and a process that
+stalls or dies holds or resets none that it had not taken); its gRPC listener binds the port its
+siblings bind (``SO_REUSEPORT``: the kernel spreads new connections). A request runs on a worker
+of the process that accepted it. How cancels, duplicate ids,
 ``GET /v2/requests`` and ``/metrics`` work across processes: :mod:`gateway_server.siblings`.
 
 The supervisor serves nothing. It
 
-- reserves the ports and starts the processes (``python -m gateway_server`` with its own flags,
-  the ports, a ready file each; ``HANGUP_GATEWAY_API_PROCESS_OF`` and
-  ``HANGUP_GATEWAY_API_PROCESS`` in the environment, and every log line of process k carries
-  ``"api_process": k``), with a private run directory (the siblings' sockets and
-  prometheus_client's multiprocess files);
+- opens the HTTP listening socket, reserves the gRPC port, and starts the processes
+  (``python -m gateway_server`` with its own flags, the ports, a ready file each;
+  ``HANGUP_GATEWAY_API_PROCESS_OF`` and ``HANGUP_GATEWAY_API_PROCESS`` in the environment, and
+  every log line of process k carries ``"api_process": k``), with a private run directory (the
+  siblings' sockets, prometheus_client's multiprocess files, the shared listener's board);
 - writes the ready file once every process serves;
 - starts a process that exited again (a warning naming its exit status; the new process counts
   ``hangup_gateway_api_process_restarts_total``). The calls it ran ended with it: their clients'
   connections closed (through the proxy: a 502 if no answer had begun, else a cut stream); what is
   left of its process group (vLLM engine processes) is killed. Its engine workers
-  start again with it; meanwhile the kernel sends new connections to the other processes;
+  start again with it; meanwhile the other processes take the new connections;
 - on SIGTERM: SIGTERM to every process (each drains as the one-process gateway does), waits for
   them, exits. A second signal is passed on.
 """
@@ -36,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway_server.config import GatewayConfig
-from hangup_contract.runtime.supervision import Children, reserved_ports
+from hangup_contract.runtime.shared_listener import SharedListener, shared_listener
+from hangup_contract.runtime.supervision import Children, reserve_port
 
 log = logging.getLogger("hangup.gateway.processes")
 
@@ -80,6 +85,7 @@ class Supervisor:
         self._dir = Path(tempfile.mkdtemp(prefix="hangup-gateway-"))
         self._ports = (0, 0)
         self._restarted: set[int] = set()
+        self._http: SharedListener | None = None
         self.children = Children(
             "API process",
             config.api_processes,
@@ -96,6 +102,7 @@ class Supervisor:
             SLOT_ENV: str(slot),
             METRICS_ENV: str(self._dir),
             RESTARTED_ENV: str(int(slot in self._restarted)),
+            **(self._http.child_env(slot) if self._http is not None else {}),
         }
         argv = [
             "-m",
@@ -112,6 +119,8 @@ class Supervisor:
 
     def _exited(self, slot: int, pid: int, code: int | None) -> None:
         self._restarted.add(slot)
+        if self._http is not None:
+            self._http.exited(slot)
         log.warning(
             "API process exited; starting it again",
             extra={"fields": {"api_process": slot, "pid": pid, "exit": code}},
@@ -119,7 +128,13 @@ class Supervisor:
 
     async def serve(self, stop: asyncio.Event, hurry: asyncio.Event) -> None:
         config = self.config
-        with reserved_ports(config.host, config.http_port, config.grpc_port) as self._ports:
+        with (
+            shared_listener(config.host, config.http_port, config.api_processes, self._dir) as http,
+            reserve_port(config.host, config.grpc_port) as grpc,
+        ):
+            self._http = http
+            self._ports = (http.port, grpc.getsockname()[1])
+            self.children.pass_fds = (http.fd,)
             try:
                 addresses = {
                     "http": f"{config.host}:{self._ports[0]}",

@@ -136,6 +136,8 @@ class LimitedServer(web.Server):
         self._sweeping: asyncio.TimerHandle | None = None
         shortest = min(t for t in (limits.header_timeout, limits.idle_timeout, SWEEP_S * 4) if t)
         self._sweep_every = shortest / 4
+        self.open = 0  # client connections open now (aiohttp forgets a lost one only later)
+        self.on_open_changed: Callable[[], None] = lambda: None  # a shared listener's board
 
     def __call__(self) -> web.RequestHandler:
         if self._sweeping is None:
@@ -147,9 +149,18 @@ class LimitedServer(web.Server):
 
     def connection_made(self, handler: web.RequestHandler, transport: asyncio.Transport) -> None:
         super().connection_made(handler, transport)
+        self.open += 1
+        self.on_open_changed()
         cap = self.limits.max_connections
         if cap and len(self._connections) > cap:
             self._close(handler, CloseReason.TOO_MANY_CONNECTIONS)
+
+    def connection_lost(
+        self, handler: web.RequestHandler, exc: BaseException | None = None
+    ) -> None:
+        super().connection_lost(handler, exc)
+        self.open -= 1
+        self.on_open_changed()
 
     def _sweep(self) -> None:
         now = self._loop.time()

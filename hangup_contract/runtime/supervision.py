@@ -1,9 +1,10 @@
 """Several processes of one server behind shared ports: what the proxy's ``--workers`` and the
 gateway's ``--api-processes`` have in common.
 
-A supervisor reserves the listening ports (:func:`reserved_ports`: bound with
-``SO_REUSEPORT``, never listening, so port 0 becomes one ephemeral port every child shares),
-then :class:`Children` runs N copies of a command and keeps them running, and
+A supervisor opens the HTTP listening socket every child inherits
+(:mod:`hangup_contract.runtime.shared_listener`) and reserves the gRPC port (:func:`reserve_port`:
+bound with ``SO_REUSEPORT``, never listening, so port 0 becomes one ephemeral port every child
+shares), then :class:`Children` runs N copies of a command and keeps them running, and
 :meth:`Children.serve` is the supervisor's life: start them, announce, wait, drain:
 
 - a child is serving once it wrote its ready file; :meth:`Children.all_serving` waits for every
@@ -33,7 +34,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,13 +46,6 @@ RESTART_EVERY = 1.0  # seconds between two starts of one slot, at least
 
 Command = Callable[[int, Path], tuple[Sequence[str], Mapping[str, str]]]
 """``(slot, ready file) -> (argv, environment)`` of the child in ``slot``."""
-
-
-@contextlib.contextmanager
-def reserved_ports(host: str, http_port: int, grpc_port: int) -> Iterator[tuple[int, int]]:
-    """The HTTP and gRPC ports every child binds (``reserve_port``), held until the end."""
-    with reserve_port(host, http_port) as http, reserve_port(host, grpc_port) as grpc:
-        yield http.getsockname()[1], grpc.getsockname()[1]
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -89,6 +83,7 @@ class Children:
         self.serving: set[int] = set()
         self.draining = False
         self._keepers: list[asyncio.Task[None]] = []
+        self.pass_fds: Sequence[int] = ()  # descriptors every child inherits (a shared listener)
 
     async def start(self) -> None:
         """Start every child; return once all serve. Raises RuntimeError naming a child that
@@ -152,6 +147,7 @@ class Children:
             *argv,
             env=dict(env),
             stdin=asyncio.subprocess.PIPE,
+            pass_fds=self.pass_fds,
             process_group=0,  # a group of its own, in this session (a session of its own would
             # put it in a scheduler autogroup of its own: relayed streams came out in bursts)
         )

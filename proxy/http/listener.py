@@ -1,15 +1,18 @@
 """The HTTP/1.1 listening socket and its aiohttp server (connections held to the configured
 limits); each call is relayed by :class:`proxy.http.HttpRelay`, told the moment its client's
-connection is lost."""
+connection is lost. A worker (``--workers N``) accepts from the socket its supervisor shares
+with every worker, while it is the least loaded (:mod:`hangup_contract.runtime.shared_listener`)."""
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
 from aiohttp import web
 
 from hangup_contract.runtime.connections import LimitedServer, counted_in
+from hangup_contract.runtime.shared_listener import BalancedAcceptor
 from proxy.http.logs import server_logger
 from proxy.http.relay import HttpRelay
 from proxy.state import ServerState
@@ -43,6 +46,7 @@ class HttpListener:
         self._relay = HttpRelay(state)
         self._runner: web.ServerRunner | None = None
         self._site: web.SockSite | None = None
+        self._acceptor: BalancedAcceptor | None = None
 
     async def start(self) -> str:
         config = self._state.config
@@ -61,6 +65,11 @@ class HttpListener:
         )
         self._runner = web.ServerRunner(server, shutdown_timeout=_CLOSE_TIMEOUT)
         await self._runner.setup()
+        self._acceptor = BalancedAcceptor.from_environ(os.environ, server, lambda: server.open)
+        if self._acceptor is not None:
+            server.on_open_changed = self._acceptor.changed
+            self._acceptor.start()
+            return self._acceptor.address
         sock = socket.create_server(
             (config.host, config.http_port), backlog=1024, reuse_port=config.reuse_port
         )
@@ -70,6 +79,8 @@ class HttpListener:
         return f"{host}:{port}"
 
     async def stop_accepting(self) -> None:
+        if self._acceptor is not None:
+            self._acceptor.stop()
         if self._site is not None:
             await self._site.stop()
             self._site = None

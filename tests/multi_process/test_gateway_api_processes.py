@@ -1,8 +1,9 @@
 """``python -m gateway_server --workers 2 --api-processes 2`` behind ``python -m proxy --workers
 2``: both scaled, as separate processes on shared ports. Every hang-up is cancelled and counted
 once on each side, every token once; cancels sent straight to the gateway land on either
-process and reach their request; one scrape answers for the whole gateway; a killed API process
-is started again and counted; SIGTERM drains every API process.
+process and reach their request; one scrape answers for the whole gateway; new connections go to
+the process holding fewer, and a stalled process holds none of them; a killed API process is
+started again and counted; SIGTERM drains every API process.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,8 +21,9 @@ import aiohttp
 import pytest
 
 from tests.support.metrics_files import unreadable_files
-from tests.support.processes import alive, children, environ_of
+from tests.support.processes import alive, children, environ_of, stopped
 from tests.support.scrape import scrape_async, scraping, total
+from tests.support.spread import answered_one_by_one
 from tests.support.stack import (
     MODEL,
     TOKEN,
@@ -32,9 +35,8 @@ from tests.support.stack import (
 )
 from tests.support.waiting import wait_until
 
-# 32 slots per worker (one per process): the kernel may put all 24 streams of a test on one
-# process, and a stream without a slot never sends its first token (16 slots failed 1 CI run:
-# P(one process gets 17 or more of 24) is about 6%).
+# 32 slots per worker (one per process): a process holds no more connections than the other
+# unless that one stalls, but a stream without a slot would never send its first token.
 GATEWAY = ["--sim-slots", "32", "--sim-step-base", "0.02", "--workers", "2",
            "--api-processes", "2", "--drain-timeout", "1"]  # fmt: skip
 LONG = {"model": MODEL, "prompt": "long", "max_tokens": 3000, "stream": True}
@@ -125,6 +127,27 @@ async def test_cancels_sent_to_either_process_reach_their_request(
     assert total(gateway, "hangup_gateway_cancel_forward_seconds_count") >= 1
 
 
+async def test_new_connections_go_to_the_process_holding_fewer(
+    stack: Stack, raw: RawClients
+) -> None:
+    streams = [await _stream(raw, stack.gateway_url) for _ in range(16)]  # opened one by one
+    for _, writer in streams:
+        writer.close()
+    async with aiohttp.ClientSession() as session:
+        await wait_until(lambda: _idle(session, stack), what="nothing in flight on the gateway")
+    held = Counter(line["api_process"] for line in _log_lines(stack, "request_end"))
+    # 8 each unless one process was slow to take its turn (then the other took it): the kernel's
+    # hash (SO_REUSEPORT) gave one process 11 or more of 16 in one run of four.
+    assert sorted(held) == [0, 1] and max(held.values()) <= 10, held
+
+
+async def test_a_stalled_api_process_holds_no_new_connection(stack: Stack) -> None:
+    """As a long pause would: the other process takes every new connection, within a moment."""
+    with stopped(children(stack.gateway.popen.pid)[0]):
+        seen = await answered_one_by_one(stack.gateway_url + "/v2/health/ready", 16, within=5.0)
+    assert seen == [200] * 16  # with SO_REUSEPORT about half waited for the stalled process
+
+
 async def test_a_killed_api_process_is_started_again_and_counted(
     stack: Stack, raw: RawClients
 ) -> None:
@@ -136,8 +159,8 @@ async def test_a_killed_api_process_is_started_again_and_counted(
         async with scraping(session, *pages) as scrapes:  # as Prometheus and the EPP do
             os.kill(victim, signal.SIGKILL)
             await wait_until(lambda: _restarted(session, stack), what="the process started again")
-        # Every scrape while the process died and started again answered, whole (one that the
-        # kernel had given to the killed process is cut, as any call to it is).
+        # Every scrape while the process died and started again answered, whole (one the killed
+        # process had accepted is cut, as any call to it is; none waiting to be accepted is).
         assert not scrapes.failed and scrapes.answered >= 2, scrapes
         for _, writer in streams:
             writer.close()

@@ -1,6 +1,7 @@
 """``python -m proxy --workers 2`` in front of the real gateway: two worker processes share the
 HTTP and gRPC ports and one admin port speaks for both (metrics summed, readiness of all);
-every hang-up is cancelled by the worker that saw it; a killed worker is replaced and counted;
+every hang-up is cancelled by the worker that saw it; new connections go to the worker holding
+fewer, and a stalled worker holds none of them; a killed worker is replaced and counted;
 SIGTERM drains every worker; workers whose supervisor is killed drain and exit.
 """
 
@@ -10,6 +11,7 @@ import asyncio
 import json
 import os
 import signal
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +20,9 @@ import grpc
 import pytest
 
 from tests.support import chaos_traffic
-from tests.support.processes import alive, children
+from tests.support.processes import alive, children, stopped
 from tests.support.scrape import scrape_async, scraping, total
+from tests.support.spread import answered_one_by_one
 from tests.support.stack import (
     MODEL,
     RawClients,
@@ -40,12 +43,17 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         yield stack
 
 
-async def _hang_up_mid_stream(raw: RawClients, stack: Stack) -> None:
+async def _streaming(raw: RawClients, stack: Stack) -> asyncio.StreamWriter:
+    """A streamed completion through the proxy, once its first token arrived."""
     reader, writer = await raw.open(stack.proxy_url, completion_request("/v1/completions", LONG))
     async with asyncio.timeout(10):
         while not (await reader.readline()).startswith(b"data: {"):
             pass
-    writer.close()
+    return writer
+
+
+async def _hang_up_mid_stream(raw: RawClients, stack: Stack) -> None:
+    (await _streaming(raw, stack)).close()
 
 
 async def _complete(session: aiohttp.ClientSession, url: str) -> None:
@@ -81,6 +89,26 @@ async def test_two_workers_serve_as_one_proxy_and_cancel_every_hang_up(
 
 async def _idle(session: aiohttp.ClientSession, stack: Stack) -> bool:
     return not await in_flight(session, stack.gateway_url)
+
+
+async def test_new_connections_go_to_the_worker_holding_fewer(
+    stack: Stack, raw: RawClients
+) -> None:
+    writers = [await _streaming(raw, stack) for _ in range(12)]  # opened one by one
+    for writer in writers:
+        writer.close()
+    async with aiohttp.ClientSession() as session:
+        await wait_until(lambda: _idle(session, stack), what="nothing in flight on the gateway")
+    held = Counter(line["worker"] for line in _call_lines(stack))
+    # 6 each unless one worker was slow to take its turn (then the other took it).
+    assert sorted(held) == [0, 1] and max(held.values()) <= 8, held
+
+
+async def test_a_stalled_worker_holds_no_new_connection(stack: Stack) -> None:
+    """As a long pause would: the other worker takes every new connection, within a moment."""
+    with stopped(children(stack.proxy.popen.pid)[0]):
+        seen = await answered_one_by_one(stack.proxy_url + "/v1/models", 16, within=5.0)
+    assert seen == [200] * 16  # with SO_REUSEPORT about half waited for the stalled worker
 
 
 async def test_a_killed_worker_is_replaced_counted_and_leaves_nothing_running(

@@ -242,3 +242,13 @@ def stalls_explained(*processes: Process) -> Iterator[None]:
             f"{exc}\n\nevent-loop stalls logged meanwhile: {json.dumps(stalls, indent=1)}"
             f"\nCPU time stolen by the hypervisor meanwhile: {stole:.2f} s"
         ) from exc
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """``pid`` stopped (SIGSTOP, as a long pause or a debugger stops it) while the block runs."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)

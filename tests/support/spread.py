@@ -1,0 +1,22 @@
+"""What a client sees of how several processes behind one port share new connections."""
+
+from __future__ import annotations
+
+import aiohttp
+
+
+async def answered_one_by_one(url: str, calls: int, within: float) -> list[int | str]:
+    """GET ``url`` ``calls`` times, one after another, each on a new connection: the status of
+    each, or ``"held"`` for one not answered within ``within`` seconds."""
+    seen: list[int | str] = []
+    connector = aiohttp.TCPConnector(force_close=True)
+    timeout = aiohttp.ClientTimeout(total=within)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        for _ in range(calls):
+            try:
+                async with session.get(url) as resp:
+                    await resp.read()
+                    seen.append(resp.status)
+            except TimeoutError:
+                seen.append("held")
+    return seen
