@@ -10,11 +10,14 @@ every child inherits it, so the queue outlives any child; a child takes a connec
 of its live siblings, which it reads from a board (:class:`Board`, a small file every process
 maps: per slot its open connections and how many it has accepted).
 
-Every child is woken for each new connection; the ones that are not the least loaded step back
-for ``PATIENCE_S``. If in that time no sibling accepted anything (the least loaded one is
-stalled, or gone and not yet marked so), the waiting child takes one itself: a stalled process
-delays a new connection by that much, never holds it. A child marks its slot absent when it
-stops accepting (a drain); the supervisor marks the slot of a child that exited.
+Every child watching the socket is woken for each new connection; the ones that are not the
+least loaded stop watching for ``PATIENCE_S``. If in that time no sibling accepted anything (the
+least loaded ones are busy, as when a CPU quota throttles them, or stalled, or gone and not yet
+marked so), the waiting child, which is running, takes what waits (up to ``_TAKEN_AT_ONCE``,
+then it looks again): a busy or stalled process delays a new connection by that much, never
+holds it, and where CPU is the limit connections go to the processes that have it. A child
+marks its slot absent when it stops accepting (a drain); the supervisor marks the slot of a
+child that exited.
 
 Only the HTTP listener is shared: grpcio binds its own sockets, so the gRPC ports stay with
 ``SO_REUSEPORT``.
@@ -41,6 +44,7 @@ SLOT_ENV = "HANGUP_SHARED_LISTENER_SLOT"  # this child's slot on it
 
 PATIENCE_S = 0.002
 """How long a child that is not the least loaded leaves a new connection to its siblings."""
+_TAKEN_AT_ONCE = 16  # connections a process takes when its less loaded siblings took none
 _ACCEPT_ERROR_PAUSE_S = 0.1  # out of descriptors or memory: accept again after this long
 _ABSENT = -1
 _SLOT = struct.Struct("=qq")  # open connections (-1: absent), connections accepted in all
@@ -218,21 +222,26 @@ class BalancedAcceptor:
         if self._stopped:
             return
         if self._board.read()[1] == accepted_before:
-            self._accept()  # no sibling took anything: the least loaded one is stalled
+            # No sibling took anything: the less loaded ones are busy (or stalled), so this
+            # process, which is running, takes what waits (up to a bound, then looks again).
+            for _ in range(_TAKEN_AT_ONCE):
+                if not self._accept():
+                    break
         self._watch()
 
-    def _accept(self) -> None:
+    def _accept(self) -> bool:
+        """Take one connection; whether there was one."""
         try:
             conn, _ = self.sock.accept()
         except (BlockingIOError, InterruptedError):
-            return  # a sibling took it
+            return False  # a sibling took it
         except OSError as exc:
             if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                 raise
             log.warning("cannot accept a connection: %s", exc.strerror)
             self._unwatch()
             self._waiting = self._loop.call_later(_ACCEPT_ERROR_PAUSE_S, self._after_pause)
-            return
+            return False
         conn.setblocking(False)
         self._board.accepted(self._slot)
         self._pending += 1
@@ -240,6 +249,7 @@ class BalancedAcceptor:
         task = self._loop.create_task(self._connect(conn))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return True
 
     def _after_pause(self) -> None:
         self._waiting = None
