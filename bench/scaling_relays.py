@@ -76,7 +76,7 @@ def _pids(process: Process) -> tuple[list[list[int]], list[int]]:
     return [[kid, *descendants(kid)] for kid in sorted(kids)], [top]
 
 
-def _proxy(stack: contextlib.ExitStack, n: int, upstream: str, work: Path) -> Relay:
+def proxy_relay(stack: contextlib.ExitStack, n: int, upstream: str, work: Path) -> Relay:
     flags = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0", "--log-level",
              "WARNING", "--upstream-http", f"http://{upstream}", "--max-concurrent-streams", "0",
              "--workers", str(n)]  # fmt: skip
@@ -85,7 +85,9 @@ def _proxy(stack: contextlib.ExitStack, n: int, upstream: str, work: Path) -> Re
     return Relay(f"hangup --workers {n}", proc.listeners["http"], groups, others)
 
 
-def _envoy(stack: contextlib.ExitStack, n: int, upstream: str, work: Path, serial: int) -> Relay:
+def envoy_relay(
+    stack: contextlib.ExitStack, n: int, upstream: str, work: Path, serial: int
+) -> Relay:
     port = int(upstream.rsplit(":", 1)[1])
     envoy = stack.enter_context(
         running_envoy(port, work / f"envoy-{n}-{serial}", concurrency=n, base_id=port + serial)
@@ -103,17 +105,17 @@ def proxies(
     most N and no quota."""
     top = max(args.cores)
     with contextlib.ExitStack() as stack:
-        relays = [_proxy(stack, n, upstream, work) for n in args.cores]
-        relays += _big(args, lambda: _proxy(stack, 1, upstream, work))
-        relays.append(_proxy(stack, top, upstream, work))
+        relays = [proxy_relay(stack, n, upstream, work) for n in args.cores]
+        relays += _big(args, lambda: proxy_relay(stack, 1, upstream, work))
+        relays.append(proxy_relay(stack, top, upstream, work))
         relays[-1].free = True
         if args.envoy and envoy_binary().exists():
-            relays += [_envoy(stack, n, upstream, work, i)
+            relays += [envoy_relay(stack, n, upstream, work, i)
                        for i, n in enumerate([*args.cores, top])]  # fmt: skip
             relays[-1].free = True
         elif args.envoy:
             print(f"no Envoy at {envoy_binary()}: Envoy rows skipped", flush=True)
-        with _limited(controller, relays, args.core, args.weight, args.period_us):
+        with limited(controller, relays, args.core, args.weight, args.period_us):
             yield relays
 
 
@@ -158,12 +160,12 @@ def gateways(args: argparse.Namespace, controller: Controller, work: Path) -> It
         relays += _big(args, lambda: _gateway(stack, 1, args, work))
         relays.append(_gateway(stack, max(args.cores), args, work))
         relays[-1].free = True
-        with _limited(controller, relays, args.core, args.weight, args.period_us):
+        with limited(controller, relays, args.core, args.weight, args.period_us):
             yield relays
 
 
 @contextlib.contextmanager
-def _limited(
+def limited(
     controller: Controller, relays: list[Relay], core: float, weight: int, period_us: int
 ) -> Iterator[None]:
     """A quota for every relay's group but the free ones' (in groups too: their throttling is
