@@ -205,6 +205,7 @@ class Supervisor:
                     addresses=addresses,
                     announce=(log, {"listeners": addresses, "workers": config.workers}),
                     drain_within=config.drain_timeout + slack,
+                    on_drain=http.stop_listening,
                     after_hurry=slack,
                 )
             finally:

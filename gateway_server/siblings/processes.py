@@ -147,6 +147,7 @@ class Supervisor:
                     addresses=addresses,
                     announce=(log, {**addresses, "api_processes": config.api_processes}),
                     drain_within=config.drain_timeout + _EXIT_SLACK,
+                    on_drain=http.stop_listening,
                     after_hurry=_EXIT_SLACK,
                 )
             finally:

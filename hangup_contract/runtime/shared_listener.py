@@ -105,6 +105,11 @@ class SharedListener:
     def child_env(self, slot: int) -> Mapping[str, str]:
         return {FD_ENV: str(self.fd), BOARD_ENV: str(self.board.path), SLOT_ENV: str(slot)}
 
+    def stop_listening(self) -> None:
+        """Drop the supervisor's hold on the socket (a drain): it closes once every child has
+        stopped accepting, and new connections are refused instead of queueing for nobody."""
+        self.sock.close()
+
     def exited(self, slot: int) -> None:
         """The child in ``slot`` exited: its siblings no longer wait for it."""
         self.board.set_open(slot, _ABSENT)

@@ -108,10 +108,12 @@ class Children:
         announce: tuple[logging.Logger, Mapping[str, object]],
         drain_within: float,
         after_hurry: float,
+        on_drain: Callable[[], None] = lambda: None,
     ) -> None:
         """Start every child, write ``addresses`` to the ready file, log ``serving`` (with the
-        logger and fields of ``announce``), wait for ``stop``, then :meth:`drain`; the children
-        that did not exit are killed on the way out, whatever happened."""
+        logger and fields of ``announce``), wait for ``stop``, call ``on_drain``, then
+        :meth:`drain`; the children that did not exit are killed on the way out, whatever
+        happened."""
         try:
             await self.start()
             if ready_file is not None:
@@ -119,6 +121,7 @@ class Children:
             logger, fields = announce
             logger.info("serving", extra={"fields": dict(fields)})
             await stop.wait()
+            on_drain()
             await self.drain(hurry, drain_within, after_hurry)
         finally:
             await self.kill_all()

@@ -23,7 +23,7 @@ import pytest
 from tests.support.metrics_files import unreadable_files
 from tests.support.processes import alive, children, environ_of, stopped
 from tests.support.scrape import scrape_async, scraping, total
-from tests.support.spread import answered_one_by_one
+from tests.support.spread import answered_one_by_one, refused
 from tests.support.stack import (
     MODEL,
     TOKEN,
@@ -200,6 +200,9 @@ async def test_sigterm_drains_every_api_process(stack: Stack, raw: RawClients) -
     processes = children(stack.gateway.popen.pid)
     assert len(processes) == 2
     stack.gateway.popen.terminate()
+    # While the processes drain, a new connection is refused, not queued for nobody.
+    await wait_until(lambda: refused(stack.gateway.listeners["http"]), what="refused")
+    assert alive(processes), "refused only once every API process had exited"
     assert await asyncio.to_thread(stack.gateway.popen.wait, 30) == 0
     for reader, writer in streams:
         assert b"[DONE]" not in await reader.read()  # ended, told, not left hanging

@@ -22,7 +22,7 @@ import pytest
 from tests.support import chaos_traffic
 from tests.support.processes import alive, children, stopped
 from tests.support.scrape import scrape_async, scraping, total
-from tests.support.spread import answered_one_by_one
+from tests.support.spread import answered_one_by_one, refused
 from tests.support.stack import (
     MODEL,
     RawClients,
@@ -169,6 +169,9 @@ async def test_sigterm_drains_every_worker_and_cancels_what_is_left(
             workers = children(stack.proxy.popen.pid)
             stack.proxy.popen.terminate()
             await wait_until(lambda: _not_ready(session, stack), what="/readyz 503")
+            # While the workers drain, a new connection is refused, not queued for nobody.
+            await wait_until(lambda: refused(stack.proxy.listeners["http"]), what="refused")
+            assert alive(workers), "refused only once every worker had exited"
             assert await asyncio.to_thread(stack.proxy.popen.wait, 30) == 0
             result = await grpc_call
         assert not result.complete and result.failure == "UNAVAILABLE"  # told, not left hanging

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 
 
@@ -20,3 +22,15 @@ async def answered_one_by_one(url: str, calls: int, within: float) -> list[int |
             except TimeoutError:
                 seen.append("held")
     return seen
+
+
+async def refused(address: str) -> bool:
+    """Whether a new connection to ``host:port`` is refused (nothing listens any more); one that
+    is taken is closed at once."""
+    host, port = address.rsplit(":", 1)
+    try:
+        _, writer = await asyncio.open_connection(host, int(port))
+    except ConnectionRefusedError:
+        return True
+    writer.close()
+    return False
