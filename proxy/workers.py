@@ -53,8 +53,8 @@ from prometheus_client.multiprocess import mark_process_dead
 from prometheus_client.registry import Collector
 
 from hangup_contract.runtime.process_files import ProcessFiles
-from hangup_contract.runtime.shared_listener import SharedListener, shared_listener
-from hangup_contract.runtime.supervision import Children, reserve_port
+from hangup_contract.runtime.shared_listener import SharedListener
+from hangup_contract.runtime.supervision import Children, listening
 from proxy.admin import AdminSite
 from proxy.config import Config
 from proxy.metrics import SupervisorMetrics
@@ -183,13 +183,9 @@ class Supervisor:
 
     async def serve(self, stop: asyncio.Event, hurry: asyncio.Event) -> None:
         config = self.config
-        with (
-            shared_listener(config.host, config.http_port, config.workers, self._dir) as http,
-            reserve_port(config.host, config.grpc_port) as grpc,
-        ):
-            self._http = http
-            self._ports = (http.port, grpc.getsockname()[1])
-            self.children.pass_fds = (http.fd,)
+        with listening(config.host, config.http_port, config.grpc_port, self.children) as ports:
+            http = self._http = ports.http
+            self._ports = (http.port, ports.grpc)
             try:
                 admin = await self._admin.start()
                 addresses = {

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gateway_server.config import GatewayConfig
-from hangup_contract.runtime.shared_listener import SharedListener, shared_listener
-from hangup_contract.runtime.supervision import Children, reserve_port
+from hangup_contract.runtime.shared_listener import SharedListener
+from hangup_contract.runtime.supervision import Children, listening
 
 log = logging.getLogger("hangup.gateway.processes")
 
@@ -128,13 +128,9 @@ class Supervisor:
 
     async def serve(self, stop: asyncio.Event, hurry: asyncio.Event) -> None:
         config = self.config
-        with (
-            shared_listener(config.host, config.http_port, config.api_processes, self._dir) as http,
-            reserve_port(config.host, config.grpc_port) as grpc,
-        ):
-            self._http = http
-            self._ports = (http.port, grpc.getsockname()[1])
-            self.children.pass_fds = (http.fd,)
+        with listening(config.host, config.http_port, config.grpc_port, self.children) as ports:
+            http = self._http = ports.http
+            self._ports = (http.port, ports.grpc)
             try:
                 addresses = {
                     "http": f"{config.host}:{self._ports[0]}",

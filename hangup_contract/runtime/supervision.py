@@ -34,11 +34,13 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hangup_contract.runtime.files import write_ready_file
+from hangup_contract.runtime.shared_listener import SharedListener, shared_listener
 
 log = logging.getLogger("hangup.supervision")
 
@@ -46,6 +48,26 @@ RESTART_EVERY = 1.0  # seconds between two starts of one slot, at least
 
 Command = Callable[[int, Path], tuple[Sequence[str], Mapping[str, str]]]
 """``(slot, ready file) -> (argv, environment)`` of the child in ``slot``."""
+
+
+@dataclass(frozen=True)
+class Ports:
+    """What the children listen on: the shared HTTP socket, and the gRPC port each binds."""
+
+    http: SharedListener
+    grpc: int
+
+
+@contextlib.contextmanager
+def listening(host: str, http_port: int, grpc_port: int, children: Children) -> Iterator[Ports]:
+    """The HTTP socket every child of ``children`` inherits (its board in their run directory)
+    and the reserved gRPC port, held until the end."""
+    with (
+        shared_listener(host, http_port, children.count, children.run_dir) as http,
+        reserve_port(host, grpc_port) as grpc,
+    ):
+        children.pass_fds = (http.fd,)
+        yield Ports(http, grpc.getsockname()[1])
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -75,7 +97,7 @@ class Children:
         self.what = what  # "worker", "API process": how log lines and errors name a child
         self.count = count
         self._command = command
-        self._dir = run_dir
+        self.run_dir = run_dir
         self._ready_wait = ready_wait
         self._on_change = on_change
         self._on_exit = on_exit
@@ -142,7 +164,7 @@ class Children:
             await asyncio.sleep(max(0.0, started + RESTART_EVERY - time.monotonic()))
 
     async def _start(self, slot: int, first: bool) -> asyncio.subprocess.Process:
-        ready = self._dir / f"{self.what.replace(' ', '-')}-{slot}.ready.json"
+        ready = self.run_dir / f"{self.what.replace(' ', '-')}-{slot}.ready.json"
         ready.unlink(missing_ok=True)
         argv, env = self._command(slot, ready)
         child = await asyncio.create_subprocess_exec(
