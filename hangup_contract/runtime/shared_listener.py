@@ -232,7 +232,8 @@ class BalancedAcceptor:
             for _ in range(_TAKEN_AT_ONCE):
                 if not self._accept():
                     break
-        self._watch()
+        if self._waiting is None:  # not pausing after an error accepting
+            self._watch()
 
     def _accept(self) -> bool:
         """Take one connection; whether there was one."""
@@ -240,6 +241,8 @@ class BalancedAcceptor:
             conn, _ = self.sock.accept()
         except (BlockingIOError, InterruptedError):
             return False  # a sibling took it
+        except ConnectionAbortedError:
+            return False  # its client reset it while it waited: the next wake-up goes on
         except OSError as exc:
             if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                 raise

@@ -1,0 +1,93 @@
+"""The shared listener's rule, on a real socket in one process: a process holding more
+connections than a sibling leaves a new one to it, and takes it itself once that sibling took
+nothing for ``PATIENCE_S`` (it is stalled or busy); a process that cannot accept (out of
+descriptors) pauses instead of trying again at once."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hangup_contract.runtime.shared_listener import PATIENCE_S, BalancedAcceptor, Board
+from tests.support.waiting import wait_until
+
+
+class _Taken(asyncio.Protocol):
+    def __init__(self, made: asyncio.Queue[float]) -> None:
+        self._made = made
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._made.put_nowait(time.monotonic())
+        transport.close()
+
+
+class _FailingSocket(socket.socket):
+    """A listening socket whose ``accept`` fails as a process out of descriptors sees it."""
+
+    attempts = 0
+
+    def accept(self) -> Any:
+        type(self).attempts += 1
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+@pytest.fixture
+async def listening() -> AsyncIterator[socket.socket]:
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.setblocking(False)
+    yield sock
+    sock.close()
+
+
+def _stalled_sibling(tmp_path: Path) -> Board:
+    """A board of two slots: this process in 0, in 1 a sibling holding no connection that never
+    accepts (stalled)."""
+    board = Board.create(tmp_path / "board", 2)
+    board.set_open(1, 0)
+    return board
+
+
+async def test_a_busier_process_leaves_a_connection_to_a_sibling_then_takes_it(
+    listening: socket.socket, tmp_path: Path
+) -> None:
+    made: asyncio.Queue[float] = asyncio.Queue()
+    board = _stalled_sibling(tmp_path)
+    acceptor = BalancedAcceptor(listening, board, 0, lambda: _Taken(made), connections=lambda: 3)
+    acceptor.start()
+    try:
+        opened = time.monotonic()
+        _, writer = await asyncio.open_connection(*listening.getsockname()[:2])
+        taken = await asyncio.wait_for(made.get(), 5)
+        writer.close()
+        assert board.read()[1] == 1  # counted as accepted
+    finally:
+        acceptor.stop()
+    # Holding 3 against the sibling's 0, it waited for the sibling first, then took it itself.
+    assert taken - opened >= PATIENCE_S
+
+
+async def test_a_process_out_of_descriptors_pauses_before_accepting_again(
+    listening: socket.socket, tmp_path: Path
+) -> None:
+    failing = _FailingSocket(fileno=listening.detach())
+    failing.setblocking(False)
+    board = _stalled_sibling(tmp_path)
+    acceptor = BalancedAcceptor(failing, board, 0, asyncio.Protocol, connections=lambda: 3)
+    acceptor.start()
+    try:
+        _, writer = await asyncio.open_connection(*failing.getsockname()[:2])
+        started = time.monotonic()
+        await wait_until(lambda: _FailingSocket.attempts >= 3, what="three attempts")
+        took = time.monotonic() - started
+        writer.close()
+    finally:
+        acceptor.stop()
+    # A 0.1 s pause after each failed attempt, not a step back of 2 ms and another try.
+    assert took >= 0.15, f"3 attempts in {took:.3f} s"
