@@ -140,7 +140,7 @@ bench-triton-vllm: $(VENV)/.installed-engine $(TRITON_VENV)/.installed
 	$(PY) -m bench.triton_vllm
 
 # Short calls (1 KiB in, 1 KiB out) through the proxy and Envoy, each at one simulated core.
-bench-short-calls: $(VENV)/.installed-base
+bench-short-calls: $(VENV)/.installed-base $(TRITON_VENV)/.installed
 	$(PY) -m bench.short_calls --out .demo/short-calls
 
 clean:

@@ -10,7 +10,7 @@ import argparse
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,10 +76,13 @@ def _pids(process: Process) -> tuple[list[list[int]], list[int]]:
     return [[kid, *descendants(kid)] for kid in sorted(kids)], [top]
 
 
-def proxy_relay(stack: contextlib.ExitStack, n: int, upstream: str, work: Path) -> Relay:
+def proxy_relay(
+    stack: contextlib.ExitStack, n: int, upstream: str, work: Path, extra: Sequence[str] = ()
+) -> Relay:
+    """hangup ``--workers n`` relaying to ``upstream`` (``host:port``), with ``extra`` flags."""
     flags = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0", "--log-level",
              "WARNING", "--upstream-http", f"http://{upstream}", "--max-concurrent-streams", "0",
-             "--workers", str(n)]  # fmt: skip
+             "--workers", str(n), *extra]  # fmt: skip
     proc = stack.enter_context(spawn("proxy", flags, work / f"hangup-{n}-{time.monotonic_ns()}"))
     groups, others = _pids(proc)
     return Relay(f"hangup --workers {n}", proc.listeners["http"], groups, others)

@@ -14,9 +14,15 @@ connecting (a new connection per call; each client loop's calls on one kept-aliv
   second as the slower relay managed; p50 and p99 of each relay, and of the upstream called
   directly at the same rate: what the relay adds.
 
+Then the same two tables in front of a real Triton (``tests/support/triton_server``; its venv as
+``make test`` installs it, else skipped saying why; ``--no-triton``): the same body to the
+``slow`` model of ``tests/triton/models`` with no steps, which answers at once, through hangup's
+Triton bridge (``--cancel-adapter triton``: HTTP in, gRPC ``ModelInfer`` out, so that a hang-up
+cancels the request) against Envoy relaying HTTP to Triton's own HTTP port.
+
 Relays alternate within each round (``--rounds``), so drift on a shared machine hits both.
 
-Run: ``.venv/bin/python -m bench.short_calls --out DIR`` (about 4 minutes with the defaults;
+Run: ``.venv/bin/python -m bench.short_calls --out DIR`` (about 8 minutes with the defaults;
 writes ``DIR/report.md`` and ``DIR/rows.json``). On a machine without a writable cgroup CPU
 controller it says so and exits 0 having measured nothing.
 """
@@ -43,9 +49,11 @@ from bench.scaling import load_group
 from bench.scaling_relays import Relay, envoy_relay, limited, proxy_relay
 from bench.stats import cpu_of, quantile
 from tests.support.envoy import envoy_binary
-from tests.support.processes import REPO
+from tests.support.processes import REPO, children
+from tests.support.triton_server import install, running_triton
 
 MODES = {"new connection per call": False, "kept-alive connections": True}
+_TRITON_PATH = "/v2/models/slow/infer"
 
 
 @dataclass
@@ -157,7 +165,13 @@ async def table(
             used = "" if target is None else f", used {row['used']:.2f} of quota"
             print(f"{title} | {rate:g}/s | round {r + 1} | {name} | p50 {p50:.3f} ms, "
                   f"p99 {p99:.3f} ms{used}", flush=True)  # fmt: skip
-    return {"title": title, "saturation": saturation, "rate": rate, "latency": latencies}
+    return {
+        "title": title,
+        "relays": [relay.name for relay in relays],
+        "saturation": saturation,
+        "rate": rate,
+        "latency": latencies,
+    }
 
 
 def _median(rows: Sequence[dict[str, Any]], name: str, key: str) -> float:
@@ -174,7 +188,7 @@ def _saturation_line(row: dict[str, Any]) -> str:
     )
 
 
-def report(args: argparse.Namespace, tables: list[dict[str, Any]], relays: list[str]) -> str:
+def report(args: argparse.Namespace, tables: list[dict[str, Any]]) -> str:
     out = [
         "# Short calls at one simulated core",
         "",
@@ -183,8 +197,9 @@ def report(args: argparse.Namespace, tables: list[dict[str, Any]], relays: list[
         f"1 KiB JSON body, 1 KiB JSON answer.",
         "",
     ]
-    hangup, envoy = relays[0], relays[-1]
     for t in tables:
+        relays = t["relays"]
+        hangup, envoy = relays[0], relays[-1]
         sat = t["saturation"]
         out += [f"## {t['title']}", "", "| relay | calls/s (median) | CPU µs per call, each round "
                 "(median) | rows |", "|---|---:|---|---|"]  # fmt: skip
@@ -228,6 +243,37 @@ def _relays(
             yield relays
 
 
+async def _triton_tables(
+    args: argparse.Namespace, controller: Controller, work: Path
+) -> list[dict[str, Any]]:
+    """The same calls to a real Triton's ``slow`` model with no steps (it answers at once):
+    hangup's Triton bridge (HTTP in, gRPC ``ModelInfer`` out) against Envoy relaying HTTP."""
+    found = install()
+    if isinstance(found, str):
+        print(f"Triton tables skipped: {found}", flush=True)
+        return []
+    tables = []
+    with (
+        load_group(controller, args.weight) as group,
+        running_triton(work / f"triton-{time.monotonic_ns()}", found) as server,
+        contextlib.ExitStack() as stack,
+    ):
+        for pid in [server.popen.pid, *children(server.popen.pid)]:
+            group.add(pid)
+        bridge = ["--cancel-adapter", "triton", "--upstream-grpc", server.grpc]
+        relays = [proxy_relay(stack, 1, server.http, work, bridge)]
+        relays[0].name += " (Triton bridge)"
+        if args.envoy and envoy_binary().exists():
+            relays.append(envoy_relay(stack, 1, server.http, work, 1))
+        with limited(controller, relays, args.core, args.weight, args.period_us):
+            for title, keep in MODES.items():
+                load = Load(keep, args.concurrency, args.window, args.warmup, _TRITON_PATH)
+                tables.append(
+                    await table(f"Triton, {title}", relays, server.http, load, args.rounds, group)
+                )
+    return tables
+
+
 async def run(args: argparse.Namespace, controller: Controller) -> list[dict[str, Any]]:
     work = REPO / ".demo" / "bench-short-calls"
     tables = []
@@ -238,13 +284,14 @@ async def run(args: argparse.Namespace, controller: Controller) -> list[dict[str
     ):
         for pid in pids:
             group.add(pid)
-        names = [relay.name for relay in relays]
         for title, keep in MODES.items():
             load = Load(keep, args.concurrency, args.window, args.warmup)
             tables.append(await table(title, relays, upstream, load, args.rounds, group))
+    if args.triton:
+        tables += await _triton_tables(args, controller, work)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "rows.json").write_text(json.dumps(tables, indent=1))
-    text = report(args, tables, names)
+    text = report(args, tables)
     (args.out / "report.md").write_text(text)
     print(text, flush=True)
     return tables
@@ -263,6 +310,7 @@ def _arguments() -> argparse.Namespace:
     add("--weight", type=int, default=8, help="CPU weight of the relays' and the load's groups")
     add("--period-us", type=int, default=PERIOD_US, help="the CFS period of every quota")
     add("--no-envoy", dest="envoy", action="store_false")
+    add("--no-triton", dest="triton", action="store_false", help="skip the Triton tables")
     return parser.parse_args()
 
 

@@ -21,9 +21,13 @@ import time
 import uvloop
 
 BODY = json.dumps(
-    {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 180], "data": [0.25] * 180}]}
+    {
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [155], "data": [0.25] * 155}],
+        "parameters": {"steps": 0},
+    }
 ).encode()
-"""The request body: a KServe v2 call with 180 numbers, 1 KiB of JSON."""
+"""The request body: a KServe v2 call with 155 numbers, 1 KiB of JSON (for a real Triton, the
+``slow`` model of ``tests/triton/models`` with no steps: it answers at once)."""
 
 
 class _Window:
