@@ -63,7 +63,8 @@ class Config:
     stream_close_grace: float = 0.5  # longest wait for a cancel's answer before closing upstream
     drain_timeout: float = 30.0
     workers: int = 1  # processes sharing the HTTP and gRPC ports (proxy.workers) when > 1
-    reuse_port: bool = False  # set in each worker: its listeners share the ports (SO_REUSEPORT)
+    reuse_port: bool = False  # set in each worker: its gRPC listener shares the port
+    # (SO_REUSEPORT); its HTTP listener is the supervisor's shared socket (proxy.http.listener)
     ready_file: Path | None = None
     max_request_duration: float | None = None  # None: no proxy-side limit
     max_concurrent_streams: int = 1024  # 0: no limit

@@ -70,9 +70,7 @@ class HttpListener:
             server.on_open_changed = self._acceptor.changed
             self._acceptor.start()
             return self._acceptor.address
-        sock = socket.create_server(
-            (config.host, config.http_port), backlog=1024, reuse_port=config.reuse_port
-        )
+        sock = socket.create_server((config.host, config.http_port), backlog=1024)
         self._site = web.SockSite(self._runner, sock)
         await self._site.start()
         host, port = sock.getsockname()[:2]
