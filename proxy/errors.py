@@ -56,6 +56,12 @@ class BodyTimeout(ClientError):
     status = 408
 
 
+class BadBody(ClientError):
+    """A request body that cannot be framed (a broken chunked encoding)."""
+
+    status = 400
+
+
 class ExpectationFailed(ClientError):
     status = 417
 

@@ -51,7 +51,7 @@ class CallEnding:
         *,
         close_grace: float,
         gone_status: int,
-        log: Callable[[dict[str, object]], None],
+        log: Callable[[Call], None],
     ) -> None:
         self.call = call
         self._metrics = metrics
@@ -118,18 +118,23 @@ class CallEnding:
         self._metrics.finished(call.protocol, call.outcome)
         cancel = self.cancel
         if cancel is None:
-            self._log(call.record())
+            self._log(call)
             return
 
         def answered(task: CancelTask) -> None:
             call.cancel_answered_at = time.monotonic()
             if not task.cancelled():
                 call.cancel_result = task.result()
-            self._log(call.record())
+            self._log(call)
 
         cancel.add_done_callback(answered)
 
 
-def log_call(fields: dict[str, object]) -> None:
-    """A call's one log record (the shape of ``hangup_contract.runtime.logs``)."""
-    logging.getLogger(CALL_LOGGER).info("call", extra={"fields": fields})
+_call_log = logging.getLogger(CALL_LOGGER)
+
+
+def log_call(call: Call) -> None:
+    """A call's one log record (the shape of ``hangup_contract.runtime.logs``), its fields
+    gathered only when the record will be written."""
+    if _call_log.isEnabledFor(logging.INFO):
+        _call_log.info("call", extra={"fields": call.record()})

@@ -95,11 +95,17 @@ class ProxyMetrics:
             registry=registry,
             multiprocess_mode="livesum",
         )
-        for protocol in CallProtocol:
-            self.inflight.labels(protocol.value)
+        # The children every call touches, made once (``labels`` locks and looks up each time).
+        self.inflight_of = {p: self.inflight.labels(p.value) for p in CallProtocol}
+        self._requests: dict[tuple[CallProtocol, Outcome], Counter] = {}  # made when first used
 
     def finished(self, protocol: CallProtocol, outcome: Outcome) -> None:
-        self.requests.labels(protocol.value, outcome.value).inc()
+        child = self._requests.get((protocol, outcome))
+        if child is None:
+            child = self._requests[protocol, outcome] = self.requests.labels(
+                protocol.value, outcome.value
+            )
+        child.inc()
 
     def disconnected(self, protocol: CallProtocol, stage: Stage) -> None:
         self.client_disconnects.labels(protocol.value, stage.value).inc()

@@ -116,12 +116,12 @@ class ServerState:
             raise Overloaded(f"more than {limit} concurrent streams")
         self._calls.add(call)
         self._idle.clear()
-        self.metrics.inflight.labels(call.protocol.value).inc()
+        self.metrics.inflight_of[call.protocol].inc()
 
     def release(self, call: Call) -> None:
         if call in self._calls:
             self._calls.discard(call)
-            self.metrics.inflight.labels(call.protocol.value).dec()
+            self.metrics.inflight_of[call.protocol].dec()
         if not self._calls:
             self._idle.set()
 

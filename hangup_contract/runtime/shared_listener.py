@@ -132,7 +132,7 @@ def shared_listener(
 
 class BalancedAcceptor:
     """A child's side: accepts connections from the inherited socket for ``protocol_factory``
-    (an aiohttp server), one at a time, while this process is the least loaded.
+    (an HTTP server's), one at a time, while this process is the least loaded.
 
     ``connections`` returns how many connections the server holds; call :meth:`changed` when it
     changes (a connection made or lost) so that the board follows.

@@ -1,10 +1,10 @@
 """The HTTP/1.1 listener: relays any method and path upstream, and cancels calls whose client left.
 
-aiohttp's server parses requests and runs one handler task per connection; it is started with
-``handler_cancellation=True``, so the moment the client's connection is lost (FIN or RST, read
-by the transport whatever the handler is doing) the handler task is cancelled. That is how a
-hang-up is seen in every stage without waiting for the next write: while the request body is
-still arriving, while waiting for the upstream's first byte, and while streaming. A client that
+The server (``proxy.http.protocol``) parses requests and runs the handler for each in a task of
+its own; the moment the client's connection is lost (FIN or RST, read by the transport whatever
+the handler is doing) that task is cancelled. That is how a hang-up is seen in every stage
+without waiting for the next write: while the request body is still arriving, while waiting for
+the upstream's first byte, and while streaming. A client that
 only shuts down its write side looks the same to the transport and is treated as a hang-up (see
 docs/proxy.md, "Half-closed connections").
 
@@ -37,14 +37,13 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-from aiohttp import web
-
-from hangup_contract.runtime.connections import BodyStalled, body_chunks
+from hangup_contract.runtime.connections import BodyStalled
 from hangup_contract.vocabulary import Reason
 from proxy import responses
 from proxy.cancel.choice import body_tagger
 from proxy.config import AdapterName
 from proxy.errors import (
+    BadBody,
     BadTarget,
     BodyTimeout,
     BodyTooLarge,
@@ -60,6 +59,7 @@ from proxy.http.headers import client_response_headers, upstream_request_headers
 from proxy.http.scrape import scrape
 from proxy.http.tagging import TAG_LIMIT, tag_body
 from proxy.lifecycle import CallEnding, log_call
+from proxy.messages import Answer, ClientConnection, Request, Stream
 from proxy.request_ids import REQUEST_ID, choose_request_ids
 from proxy.state import Call, ServerState, interrupter
 from proxy.triton.bridge import TritonBridge, Upstream
@@ -69,43 +69,43 @@ from proxy.vocabulary import SERVER_HEADER, CallProtocol, Outcome, Stage
 
 log = logging.getLogger("hangup.proxy.http")
 
-_NO_BODY_STATUSES = frozenset({204, 304})
-
 
 def _as_is(body: bytes, request_id: str) -> bytes:
     return body
 
 
 class _ClientSink:
-    """Writes an upstream body to the client's transport as it arrives (chunked framing when
-    the response is chunked). A client that left is not written to: its hang-up ends the call
+    """Writes an upstream body to the client as it arrives (the response's head with its first
+    bytes). A client that left is not written to: its hang-up ends the call
     (``HttpRelay.connection_lost``)."""
 
-    __slots__ = ("_call", "_chunked", "_high", "_transport", "_writer")
+    __slots__ = ("_call", "_connection", "_high", "_response", "_transport")
 
-    def __init__(self, request: web.BaseRequest, call: Call, *, chunked: bool) -> None:
-        transport = request.transport
-        if transport is None:
+    def __init__(self, request: Request, response: Stream, call: Call) -> None:
+        transport = request.connection.transport
+        if transport is None or request.connection.closed:
             raise ClientGone("the client left before the response began")
         self._transport = transport
-        self._writer = request.writer
+        self._connection = request.connection
+        self._response = response
         self._call = call
-        self._chunked = chunked
         self._high = transport.get_write_buffer_limits()[1]
 
     def write(self, chunk: bytes) -> None:
-        if self._transport.is_closing():
+        if self._connection.closed:
             return
-        self._transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if self._chunked else chunk)
+        self._response.send(chunk)
         self._call.bytes_out += len(chunk)
 
+    def flush(self) -> None:
+        self._response.flush()
+
     def full(self) -> bool:
-        transport = self._transport
-        return not transport.is_closing() and transport.get_write_buffer_size() > self._high
+        return not self._connection.closed and self._transport.get_write_buffer_size() > self._high
 
     async def drain(self) -> None:
         try:
-            await self._writer.drain()
+            await self._connection.drain()
         except ConnectionResetError as exc:
             raise ClientGone(f"the client left mid-response: {exc}") from exc
 
@@ -113,12 +113,12 @@ class _ClientSink:
 class _Exchange:
     """One request/response pair on the client side, with what has been sent so far."""
 
-    def __init__(self, request: web.BaseRequest, call: Call, ending: CallEnding) -> None:
+    def __init__(self, request: Request, call: Call, ending: CallEnding) -> None:
         self.request = request
         self.call = call
         self.ending = ending
-        self.response: web.StreamResponse | None = None
-        self.body_error: BodyTooLarge | BodyTimeout | None = None  # why the body was cut
+        self.response: Stream | None = None
+        self.body_error: BodyTooLarge | BodyTimeout | BadBody | None = None  # why the body was cut
         self.upstream_task: asyncio.Task[Response] | None = None
         self.bridged: Upstream | None = None  # the gRPC call, when the Triton bridge answers
 
@@ -134,15 +134,15 @@ class HttpRelay:
         self._upstream = Client(self._base, connect_timeout=self._config.upstream_connect_timeout)
         triton = self._config.cancel_adapter is AdapterName.TRITON
         self._bridge = TritonBridge(self._config.upstream_grpc) if triton else None
-        # Calls whose upstream call is open, by the aiohttp protocol of their client connection.
-        self._relaying: dict[object, _Exchange] = {}
+        # Calls whose upstream call is open, by their client connection.
+        self._relaying: dict[ClientConnection, _Exchange] = {}
 
     async def close(self) -> None:
         await self._upstream.close()
         if self._bridge is not None:
             await self._bridge.close()
 
-    async def __call__(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def __call__(self, request: Request) -> Answer | Stream | None:
         if request.method == "GET" and request.path in self._config.scrape_paths:
             return await scrape(request, self._upstream, self._state.metrics)
         call = Call(CallProtocol.HTTP, request.method, request.path_qs, request.remote)
@@ -169,19 +169,19 @@ class HttpRelay:
         finally:
             self._state.release(call)
 
-    def connection_lost(self, protocol: object) -> None:
-        """The client connection ``protocol`` is gone: cancel its call upstream at once.
+    def connection_lost(self, connection: ClientConnection) -> None:
+        """The client ``connection`` is gone: cancel its call upstream at once.
 
-        Called by aiohttp's transport callback, before it cancels the handler task. Submitting
+        Called by the server's transport callback, before it cancels the handler task. Submitting
         the cancel here rather than when that cancellation reaches the handler saves a turn of
         the event loop, queued behind every relay callback that is ready (a whole engine step's
         token fan-out at high concurrency). The handler then finds the cancel submitted.
         """
-        ex = self._relaying.pop(protocol, None)
+        ex = self._relaying.pop(connection, None)
         if ex is not None:
             ex.ending.stop(ex.call.reason or Reason.CLIENT_DISCONNECT)
 
-    async def _guarded(self, ex: _Exchange) -> web.StreamResponse:
+    async def _guarded(self, ex: _Exchange) -> Answer | Stream | None:
         """Relay, mapping every way a call can end to its reason (``proxy.lifecycle`` does the
         rest: the cancel, the upstream's close, the count and the log line)."""
         call, ending = ex.call, ex.ending
@@ -205,7 +205,7 @@ class HttpRelay:
             ending.stop(call.reason or Reason.CLIENT_DISCONNECT)
             raise
         finally:
-            self._relaying.pop(ex.request.protocol, None)
+            self._relaying.pop(ex.request.connection, None)
             ending.close_upstream(lambda: self._close_upstream(ex))
             ending.finish()
 
@@ -223,13 +223,11 @@ class HttpRelay:
         elif not task.cancelled() and task.exception() is None:
             task.result().close()
 
-    async def _relay(self, ex: _Exchange) -> web.StreamResponse:
+    async def _relay(self, ex: _Exchange) -> Answer | Stream:
         request, call = ex.request, ex.call
         if not request.raw_path.startswith("/"):  # absolute-form or "*": not for a sidecar
             raise BadTarget(f"the request target must be a path, not {request.raw_path[:100]!r}")
-        ids = choose_request_ids(
-            request.headers.items(), trust_client=self._config.trust_client_request_id
-        )
+        ids = choose_request_ids(request.headers, trust_client=self._config.trust_client_request_id)
         call.request_id, call.client_request_id = ids.upstream, ids.client
         limit = self._config.max_body_size
         if (
@@ -239,7 +237,7 @@ class HttpRelay:
         ):
             raise BodyTooLarge(f"request body of {request.content_length} bytes exceeds {limit}")
         headers = upstream_request_headers(
-            request.headers.items(), ids=ids, client_addr=request.remote, scheme=request.scheme
+            request.headers, ids=ids, client_addr=request.remote, scheme=request.scheme
         )
         await self._continue(request)
         if self._bridge is not None and self._bridge.takes(request.method, request.path):
@@ -253,7 +251,7 @@ class HttpRelay:
         # leaves it open until the explicit cancel has been answered (CallEnding.close_upstream).
         ex.ending.upstream_open = True
         ex.upstream_task = asyncio.ensure_future(self._send(ex, headers, body))
-        self._relaying[request.protocol] = ex
+        self._relaying[request.connection] = ex
         upstream = await asyncio.shield(ex.upstream_task)
         try:
             call.upstream_ttfb = time.monotonic() - sent
@@ -267,7 +265,7 @@ class HttpRelay:
         upstream.release()
         return response
 
-    async def _bridged(self, ex: _Exchange, bridge: TritonBridge) -> web.StreamResponse:
+    async def _bridged(self, ex: _Exchange, bridge: TritonBridge) -> Answer | Stream:
         """Triton's infer or generate over gRPC (``proxy.triton``): the body read whole, then the
         call cancelled like any upstream call when the client leaves."""
         body = self._arrived(ex) if ex.request.body_exists else b""
@@ -281,22 +279,21 @@ class HttpRelay:
 
         def opened() -> None:
             ex.ending.upstream_open = True
-            self._relaying[ex.request.protocol] = ex
+            self._relaying[ex.request.connection] = ex
 
         assert ex.call.request_id is not None
         headers = {REQUEST_ID: ex.call.request_id, "Server": SERVER_HEADER}
         return await bridge.relay(ex.request, ex.call, body, upstream, opened, headers)
 
     @staticmethod
-    async def _continue(request: web.BaseRequest) -> None:
+    async def _continue(request: Request) -> None:
         """Answer ``Expect: 100-continue`` once the limits have passed (the body is wanted)."""
-        expect = request.headers.get("Expect")
+        expect = request.header("Expect")
         if expect is None or request.version < (1, 1):
             return
         if expect.lower() != "100-continue":
             raise ExpectationFailed(f"unsupported Expect: {expect}")
-        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        request.writer.output_size = 0  # the response proper has not started
+        request.connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     async def _request_body(
         self, ex: _Exchange, headers: list[tuple[str, str]], request_id: str
@@ -366,7 +363,7 @@ class HttpRelay:
         own error, so the reason is kept on the exchange too."""
         limit = self._config.max_body_size
         try:
-            async for chunk in body_chunks(ex.request, self._config.body_timeout):
+            async for chunk in ex.request.content.chunks(self._config.body_timeout):
                 ex.call.bytes_in += len(chunk)
                 if limit is not None and ex.call.bytes_in > limit:
                     raise BodyTooLarge(f"request body exceeds {limit} bytes")
@@ -374,7 +371,7 @@ class HttpRelay:
         except BodyStalled as exc:
             ex.body_error = BodyTimeout(str(exc))
             raise ex.body_error from exc
-        except BodyTooLarge as exc:
+        except (BodyTooLarge, BadBody) as exc:
             ex.body_error = exc
             raise
 
@@ -390,49 +387,36 @@ class HttpRelay:
                 raise ex.body_error from exc
             raise
 
-    async def _respond(self, ex: _Exchange, upstream: Response) -> web.StreamResponse:
+    async def _respond(self, ex: _Exchange, upstream: Response) -> Stream:
         request, call = ex.request, ex.call
         assert call.request_id is not None
-        response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-        for name, value in client_response_headers(upstream.headers, request_id=call.request_id):
-            response.headers.add(name, value)
-        has_body = request.method != "HEAD" and upstream.status >= 200
-        if (
-            has_body
-            and upstream.status not in _NO_BODY_STATUSES
-            and "Content-Length" not in response.headers
-        ):
-            response.enable_chunked_encoding()
+        headers = client_response_headers(upstream.headers, request_id=call.request_id)
+        response = Stream(upstream.status, upstream.reason, headers)
         if self._state.draining:
             response.force_close()
         try:
-            await response.prepare(request)
+            response.start(request)
         except ConnectionResetError as exc:
             raise ClientGone(f"the client left before the response began: {exc}") from exc
         ex.response, call.stage, call.status = response, Stage.STREAMING, upstream.status
-        if not has_body:
+        if request.method == "HEAD" or upstream.status < 200:
             return response
-        await upstream.stream_to(_ClientSink(request, call, chunked=response.chunked))
+        await upstream.stream_to(_ClientSink(request, response, call))
         return response
 
-    def _prepared(self, ex: _Exchange) -> web.StreamResponse:
+    def _prepared(self, ex: _Exchange) -> Stream | None:
         """The response already started; close the client connection so it cannot look complete."""
-        if ex.request.transport is not None:
-            ex.request.transport.close()
-        return ex.response if ex.response is not None else web.Response(status=499)
+        ex.request.connection.close()
+        return ex.response
 
-    def _error(self, ex: _Exchange, exc: ProxyError) -> web.StreamResponse:
+    def _error(self, ex: _Exchange, exc: ProxyError) -> Answer | Stream | None:
         call = ex.call
         call.outcome = call.outcome if call.outcome is Outcome.CANCELLED else exc.outcome
         call.error = exc.message
         if ex.response is not None:
             return self._prepared(ex)
         call.status = exc.status
-        body = {"error": {"message": exc.message, "type": "proxy_error", "code": exc.status}}
-        response = web.Response(
-            status=exc.status, text=json.dumps(body), content_type="application/json"
-        )
-        response.headers["Server"] = SERVER_HEADER
+        response = error_answer(exc.status, exc.message)
         if call.request_id is not None:
             response.headers[REQUEST_ID] = call.request_id
         if isinstance(exc, Overloaded):
@@ -443,3 +427,14 @@ class HttpRelay:
         if self._state.draining or unread or isinstance(exc, ProxyTimeout):
             response.force_close()
         return response
+
+
+def error_answer(status: int, message: str) -> Answer:
+    """An error the proxy answers itself: JSON, OpenAI-style, naming the proxy."""
+    body = {"error": {"message": message, "type": "proxy_error", "code": status}}
+    return Answer(
+        status,
+        json.dumps(body).encode(),
+        content_type="application/json",
+        headers={"Server": SERVER_HEADER},
+    )

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from aiohttp import web
-
 from proxy.errors import UpstreamError
+from proxy.messages import Answer, Request
 from proxy.metrics import ProxyMetrics
 from proxy.upstream.client import Client
 from proxy.vocabulary import SERVER_HEADER
@@ -18,15 +17,13 @@ SCRAPE_TIMEOUT_S = 10.0
 SCRAPE_MAX_BYTES = 16 << 20
 
 
-async def scrape(
-    request: web.BaseRequest, upstream_client: Client, metrics: ProxyMetrics
-) -> web.StreamResponse:
+async def scrape(request: Request, upstream_client: Client, metrics: ProxyMetrics) -> Answer:
     """A metrics scrape (``--scrape-paths``), relayed as a plain GET outside the call
     accounting: an Endpoint Picker scrapes every 50 ms, and a call for each (a log line,
     the call metrics) would bury the calls that matter. There is nothing to cancel: a
     scrape whose client leaves is dropped with its handler. The answer is read whole (at
     most ``SCRAPE_MAX_BYTES``, within ``SCRAPE_TIMEOUT_S``), as scrapers expect it."""
-    headers = [(n, v) for n, v in request.headers.items() if n.lower() in _SCRAPE_HEADERS]
+    headers = [(n, v) for n, v in request.headers if n.lower() in _SCRAPE_HEADERS]
     try:
         async with asyncio.timeout(SCRAPE_TIMEOUT_S):
             upstream = await upstream_client.request("GET", request.raw_path, headers, None)
@@ -45,14 +42,11 @@ async def scrape(
         metrics.scrapes.labels(str(status)).inc()
         message = f"metrics scrape of the upstream failed: {exc or type(exc).__name__}"
         error = {"error": {"message": message, "type": "proxy_error", "code": status}}
-        return web.Response(
-            status=status,
-            text=json.dumps(error),
+        return Answer(
+            status,
+            json.dumps(error).encode(),
             content_type="application/json",
             headers={"Server": SERVER_HEADER},
         )
     metrics.scrapes.labels(str(status)).inc()
-    response = web.Response(status=status, body=body, headers={"Server": SERVER_HEADER})
-    if content_type is not None:
-        response.headers["Content-Type"] = content_type
-    return response
+    return Answer(status, body, content_type=content_type, headers={"Server": SERVER_HEADER})

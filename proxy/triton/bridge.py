@@ -28,10 +28,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
-from aiohttp import web
 
 from hangup_contract.protos import inference_pb2 as pb
 from proxy.errors import ClientGone
+from proxy.messages import Answer, Request, Stream
 from proxy.state import Call
 from proxy.triton.codec import GenerateError, answer, encode, generate_request, parse_body
 from proxy.triton.infer import HEADER_LENGTH, infer_answer, infer_request
@@ -94,13 +94,13 @@ class TritonBridge:
 
     async def relay(
         self,
-        request: web.BaseRequest,
+        request: Request,
         call: Call,
         raw: bytes,
         upstream: Upstream,
         opened: Callable[[], None],
         headers: Mapping[str, str],
-    ) -> web.StreamResponse:
+    ) -> Answer | Stream:
         """Answer ``request`` (its body ``raw``) from Triton over gRPC, with ``headers`` (the
         proxy's own: the call's id, ``Server``) on every answer. ``opened`` is called once the
         gRPC call is open (from then on a hang-up cancels it through ``upstream``)."""
@@ -115,28 +115,27 @@ class TritonBridge:
                 response.content_type = "text/plain"  # as Triton labels this one
         if call.status in (400, 404):  # the model may have changed: its metadata is read again
             self.models.forget(model, version)
-        if not response.prepared:  # a stream was prepared with them
+        if isinstance(response, Answer):  # a stream was started with them
             response.headers.update(headers)
         return response
 
     async def _answer(
         self,
         match: re.Match[str],
-        request: web.BaseRequest,
+        request: Request,
         call: Call,
         raw: bytes,
         upstream: Upstream,
         opened: Callable[[], None],
         headers: Mapping[str, str],
-    ) -> web.StreamResponse:
+    ) -> Answer | Stream:
         model, version, route = match["model"], match["version"] or "", match["route"]
         try:
             inputs = await self.models.inputs(model, version)
             if route == "infer":
                 if inputs.decoupled:  # as Triton answers it (its JSON, labelled text/plain)
-                    return _sent(call, web.Response(status=501, body=DECOUPLED,
-                                                    content_type="text/plain"))  # fmt: skip
-                length = request.headers.get(HEADER_LENGTH)
+                    return _sent(call, Answer(501, DECOUPLED, content_type="text/plain"))
+                length = request.header(HEADER_LENGTH)
                 infer, binary, all_binary = infer_request(model, version, raw, length)
             else:
                 infer = generate_request(inputs, parse_body(raw))
@@ -154,7 +153,7 @@ class TritonBridge:
             except GenerateError as exc:
                 return _error(call, exc.status, exc.message)
             call.upstream_ttfb = time.monotonic() - sent
-            return _sent(call, web.Response(status=200, body=body, headers=headers))
+            return _sent(call, Answer(200, body, headers=headers))
         if route == "generate" and not inputs.decoupled:
             unary = upstream.call = self._infer(infer)
             opened()
@@ -179,7 +178,7 @@ class TritonBridge:
         return await _streamed(request, call, stream, sent, first, headers)
 
 
-async def _collected(call: Call, stream: Any, sent: float, first: bool) -> web.StreamResponse:
+async def _collected(call: Call, stream: Any, sent: float, first: bool) -> Answer:
     """``generate`` on a decoupled model: its one response (several are refused)."""
     responses: list[pb.ModelInferResponse] = []
     try:
@@ -199,22 +198,22 @@ async def _collected(call: Call, stream: Any, sent: float, first: bool) -> web.S
 
 
 async def _streamed(
-    request: web.BaseRequest,
+    request: Request,
     call: Call,
     stream: Any,
     sent: float,
     first: bool,
     headers: Mapping[str, str],
-) -> web.StreamResponse:
+) -> Answer | Stream:
     """``generate_stream``: one event per response, written as it arrives."""
-    response: web.StreamResponse | None = None
+    response: Stream | None = None
     try:
         async for message in stream:
             if response is None:
                 call.upstream_ttfb = time.monotonic() - sent
                 if message.error_message:
                     return _error(call, 400, message.error_message)
-                response = await _prepare(request, call, headers)
+                response = _start(request, call, headers)
             data = stream_event(message, first)
             await _write(response, call, b"data: " + data + b"\n\n")
     except grpc.aio.AioRpcError as exc:
@@ -222,8 +221,7 @@ async def _streamed(
             return _rpc_error(call, exc)
         await _write(response, call, b"data: " + encode({"error": exc.details()}) + b"\n\n")
     if response is None:  # no response at all: Triton answers 200 with an empty stream
-        response = await _prepare(request, call, headers)
-    await response.write_eof()
+        response = _start(request, call, headers)
     return response
 
 
@@ -238,19 +236,17 @@ def stream_event(message: pb.ModelStreamInferResponse, first: bool) -> bytes:
         return encode({"error": exc.message})
 
 
-async def _prepare(
-    request: web.BaseRequest, call: Call, headers: Mapping[str, str]
-) -> web.StreamResponse:
-    response = web.StreamResponse(status=200, headers={"Content-Type": EVENT_STREAM, **headers})
+def _start(request: Request, call: Call, headers: Mapping[str, str]) -> Stream:
+    response = Stream(200, headers=[("Content-Type", EVENT_STREAM), *headers.items()])
     try:
-        await response.prepare(request)
+        response.start(request)
     except ConnectionResetError as exc:
         raise ClientGone(f"the client left before the response began: {exc}") from exc
     call.stage, call.status = Stage.STREAMING, 200
     return response
 
 
-async def _write(response: web.StreamResponse, call: Call, data: bytes) -> None:
+async def _write(response: Stream, call: Call, data: bytes) -> None:
     try:
         await response.write(data)
     except ConnectionResetError as exc:
@@ -258,23 +254,23 @@ async def _write(response: web.StreamResponse, call: Call, data: bytes) -> None:
     call.bytes_out += len(data)
 
 
-def _sent(call: Call, response: web.Response) -> web.Response:
+def _sent(call: Call, response: Answer) -> Answer:
     call.status = response.status
-    call.bytes_out += len(response.body) if isinstance(response.body, bytes) else 0
+    call.bytes_out += len(response.body)
     return response
 
 
-def _json(call: Call, status: int, body: object) -> web.Response:
+def _json(call: Call, status: int, body: object) -> Answer:
     data = encode(body)
     call.status = status
     call.bytes_out += len(data)
-    return web.Response(status=status, body=data, content_type="application/json")
+    return Answer(status, data, content_type="application/json")
 
 
-def _error(call: Call, status: int, message: str) -> web.Response:
+def _error(call: Call, status: int, message: str) -> Answer:
     call.error = message
     return _json(call, status, {"error": message})
 
 
-def _rpc_error(call: Call, exc: grpc.aio.AioRpcError) -> web.Response:
+def _rpc_error(call: Call, exc: grpc.aio.AioRpcError) -> Answer:
     return _error(call, _STATUS.get(exc.code(), 500), exc.details() or str(exc.code()))

@@ -57,6 +57,9 @@ class Sink(Protocol):
     def write(self, chunk: bytes) -> None:
         """Take one chunk (called from the connection's callback: must not block)."""
 
+    def flush(self) -> None:
+        """Nothing more is ready for now: write what the sink holds back (a response's head)."""
+
     def full(self) -> bool:
         """True when the sink can take no more for now: reading from the upstream pauses."""
 
@@ -119,6 +122,9 @@ class Collected:
         self._size += len(chunk)
         if self._size <= self._limit:
             self.chunks.append(chunk)
+
+    def flush(self) -> None:
+        pass
 
     def full(self) -> bool:
         return self._size > self._limit
@@ -248,6 +254,7 @@ class Connection(asyncio.Protocol):
                 await sink.drain()
                 self._resume()
                 continue
+            sink.flush()
             self._waiter = loop.create_future()
             try:
                 await self._waiter

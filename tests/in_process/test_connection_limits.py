@@ -8,6 +8,7 @@ response that streams longer than both timeouts is never cut by them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterator
@@ -338,3 +339,32 @@ async def test_the_head_clock_starts_at_the_heads_first_byte(proxy: Server) -> N
     writer.close()
     assert head.startswith(b"HTTP/1.1 200")
     assert _closed(proxy, "http", "header_timeout") == 1  # the probe only
+
+
+async def test_a_refused_body_still_arriving_does_not_cost_the_client_its_answer(
+    upstream: ScriptedUpstream,
+) -> None:
+    """A client that goes on sending a body the proxy refused (413 on its declared size) reads
+    the whole answer and then the end of the connection, not a reset: the proxy reads and drops
+    the rest for a while (lingering) instead of closing over unread bytes."""
+    head = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 104857600\r\n\r\n"
+    async with running_proxy(upstream.url, max_body_size=1000) as proxy:
+        for _ in range(5):
+            reader, writer = await _open(proxy.addresses["http"])
+            writer.write(head)
+
+            async def send_the_body(writer: asyncio.StreamWriter = writer) -> None:
+                with contextlib.suppress(ConnectionError):
+                    for _ in range(400):
+                        writer.write(b"x" * 65536)
+                        await writer.drain()
+
+            sending = asyncio.ensure_future(send_the_body())
+            try:
+                async with asyncio.timeout(5):
+                    answer = await reader.read()  # everything until the end of the connection
+            finally:
+                sending.cancel()
+                writer.close()
+            assert answer.startswith(b"HTTP/1.1 413") and b"exceeds 1000" in answer
+    assert not upstream.requests

@@ -159,16 +159,21 @@ async def test_oversized_or_too_many_headers_are_refused_with_a_one_line_warning
     caplog.set_level("WARNING", logger="hangup.proxy.http.server")
     async with running_proxy(upstream.url, max_header_size=100, max_headers=8) as proxy:
         async with session.get(http_url(proxy) + "/echo", headers={"X-Big": "y" * 200}) as resp:
-            assert resp.status == 400
-            assert "Got more than 100 bytes" in await resp.text()
+            assert resp.status == 431
+            message = (await resp.json())["error"]["message"]
+            assert message == "header 'X-Big' is longer than 100 bytes"
         many = {f"X-H{i}": "y" for i in range(12)}
         async with session.get(http_url(proxy) + "/echo", headers=many) as resp:
-            assert resp.status == 400
+            assert resp.status == 431
+            assert (await resp.json())["error"]["message"] == "more than 8 header fields"
+        async with session.get(http_url(proxy) + "/echo?" + "q" * 200) as resp:
+            assert resp.status == 414
+            assert "longer than 100 bytes" in (await resp.json())["error"]["message"]
         async with session.get(http_url(proxy) + "/echo", headers={"X-Small": "y"}) as resp:
             assert resp.status == 200
     assert len(upstream.requests) == 1
     records = [r for r in caplog.records if r.name == "hangup.proxy.http.server"]
-    assert [r.levelname for r in records] == ["WARNING", "WARNING"]
+    assert [r.levelname for r in records] == ["WARNING", "WARNING", "WARNING"]
     assert all(
         r.exc_info is None and r.getMessage().startswith("bad request from 127.0.0.1")
         for r in records
@@ -282,3 +287,99 @@ async def test_a_target_that_is_not_a_path_is_a_clear_400(
         writer.close()
     assert head.split(b" ")[1] == b"400"  # aiohttp's parser already refuses "*"
     assert not upstream.requests  # nothing was sent upstream
+
+
+async def _answer(reader: asyncio.StreamReader) -> tuple[bytes, dict[str, str], bytes]:
+    """One answer off a raw connection: its status line, its fields (lower-cased names), its body
+    (framed by length, chunks, or the end of the connection)."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    fields = dict(line.split(": ", 1) for line in head[1:] if line)
+    fields = {name.lower(): value for name, value in fields.items()}
+    if "content-length" in fields:
+        return head[0].encode(), fields, await reader.readexactly(int(fields["content-length"]))
+    if fields.get("transfer-encoding") == "chunked":
+        body = b""
+        while size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16):
+            body += (await reader.readexactly(size + 2))[:-2]
+        await reader.readexactly(2)
+        return head[0].encode(), fields, body
+    return head[0].encode(), fields, await reader.read()
+
+
+async def test_pipelined_requests_are_answered_in_order_then_a_bad_one_closes(
+    upstream: ScriptedUpstream,
+) -> None:
+    """Three requests and a line that is no request, in one write: three answers in the order
+    asked, each from its own upstream call, then a 400 naming the problem, then the close."""
+    async with running_proxy(upstream.url) as proxy:
+        pipelined = b"".join(
+            f"GET /echo/{n} HTTP/1.1\r\nHost: m\r\n\r\n".encode() for n in range(3)
+        )
+        reader, writer = await raw_request(proxy.addresses["http"], pipelined + b"NOT HTTP\r\n\r\n")
+        try:
+            async with asyncio.timeout(5):
+                answers = [await _answer(reader) for _ in range(3)]
+                status, fields, body = await _answer(reader)
+                assert await reader.read() == b""  # closed
+        finally:
+            writer.close()
+    assert [json.loads(body)["path"] for _, _, body in answers] == ["/echo/0", "/echo/1", "/echo/2"]
+    assert len({fields["x-request-id"] for _, fields, _ in answers}) == 3
+    assert status == b"HTTP/1.1 400 Bad Request" and fields["connection"] == "close"
+    assert "could not be parsed" in json.loads(body)["error"]["message"]
+
+
+async def test_an_http_1_0_client_gets_a_stream_framed_by_the_close(
+    upstream: ScriptedUpstream,
+) -> None:
+    """HTTP/1.0 has no chunked encoding: a stream without a length ends with the connection."""
+    async with running_proxy(upstream.url) as proxy:
+        reader, writer = await raw_request(
+            proxy.addresses["http"], b"GET /sse?events=2 HTTP/1.0\r\nHost: m\r\n\r\n"
+        )
+        try:
+            async with asyncio.timeout(5):
+                status, fields, body = await _answer(reader)
+        finally:
+            writer.close()
+    assert status == b"HTTP/1.1 200 OK" and "transfer-encoding" not in fields
+    assert body == b'data: {"n": 0}\n\ndata: {"n": 1}\n\ndata: [DONE]\n\n'
+
+
+async def test_a_head_request_gets_no_body_and_the_connection_serves_another(
+    upstream: ScriptedUpstream,
+) -> None:
+    async with running_proxy(upstream.url) as proxy:
+        reader, writer = await raw_request(
+            proxy.addresses["http"],
+            b"HEAD /sse?events=2 HTTP/1.1\r\nHost: m\r\n\r\nGET /echo HTTP/1.1\r\nHost: m\r\n\r\n",
+        )
+        try:
+            async with asyncio.timeout(5):
+                head = await reader.readuntil(b"\r\n\r\n")
+                status, _, body = await _answer(reader)  # the next answer follows at once
+        finally:
+            writer.close()
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"Transfer-Encoding" not in head
+    assert status == b"HTTP/1.1 200 OK" and json.loads(body)["method"] == "GET"
+
+
+async def test_a_chunked_body_that_breaks_off_is_answered_400_at_once(
+    upstream: ScriptedUpstream,
+) -> None:
+    """A chunk size that is not hex, after a chunk already relayed: 400 naming it at once (not
+    a wait for the body timeout), and the connection closes."""
+    async with running_proxy(upstream.url, body_timeout=30) as proxy:
+        reader, writer = await raw_request(
+            proxy.addresses["http"],
+            b"POST /echo HTTP/1.1\r\nHost: m\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\nZZ\r\n",
+        )
+        try:
+            async with asyncio.timeout(5):
+                status, fields, body = await _answer(reader)
+                assert await reader.read() == b""  # closed
+        finally:
+            writer.close()
+    assert status == b"HTTP/1.1 400 Bad Request" and fields["connection"] == "close"
+    assert json.loads(body)["error"]["message"].startswith("the request body is broken")

@@ -30,6 +30,9 @@ class Collect:
     def write(self, chunk: bytes) -> None:
         self.chunks.append(chunk)
 
+    def flush(self) -> None:
+        pass
+
     def full(self) -> bool:
         return False
 

@@ -36,7 +36,7 @@ class Scripted:
         self.call.request_id = "call-1"
         self.ending = CallEnding(
             self.call, ProxyMetrics(self.registry), self.submit, close_grace=grace,
-            gone_status=499, log=self.lines.append,
+            gone_status=499, log=lambda call: self.lines.append(call.record()),
         )  # fmt: skip
 
     def submit(self, request_id: str, reason: Reason, detected_at: float) -> Any:

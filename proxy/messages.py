@@ -1,0 +1,372 @@
+"""A request as the proxy's HTTP/1.1 server (``proxy.http.protocol``) reads it (:class:`Request`,
+its :class:`RequestBody`), and the two kinds of answer it writes: :class:`Answer`, whole (an
+error, a scrape, a Triton answer), and :class:`Stream`, written as its body arrives (a relayed
+response, an event stream).
+
+A stream's head is held until its first bytes of body (or its end, or :meth:`Stream.flush`),
+so a head and the body that is ready with it leave in one write. Framing is the server's:
+``Content-Length`` when the answer names one, else chunked for an HTTP/1.1 client, else the end
+of the connection; no body for ``HEAD``, 1xx, 204 and 304.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Mapping
+from email.utils import formatdate
+from http import HTTPStatus
+from typing import Protocol
+from urllib.parse import unquote
+
+from hangup_contract.runtime.connections import BodyStalled, CloseReason
+
+Headers = list[tuple[str, str]]
+
+_BODY_HIGH = 256 * 1024  # body bytes held unread before reading from the client pauses
+_BODY_LOW = 64 * 1024  # ... and resumes
+_NO_BODY_STATUSES = frozenset({204, 304})
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+
+
+class ClientConnection(Protocol):
+    """What a request and its answer use of the client connection they came on."""
+
+    transport: asyncio.Transport | None
+    remote: str | None  # the client's address
+    closed: bool
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None:
+        """Return once the connection can take more; ``ConnectionResetError`` if it is lost."""
+        ...
+
+    def close(self) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+    def note(self, reason: CloseReason) -> None:
+        """Count the connection as closed for ``reason``."""
+
+
+class RequestBody:
+    """A request's body as it arrives. Reading from the client pauses while more than 256 KiB
+    wait unread, so a client cannot fill the proxy's memory faster than the upstream takes it."""
+
+    __slots__ = ("_chunks", "_connection", "_eof", "_error", "_paused", "_size", "_waiter")
+
+    def __init__(self, connection: ClientConnection) -> None:
+        self._connection = connection
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+        self._eof = False
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+
+    def feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        self._wake()
+        if self._size > _BODY_HIGH and not self._paused:
+            self._paused = True
+            self._connection.pause_reading()
+
+    def feed_eof(self) -> None:
+        self._eof = True
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        """The body will not end: the client left (a reader gets ``error``)."""
+        if not self._eof:
+            self._error = error
+            self._wake()
+
+    def is_eof(self) -> bool:
+        """The whole body has arrived (read or not)."""
+        return self._eof
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def read_nowait(self) -> bytes:
+        """Everything that has arrived and not been read."""
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self._taken(self._size)
+        return data
+
+    async def readany(self) -> bytes:
+        """The next bytes to arrive; ``b""`` at the end of the body."""
+        while not self._chunks:
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return b""
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunk = self._chunks.popleft()
+        self._taken(len(chunk))
+        return chunk
+
+    async def chunks(self, stall_limit: float) -> AsyncIterator[bytes]:
+        """The body as it arrives. Raises ``BodyStalled`` when no byte of it comes for
+        ``stall_limit`` seconds (0: wait for ever); the connection is then counted as closed
+        for ``body_timeout`` (the caller answers 408 and closes it)."""
+        while True:
+            try:
+                async with asyncio.timeout(stall_limit or None):
+                    chunk = await self.readany()
+            except TimeoutError:
+                self._connection.note(CloseReason.BODY_TIMEOUT)
+                raise BodyStalled(
+                    f"no bytes of the request body arrived for {stall_limit:g} s"
+                ) from None
+            if not chunk:
+                return
+            yield chunk
+
+    def _taken(self, size: int) -> None:
+        self._size -= size
+        if self._paused and self._size <= _BODY_LOW:
+            self._paused = False
+            self._connection.resume_reading()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
+class Request:
+    """One request's head, its body as it arrives, and the connection it came on."""
+
+    __slots__ = (
+        "_path",
+        "chunked",
+        "connection",
+        "content",
+        "content_length",
+        "headers",
+        "keep_alive",
+        "method",
+        "raw_path",
+        "remote",
+        "version",
+    )
+
+    scheme = "http"
+
+    def __init__(
+        self,
+        connection: ClientConnection,
+        method: str,
+        raw_path: str,
+        version: tuple[int, int],
+        headers: Headers,
+        *,
+        keep_alive: bool,
+        content_length: int | None,
+        chunked: bool,
+    ) -> None:
+        self.connection = connection
+        self.method = method
+        self.raw_path = raw_path  # the target as sent: path and query
+        self.version = version
+        self.headers = headers  # as sent: order and repeats kept
+        self.keep_alive = keep_alive  # the client will send another request on this connection
+        self.content_length = content_length
+        self.chunked = chunked
+        self.remote = connection.remote
+        self.content = RequestBody(connection)
+        self._path: str | None = None
+
+    @property
+    def path(self) -> str:
+        """The target's path, percent-decoded, without the query."""
+        if self._path is None:
+            self._path = unquote(self.raw_path.partition("?")[0], errors="surrogateescape")
+        return self._path
+
+    @property
+    def path_qs(self) -> str:
+        return self.raw_path
+
+    @property
+    def body_exists(self) -> bool:
+        return self.chunked or bool(self.content_length)
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name`` (any case), or None."""
+        lowered = name.lower()
+        return next((v for n, v in self.headers if n.lower() == lowered), None)
+
+
+class _Date:
+    """The ``Date`` header value, made once a second."""
+
+    second = -1
+    value = ""
+
+    @classmethod
+    def now(cls) -> str:
+        second = int(time.time())
+        if second != cls.second:
+            cls.second, cls.value = second, formatdate(second, usegmt=True)
+        return cls.value
+
+
+def _head(
+    method: str, version: tuple[int, int], keep_alive: bool, status: int, reason: str | None,
+    headers: Iterable[tuple[str, str]], *, body: bool, close: bool,
+) -> tuple[bytes, bool, bool]:  # fmt: skip
+    """A response head for a request (its method, version, whether its client keeps the
+    connection); with whether its body goes chunked and whether the connection must close after
+    it (a body with no length and no chunked encoding is framed by the close)."""
+    lines = [f"HTTP/1.1 {status} {reason or _REASONS.get(status, 'Unknown')}"]
+    sized = dated = False
+    for name, value in headers:
+        lines.append(f"{name}: {value}")
+        lowered = name.lower()
+        if lowered == "content-length":
+            sized = True
+        elif lowered == "date":
+            dated = True
+    if not dated:
+        lines.append(f"Date: {_Date.now()}")
+    body = body and method != "HEAD" and status >= 200 and status not in _NO_BODY_STATUSES
+    chunked = body and not sized and version >= (1, 1)
+    if chunked:
+        lines.append("Transfer-Encoding: chunked")
+    close = close or not keep_alive or (body and not sized and not chunked)
+    if close:
+        if version >= (1, 1):
+            lines.append("Connection: close")
+    elif version < (1, 1):
+        lines.append("Connection: keep-alive")
+    lines.append("\r\n")
+    return "\r\n".join(lines).encode("latin-1", "replace"), chunked, close
+
+
+class Answer:
+    """A whole answer: written, head and body in one write, once the handler returns it."""
+
+    started = False
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes = b"",
+        *,
+        content_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.headers: dict[str, str] = dict(headers or {})
+        self.closes = False
+
+    def force_close(self) -> None:
+        """Close the connection after this answer."""
+        self.closes = True
+
+    def write_to(self, request: Request) -> bool:
+        """Write the answer; returns whether the connection must close after it."""
+        data, close = self.encode(request.method, request.version, request.keep_alive)
+        request.connection.write(data)
+        return close
+
+    def encode(self, method: str, version: tuple[int, int], keep_alive: bool) -> tuple[bytes, bool]:
+        """Head and body, for a request of ``method`` and ``version``; with whether the
+        connection closes after it."""
+        headers = list(self.headers.items())
+        if self.content_type is not None:
+            headers.append(("Content-Type", self.content_type))
+        headers.append(("Content-Length", str(len(self.body))))
+        head, _, close = _head(
+            method, version, keep_alive, self.status, None, headers, body=False, close=self.closes
+        )
+        return (head if method == "HEAD" else head + self.body), close
+
+
+class Stream:
+    """An answer written as its body arrives: :meth:`start`, :meth:`send` each chunk (or
+    ``await write``), then :meth:`finish`. The head waits for the first chunk."""
+
+    started = False
+
+    def __init__(self, status: int, reason: str | None = None, headers: Headers | None = None):
+        self.status = status
+        self.reason = reason
+        self.headers: Headers = headers if headers is not None else []
+        self.closes = False
+        self.chunked = False
+        self.finished = False
+        self._request: Request | None = None
+        self._pending = b""  # the head, until the first chunk takes it along
+
+    def force_close(self) -> None:
+        """Close the connection after this answer."""
+        self.closes = True
+
+    def start(self, request: Request) -> None:
+        """Fix the head (sent with the first chunk). Raises ``ConnectionResetError`` when the
+        client has already left."""
+        if request.connection.closed:
+            raise ConnectionResetError("the client's connection is closed")
+        self._pending, self.chunked, self.closes = _head(
+            request.method,
+            request.version,
+            request.keep_alive,
+            self.status,
+            self.reason,
+            self.headers,
+            body=True,
+            close=self.closes,
+        )
+        self._request = request
+        self.started = True
+
+    def send(self, chunk: bytes) -> None:
+        """Write one chunk now (with the head, the first time)."""
+        assert self._request is not None
+        if self.chunked:
+            chunk = b"%x\r\n%b\r\n" % (len(chunk), chunk)
+        if self._pending:
+            chunk, self._pending = self._pending + chunk, b""
+        self._request.connection.write(chunk)
+
+    def flush(self) -> None:
+        """Write the head now if it still waits (nothing more is ready with it)."""
+        if self._pending and self._request is not None:
+            self._request.connection.write(self._pending)
+            self._pending = b""
+
+    async def write(self, chunk: bytes) -> None:
+        """Send one chunk and wait until the client's connection can take more. Raises
+        ``ConnectionResetError`` when the client has left."""
+        assert self._request is not None
+        if self._request.connection.closed:
+            raise ConnectionResetError("the client's connection is closed")
+        self.send(chunk)
+        await self._request.connection.drain()
+
+    def finish(self) -> bool:
+        """End the body; returns whether the connection must close after it."""
+        if not self.finished and self._request is not None:
+            self.finished = True
+            end = b"0\r\n\r\n" if self.chunked else b""
+            if self._pending or end:
+                self._request.connection.write(self._pending + end)
+                self._pending = b""
+        return self.closes
+
+    async def write_eof(self) -> None:
+        self.finish()
