@@ -67,7 +67,8 @@ class HttpConnection(asyncio.Protocol):
         self._parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport | None = None
         self.remote: str | None = None
-        self.closed = False
+        self.closed = False  # lost: asyncio said so
+        self._closing = False  # closed by the proxy, or by the client: nothing more is written
         # What the sweep reads: when the connection went quiet, when a head began arriving.
         self.quiet_since = 0.0
         self.head_started = 0.0
@@ -86,7 +87,7 @@ class HttpConnection(asyncio.Protocol):
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._wrote = False  # bytes went out for the request being handled
-        self._lingering = False  # answered and shut for writing: what still comes is dropped
+        self.lingering = False  # answered and shut for writing: what still comes is dropped
 
     # asyncio's side
 
@@ -98,7 +99,7 @@ class HttpConnection(asyncio.Protocol):
         self._server.opened(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.closed or self._upgraded or self._lingering:
+        if self.closed or self._upgraded or self.lingering:
             return
         try:
             self._parser.feed_data(data)
@@ -147,8 +148,11 @@ class HttpConnection(asyncio.Protocol):
     # what answers and bodies use
 
     def write(self, data: bytes) -> None:
-        if not self.closed and self.transport is not None:
-            self.transport.write(data)
+        """Write ``data`` unless the connection is closing: a response cut short must not be
+        completed by a later write (its last chunk) into a closing transport's buffer."""
+        transport = self.transport
+        if transport is not None and not self._closing and not transport.is_closing():
+            transport.write(data)
             self._wrote = True
 
     async def drain(self) -> None:
@@ -163,6 +167,7 @@ class HttpConnection(asyncio.Protocol):
         await asyncio.shield(self._drained)
 
     def close(self) -> None:
+        self._closing = True
         if self.transport is not None and not self.closed:
             self.transport.close()
 
@@ -262,7 +267,8 @@ class HttpConnection(asyncio.Protocol):
 
     def _answered(self, request: Request, answer: Answer | Stream | None) -> None:
         self._task = None
-        if self.closed:
+        transport = self.transport
+        if self.closed or self._closing or transport is None or transport.is_closing():
             return
         if isinstance(answer, Answer):
             close = answer.write_to(request)
@@ -294,11 +300,13 @@ class HttpConnection(asyncio.Protocol):
         ``lingering_close``). Closing with unread bytes would send a reset, which can destroy the
         answer before the client reads it."""
         transport = self.transport
-        if transport is None or self.closed or not transport.can_write_eof():
+        if transport is None or self._closing or transport.is_closing():
+            return
+        if not transport.can_write_eof():
             self.close()
             return
-        self._lingering = True
-        self.handling = None  # nothing is under way: the sweep and a shutdown may close it
+        self.lingering = True
+        self.handling = None  # nothing is under way: a shutdown may close it
         transport.write_eof()
         if self._reading_paused:
             self._reading_paused = 0
@@ -320,7 +328,7 @@ class HttpConnection(asyncio.Protocol):
         answer = self._server.error(refusal.status, refusal.message)
         answer.force_close()
         self.write(answer.encode("GET", (1, 1), False)[0])
-        self.close()
+        self._linger()  # the rest of an oversized head may still be arriving
 
 
 class HttpServer:
@@ -418,6 +426,8 @@ class HttpServer:
         now = self.loop.time()
         limits = self.limits
         for connection in list(self.connections):
+            if connection.lingering:
+                continue  # its own timer closes it
             if connection.busy():
                 connection.quiet_since, connection.partial = now, False
             elif connection.partial:
