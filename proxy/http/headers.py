@@ -51,27 +51,45 @@ def strip_hop_by_hop(headers: Iterable[tuple[str, str]]) -> Headers:
     return [(name, value) for name, value in items if name.lower() not in scoped]
 
 
-def _first(headers: Iterable[tuple[str, str]], name: str) -> str | None:
-    lowered = name.lower()
-    return next((value for key, value in headers if key.lower() == lowered), None)
-
-
 def upstream_request_headers(
     headers: Iterable[tuple[str, str]], *, ids: RequestIds, client_addr: str | None, scheme: str
 ) -> Headers:
-    """The headers to send upstream for a client request carrying ``headers``."""
-    out = [(n, v) for n, v in strip_hop_by_hop(headers) if n.lower() not in _DROP_UPSTREAM]
-    forwarded_for = _first(out, "X-Forwarded-For")
+    """The headers to send upstream for a client request carrying ``headers`` (one pass: this
+    runs for every call)."""
+    out: Headers = []
+    named: set[str] = set()  # what Connection names, dropped once it is all known
+    forwarded_for: str | None = None
+    forwarded_proto = False
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered in HOP_BY_HOP:
+            if lowered == "connection":
+                named.update(t.strip().lower() for t in value.split(",") if t.strip())
+        elif lowered in _DROP_UPSTREAM:
+            pass
+        elif lowered == "x-forwarded-for" and client_addr:
+            if forwarded_for is None:
+                forwarded_for = value
+        else:
+            forwarded_proto = forwarded_proto or lowered == "x-forwarded-proto"
+            out.append((name, value))
+    if named:
+        out = [(n, v) for n, v in out if n.lower() not in named]
+        forwarded_for = None if "x-forwarded-for" in named else forwarded_for
+        forwarded_proto = forwarded_proto and "x-forwarded-proto" not in named
     if client_addr:
-        out = [(n, v) for n, v in out if n.lower() != "x-forwarded-for"]
-        chain = f"{forwarded_for}, {client_addr}" if forwarded_for else client_addr
-        out.append(("X-Forwarded-For", chain))
-    if _first(out, "X-Forwarded-Proto") is None:
+        out.append(
+            ("X-Forwarded-For", f"{forwarded_for}, {client_addr}" if forwarded_for else client_addr)
+        )
+    if not forwarded_proto:
         out.append(("X-Forwarded-Proto", scheme))
     out.append((REQUEST_ID, ids.upstream))
     if ids.client is not None and ids.client != ids.upstream:
         out.append((CLIENT_REQUEST_ID, ids.client))
     return out
+
+
+_REPLACED = frozenset({REQUEST_ID.lower(), "server"})
 
 
 def client_response_headers(headers: Iterable[tuple[str, str]], *, request_id: str) -> Headers:
@@ -81,8 +99,17 @@ def client_response_headers(headers: Iterable[tuple[str, str]], *, request_id: s
     the proxy. The upstream call's id is always echoed as ``X-Request-Id``; ``Server`` names the
     proxy (as Envoy overwrites it by default), so the upstream's implementation is not advertised.
     """
-    replaced = {REQUEST_ID.lower(), "server"}
-    out = [(n, v) for n, v in strip_hop_by_hop(headers) if n.lower() not in replaced]
+    out: Headers = []
+    named: set[str] = set()
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered in HOP_BY_HOP:
+            if lowered == "connection":
+                named.update(t.strip().lower() for t in value.split(",") if t.strip())
+        elif lowered not in _REPLACED:
+            out.append((name, value))
+    if named:
+        out = [(n, v) for n, v in out if n.lower() not in named]
     out.append((REQUEST_ID, request_id))
     out.append(("Server", SERVER_HEADER))
     return out

@@ -20,13 +20,13 @@ each chunk the upstream sends is written to the client's transport in the callba
 it (:class:`_ClientSink`), so no task runs per event; the handler waits for the body's end.
 How the call ends (the reason, the explicit cancel by request id, closing the upstream once
 the cancel is answered or ``--stream-close-grace`` passed, the one log line) is
-``proxy.lifecycle``'s, shared with gRPC; this module says when: the upstream call runs in a task
-of its own so that it outlives the handler's cancellation, and a hang-up while it is open is seen
-in the server's ``connection_lost`` callback itself, a turn of the event loop before the
-handler's cancellation arrives (``proxy.http.listener``). Errors the proxy makes itself are
-``ProxyError`` responses (JSON, OpenAI-style ``{"error": {...}}``) while nothing has been sent
-yet; after that the only honest signal is to close the client connection without the final
-chunk, so a truncated response never looks complete.
+``proxy.lifecycle``'s, shared with gRPC; this module says when: the upstream call is a future
+of its own (``Client.start``) so that it outlives the handler's cancellation, and a hang-up while
+it is open is seen in the server's ``connection_lost`` callback itself, a turn of the event loop
+before the handler's cancellation arrives (``proxy.http.protocol``). Errors the proxy makes
+itself are ``ProxyError`` responses (JSON, OpenAI-style ``{"error": {...}}``) while nothing has
+been sent yet; after that the only honest signal is to close the client connection without the
+final chunk, so a truncated response never looks complete.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ class _Exchange:
         self.ending = ending
         self.response: Stream | None = None
         self.body_error: BodyTooLarge | BodyTimeout | BadBody | None = None  # why the body was cut
-        self.upstream_task: asyncio.Task[Response] | None = None
+        self.upstream_call: asyncio.Future[Response] | None = None
         self.bridged: Upstream | None = None  # the gRPC call, when the Triton bridge answers
 
 
@@ -215,13 +215,13 @@ class HttpRelay:
         (the bridge's gRPC call, cancelled)."""
         if ex.bridged is not None:
             ex.bridged.cancel()
-        task = ex.upstream_task
-        if task is None:
+        call = ex.upstream_call
+        if call is None:
             return
-        if not task.done():
-            task.cancel()
-        elif not task.cancelled() and task.exception() is None:
-            task.result().close()
+        if not call.done():
+            call.cancel()
+        elif not call.cancelled() and call.exception() is None:
+            call.result().close()
 
     async def _relay(self, ex: _Exchange) -> Answer | Stream:
         request, call = ex.request, ex.call
@@ -247,12 +247,13 @@ class HttpRelay:
         if request.body_exists:
             body, headers = await self._request_body(ex, headers, ids.upstream)
         sent = time.monotonic()
-        # The upstream call runs in a task of its own, so a hang-up that cancels this handler
-        # leaves it open until the explicit cancel has been answered (CallEnding.close_upstream).
+        # The upstream call is a future of its own (written now on an idle connection), so a
+        # hang-up that cancels this handler leaves it open until the explicit cancel has been
+        # answered (CallEnding.close_upstream).
         ex.ending.upstream_open = True
-        ex.upstream_task = asyncio.ensure_future(self._send(ex, headers, body))
+        ex.upstream_call = self._upstream.start(request.method, request.raw_path, headers, body)
         self._relaying[request.connection] = ex
-        upstream = await asyncio.shield(ex.upstream_task)
+        upstream = await self._answer_head(ex, ex.upstream_call)
         try:
             call.upstream_ttfb = time.monotonic() - sent
             self._state.metrics.upstream_ttfb.observe(call.upstream_ttfb)
@@ -375,10 +376,12 @@ class HttpRelay:
             ex.body_error = exc
             raise
 
-    async def _send(self, ex: _Exchange, headers: list[tuple[str, str]], body: Body) -> Response:
-        request = ex.request
+    @staticmethod
+    async def _answer_head(ex: _Exchange, upstream_call: asyncio.Future[Response]) -> Response:
+        """The upstream's answer, its head arrived (``upstream_call`` goes on if this handler
+        is cancelled: it is closed once the cancel is answered)."""
         try:
-            return await self._upstream.request(request.method, request.raw_path, headers, body)
+            return await asyncio.shield(upstream_call)
         except UpstreamUnavailable:
             ex.ending.upstream_open = False  # never reached: nothing to cancel
             raise

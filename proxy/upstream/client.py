@@ -115,6 +115,82 @@ class Client:
             connection = await self._connect()
         return await self._answer(connection, head, body, chunked, method, reused=reused)
 
+    def start(
+        self, method: str, target: str, headers: list[tuple[str, str]], body: Body
+    ) -> asyncio.Future[Response]:
+        """:meth:`request` as a future that outlives whoever awaits it (shield it). A body of
+        bytes or none is written now on an idle connection and no task runs for the call (a
+        stale connection's resend runs in one); otherwise :meth:`request` runs in a task.
+        Cancelling the future drops the connection. Raises ``ValueError`` for a header value
+        with a line break, before anything is sent."""
+        if not isinstance(body, bytes) and body is not None:
+            return asyncio.ensure_future(self.request(method, target, headers, body))
+        head, _ = request_head(
+            method, self.origin.prefix + target, self.origin.netloc, headers, body
+        )
+        self._used = True
+        connection = self._take()
+        if connection is not None:
+            try:
+                sent = connection.send(head, body, False, head_only=method == "HEAD")
+            except StaleConnection:
+                connection.abandon()
+            else:
+                return self._awaiting(connection, sent, head, body, method)
+        return asyncio.ensure_future(self._resent(head, body, method))
+
+    def _awaiting(
+        self,
+        connection: Connection,
+        sent: asyncio.Future[Response],
+        head: bytes,
+        body: bytes | None,
+        method: str,
+    ) -> asyncio.Future[Response]:
+        """The answer to a request written on a reused connection, sent again once on a fresh
+        connection if that one turns out closed (as :meth:`_answered`, in callbacks)."""
+        result: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        resent: list[asyncio.Task[Response]] = []
+
+        def answered(sent: asyncio.Future[Response]) -> None:
+            if result.done():  # cancelled: the connection was dropped then
+                return
+            error = sent.exception() if not sent.cancelled() else asyncio.CancelledError()
+            if error is None:
+                result.set_result(sent.result())
+                return
+            connection.abandon()
+            if not isinstance(error, StaleConnection):
+                result.set_exception(error)
+                return
+            task = asyncio.ensure_future(self._resent(head, body, method))
+            resent.append(task)
+            task.add_done_callback(passed_on)
+
+        def passed_on(task: asyncio.Task[Response]) -> None:
+            if result.done():
+                return
+            if task.cancelled():
+                result.cancel()
+            elif (error := task.exception()) is not None:
+                result.set_exception(error)
+            else:
+                result.set_result(task.result())
+
+        def dropped(result: asyncio.Future[Response]) -> None:
+            if result.cancelled():
+                connection.abandon()
+                for task in resent:
+                    task.cancel()
+
+        sent.add_done_callback(answered)
+        result.add_done_callback(dropped)
+        return result
+
+    async def _resent(self, head: bytes, body: bytes | None, method: str) -> Response:
+        connection = await self._connect()
+        return await self._answer(connection, head, body, False, method, reused=False)
+
     def send_now(
         self, method: str, target: str, headers: list[tuple[str, str]], body: bytes | None
     ) -> Awaitable[Response] | None:

@@ -17,6 +17,7 @@ from proxy.errors import UpstreamBroken, UpstreamUnavailable
 from proxy.upstream.client import Client
 from tests.support.proxy_harness import http_url, running_proxy
 from tests.support.raw_http import RawServer, ok, read_request
+from tests.support.waiting import wait_until
 
 QUIET_S = 0.5  # seconds without a block getting out that count as a stalled upstream
 
@@ -82,6 +83,47 @@ async def test_a_reused_connection_closed_before_answering_is_replaced_and_the_c
         await upstream.close()
     assert server.connections == 2
     assert bodies == [b"one", b"two", b"two"]
+
+
+async def test_start_resends_once_on_a_fresh_connection_and_a_cancel_drops_it() -> None:
+    """``Client.start`` (the relay's way: a future, no task while a connection is idle) resends
+    a request whose reused connection closed before answering, as ``request`` does; and
+    cancelling its future drops the connection, which the server sees end."""
+    bodies: list[bytes] = []
+    ended = asyncio.Event()
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        first = server.connections == 1
+        while True:
+            try:
+                bodies.append((await read_request(r))[1])
+            except asyncio.IncompleteReadError:
+                ended.set()  # the client dropped the connection
+                raise
+            if first and len(bodies) == 2:
+                return
+            if bodies[-1] == b"held":
+                continue  # never answered
+            w.write(ok(b"answer " + bodies[-1]))
+
+    async def started(upstream: Client, body: bytes) -> bytes:
+        response = await upstream.start("POST", "/", [], body)
+        answer = await response.read(100)
+        response.release()
+        return answer
+
+    async with RawServer(script) as server:
+        upstream = Client(server.url, connect_timeout=5)
+        assert await started(upstream, b"one") == b"answer one"
+        assert await started(upstream, b"two") == b"answer two"  # resent on a fresh connection
+        held = upstream.start("POST", "/", [], b"held")
+        await wait_until(lambda: bodies[-1:] == [b"held"], what="the held request")
+        held.cancel()
+        async with asyncio.timeout(5):
+            await ended.wait()
+        await upstream.close()
+    assert server.connections == 2
+    assert bodies == [b"one", b"two", b"two", b"held"]
 
 
 @pytest.mark.parametrize(

@@ -29,8 +29,14 @@ from hangup_contract.cancel import CancelAnswer, cancel_path, encode_request, pa
 from hangup_contract.protos import inference_pb2 as pb
 from hangup_contract.vocabulary import Reason
 from proxy.errors import BadRequestId
-from proxy.http.headers import HOP_BY_HOP, connection_scoped, strip_hop_by_hop
-from proxy.request_ids import choose_request_ids
+from proxy.http.headers import (
+    HOP_BY_HOP,
+    client_response_headers,
+    connection_scoped,
+    strip_hop_by_hop,
+    upstream_request_headers,
+)
+from proxy.request_ids import RequestIds, choose_request_ids
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -189,6 +195,46 @@ def test_no_hop_by_hop_field_is_relayed(headers: list[tuple[str, str]]) -> None:
     scoped = connection_scoped(headers)
     kept = {name.lower() for name, _ in strip_hop_by_hop(headers)}
     assert not kept & scoped and not kept & HOP_BY_HOP
+
+
+_FORWARDING = st.sampled_from(["X-Forwarded-For", "x-forwarded-proto", "Expect", "Server",
+                               "X-Client-Request-Id"])  # fmt: skip
+_FIELDS = st.lists(
+    st.tuples(_HEADER_NAMES | _FORWARDING | st.text(min_size=1, max_size=8), line), max_size=8
+)
+
+
+@SETTINGS
+@given(_FIELDS, st.none() | st.just("10.0.0.9"), st.sampled_from(["http", "https"]))
+def test_request_headers_upstream_are_the_clients_less_what_is_not_theirs_to_send(
+    headers: list[tuple[str, str]], client: str | None, scheme: str
+) -> None:
+    """In order, every field of the client's but the hop-by-hop ones (those ``Connection``
+    names too), ``Expect``, the ids and, when the client's address is known, the forwarding
+    chain; then the chain extended by that address, the scheme unless the client named one,
+    and the ids."""
+    ids = RequestIds("call-1", "c-1")
+    out = upstream_request_headers(headers, ids=ids, client_addr=client, scheme=scheme)
+    dropped = connection_scoped(headers) | {"expect", "x-request-id", "x-client-request-id"}
+    kept = [(n, v) for n, v in headers if n.lower() not in dropped]
+    chain = [v for n, v in kept if n.lower() == "x-forwarded-for"]
+    if client:
+        kept = [(n, v) for n, v in kept if n.lower() != "x-forwarded-for"]
+        kept.append(("X-Forwarded-For", f"{chain[0]}, {client}" if chain and chain[0] else client))
+    if not any(n.lower() == "x-forwarded-proto" for n, _ in kept):
+        kept.append(("X-Forwarded-Proto", scheme))
+    assert out == [*kept, ("X-Request-Id", "call-1"), ("X-Client-Request-Id", "c-1")]
+
+
+@SETTINGS
+@given(_FIELDS)
+def test_response_headers_to_the_client_are_the_upstreams_less_its_name_and_hops(
+    headers: list[tuple[str, str]],
+) -> None:
+    out = client_response_headers(headers, request_id="call-1")
+    dropped = connection_scoped(headers) | {"x-request-id", "server"}
+    kept = [(n, v) for n, v in headers if n.lower() not in dropped]
+    assert out == [*kept, ("X-Request-Id", "call-1"), ("Server", "hangup-proxy")]
 
 
 @SETTINGS
