@@ -185,10 +185,14 @@ class HttpRelay:
         """Relay, mapping every way a call can end to its reason (``proxy.lifecycle`` does the
         rest: the cancel, the upstream's close, the count and the log line)."""
         call, ending = ex.call, ex.ending
-        deadline = asyncio.timeout(self._config.max_request_duration)
+        limit = self._config.max_request_duration
+        deadline = asyncio.timeout(limit) if limit is not None else None  # only if one is set
         try:
-            async with deadline:
+            if deadline is None:
                 response = await self._relay(ex)
+            else:
+                async with deadline:
+                    response = await self._relay(ex)
             call.outcome = Outcome.COMPLETED
             return response
         except ClientGone:  # writing failed: the cancellation of the handler follows
@@ -197,7 +201,7 @@ class HttpRelay:
         except ProxyError as exc:
             return self._error(ex, exc)
         except TimeoutError:
-            if not deadline.expired():
+            if deadline is None or not deadline.expired():
                 raise
             ending.stop(Reason.PROXY_TIMEOUT)
             return self._error(ex, ProxyTimeout("the call ran past --max-request-duration"))
