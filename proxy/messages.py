@@ -12,6 +12,7 @@ of the connection; no body for ``HEAD``, 1xx, 204 and 304.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -20,7 +21,8 @@ from http import HTTPStatus
 from typing import Protocol
 from urllib.parse import unquote
 
-from hangup_contract.runtime.connections import BodyStalled, CloseReason
+from hangup_contract.runtime.connections import CloseReason, chunks_until_stalled
+from proxy.vocabulary import SERVER_HEADER
 
 Headers = list[tuple[str, str]]
 
@@ -116,22 +118,12 @@ class RequestBody:
         self._taken(len(chunk))
         return chunk
 
-    async def chunks(self, stall_limit: float) -> AsyncIterator[bytes]:
-        """The body as it arrives. Raises ``BodyStalled`` when no byte of it comes for
-        ``stall_limit`` seconds (0: wait for ever); the connection is then counted as closed
-        for ``body_timeout`` (the caller answers 408 and closes it)."""
-        while True:
-            try:
-                async with asyncio.timeout(stall_limit or None):
-                    chunk = await self.readany()
-            except TimeoutError:
-                self._connection.note(CloseReason.BODY_TIMEOUT)
-                raise BodyStalled(
-                    f"no bytes of the request body arrived for {stall_limit:g} s"
-                ) from None
-            if not chunk:
-                return
-            yield chunk
+    def chunks(self, stall_limit: float) -> AsyncIterator[bytes]:
+        """The body as it arrives, ``BodyStalled`` when no byte of it comes for ``stall_limit``
+        seconds (the connection then counted as closed for ``body_timeout``)."""
+        return chunks_until_stalled(
+            self.readany, stall_limit, lambda: self._connection.note(CloseReason.BODY_TIMEOUT)
+        )
 
     def _taken(self, size: int) -> None:
         self._size -= size
@@ -370,3 +362,14 @@ class Stream:
 
     async def write_eof(self) -> None:
         self.finish()
+
+
+def error_answer(status: int, message: str) -> Answer:
+    """An error the proxy answers itself: JSON, OpenAI-style, naming the proxy."""
+    body = {"error": {"message": message, "type": "proxy_error", "code": status}}
+    return Answer(
+        status,
+        json.dumps(body).encode(),
+        content_type="application/json",
+        headers={"Server": SERVER_HEADER},
+    )

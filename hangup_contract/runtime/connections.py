@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,26 @@ OnClose = Callable[[CloseReason], None]
 def counted_in(counter: Counter, listener: str) -> OnClose:
     """Count each close in ``counter`` (labels ``listener``, ``reason``)."""
     return lambda reason: counter.labels(listener, reason.value).inc()
+
+
+class ClosesNoted:
+    """Called with a reason for each connection a listener closed for a limit: counts it
+    (``on_close``) and logs the first of each reason, the rest only counted."""
+
+    def __init__(self, on_close: OnClose, listener: str) -> None:
+        self._on_close = on_close
+        self._listener = listener
+        self._logged: set[CloseReason] = set()
+
+    def __call__(self, reason: CloseReason) -> None:
+        self._on_close(reason)
+        if reason not in self._logged:
+            self._logged.add(reason)
+            log.warning(
+                "closed a client connection: %s (further ones are only counted)",
+                reason.value,
+                extra={"fields": {"listener": self._listener, "reason": reason.value}},
+            )
 
 
 class _Handler(web.RequestHandler):
@@ -130,9 +150,7 @@ class LimitedServer(web.Server):
         kwargs["keepalive_timeout"] = longest + 4 * SWEEP_S if longest else 3630.0
         super().__init__(handler, **kwargs)
         self.limits = limits
-        self._on_close = on_close
-        self._listener = listener
-        self._logged: set[CloseReason] = set()
+        self.note = ClosesNoted(on_close, listener)  # count a close, log the first of a reason
         self._sweeping: asyncio.TimerHandle | None = None
         shortest = min(t for t in (limits.header_timeout, limits.idle_timeout, SWEEP_S * 4) if t)
         self._sweep_every = shortest / 4
@@ -185,17 +203,6 @@ class LimitedServer(web.Server):
             transport.close()
         self.note(reason)
 
-    def note(self, reason: CloseReason) -> None:
-        """Count a connection closed for ``reason``; log the first of each reason."""
-        self._on_close(reason)
-        if reason not in self._logged:
-            self._logged.add(reason)
-            log.warning(
-                "closed a client connection: %s (further ones are only counted)",
-                reason.value,
-                extra={"fields": {"listener": self._listener, "reason": reason.value}},
-            )
-
     def pre_shutdown(self) -> None:
         if self._sweeping is not None:
             self._sweeping.cancel()
@@ -203,17 +210,30 @@ class LimitedServer(web.Server):
 
 
 async def body_chunks(request: web.BaseRequest, stall_limit: float) -> AsyncIterator[bytes]:
-    """``request``'s body as it arrives. Raises BodyStalled when no byte of it comes for
-    ``stall_limit`` seconds (0: wait for ever); the connection is then counted as closed for
-    ``body_timeout`` (the caller answers 408 and closes it)."""
+    """An aiohttp ``request``'s body as it arrives (:func:`chunks_until_stalled`)."""
+
+    def stalled() -> None:
+        handler = request.protocol
+        if isinstance(handler, _Handler) and handler.limited is not None:
+            handler.limited.note(CloseReason.BODY_TIMEOUT)
+
+    async for chunk in chunks_until_stalled(request.content.readany, stall_limit, stalled):
+        yield chunk
+
+
+async def chunks_until_stalled(
+    readany: Callable[[], Awaitable[bytes]], stall_limit: float, stalled: Callable[[], None]
+) -> AsyncIterator[bytes]:
+    """A body as ``readany`` reads it (``b""`` at its end). Raises BodyStalled when no byte of
+    it comes for ``stall_limit`` seconds (0: wait for ever), after calling ``stalled`` (which
+    counts the connection as closed for ``body_timeout``: the caller answers 408 and closes
+    it)."""
     while True:
         try:
             async with asyncio.timeout(stall_limit or None):
-                chunk = await request.content.readany()
+                chunk = await readany()
         except TimeoutError:
-            handler = request.protocol
-            if isinstance(handler, _Handler) and handler.limited is not None:
-                handler.limited.note(CloseReason.BODY_TIMEOUT)
+            stalled()
             raise BodyStalled(
                 f"no bytes of the request body arrived for {stall_limit:g} s"
             ) from None

@@ -32,7 +32,13 @@ from typing import cast
 
 import httptools
 
-from hangup_contract.runtime.connections import SWEEP_S, CloseReason, ConnectionLimits, OnClose
+from hangup_contract.runtime.connections import (
+    SWEEP_S,
+    CloseReason,
+    ClosesNoted,
+    ConnectionLimits,
+    OnClose,
+)
 from proxy.errors import BadBody
 from proxy.messages import Answer, Request, Stream
 
@@ -358,9 +364,7 @@ class HttpServer:
         self.closing = False
         self.open = 0
         self.on_open_changed: Callable[[], None] = lambda: None  # a shared listener's board
-        self._on_close = on_close
-        self._listener = listener
-        self._logged: set[CloseReason] = set()
+        self.note = ClosesNoted(on_close, listener)  # count a close, log the first of a reason
         shortest = min(t for t in (limits.header_timeout, limits.idle_timeout, SWEEP_S * 4) if t)
         self._sweep_every = shortest / 4
         self._sweeping: asyncio.TimerHandle | None = None
@@ -392,17 +396,6 @@ class HttpServer:
         (each closes once its request is answered)."""
         if self._settled is not None and not any(c.busy() for c in self.connections):
             self._settled.set()
-
-    def note(self, reason: CloseReason) -> None:
-        """Count a connection closed for ``reason``; log the first of each reason."""
-        self._on_close(reason)
-        if reason not in self._logged:
-            self._logged.add(reason)
-            log.warning(
-                "closed a client connection: %s (further ones are only counted)",
-                reason.value,
-                extra={"fields": {"listener": self._listener, "reason": reason.value}},
-            )
 
     async def shutdown(self, grace: float) -> None:
         """Close idle connections now, the rest once their request is answered, at most

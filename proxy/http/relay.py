@@ -32,7 +32,6 @@ final chunk, so a truncated response never looks complete.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -59,7 +58,7 @@ from proxy.http.headers import client_response_headers, upstream_request_headers
 from proxy.http.scrape import scrape
 from proxy.http.tagging import TAG_LIMIT, tag_body
 from proxy.lifecycle import CallEnding, log_call
-from proxy.messages import Answer, ClientConnection, Request, Stream
+from proxy.messages import Answer, ClientConnection, Request, Stream, error_answer
 from proxy.request_ids import REQUEST_ID, choose_request_ids
 from proxy.state import Call, ServerState, interrupter
 from proxy.triton.bridge import TritonBridge, Upstream
@@ -434,14 +433,3 @@ class HttpRelay:
         if self._state.draining or unread or isinstance(exc, ProxyTimeout):
             response.force_close()
         return response
-
-
-def error_answer(status: int, message: str) -> Answer:
-    """An error the proxy answers itself: JSON, OpenAI-style, naming the proxy."""
-    body = {"error": {"message": message, "type": "proxy_error", "code": status}}
-    return Answer(
-        status,
-        json.dumps(body).encode(),
-        content_type="application/json",
-        headers={"Server": SERVER_HEADER},
-    )

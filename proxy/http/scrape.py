@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 from proxy.errors import UpstreamError
-from proxy.messages import Answer, Request
+from proxy.messages import Answer, Request, error_answer
 from proxy.metrics import ProxyMetrics
 from proxy.upstream.client import Client
 from proxy.vocabulary import SERVER_HEADER
@@ -40,13 +39,8 @@ async def scrape(request: Request, upstream_client: Client, metrics: ProxyMetric
     except (UpstreamError, ValueError, TimeoutError) as exc:
         status = 504 if isinstance(exc, TimeoutError) else 502
         metrics.scrapes.labels(str(status)).inc()
-        message = f"metrics scrape of the upstream failed: {exc or type(exc).__name__}"
-        error = {"error": {"message": message, "type": "proxy_error", "code": status}}
-        return Answer(
-            status,
-            json.dumps(error).encode(),
-            content_type="application/json",
-            headers={"Server": SERVER_HEADER},
+        return error_answer(
+            status, f"metrics scrape of the upstream failed: {exc or type(exc).__name__}"
         )
     metrics.scrapes.labels(str(status)).inc()
     return Answer(status, body, content_type=content_type, headers={"Server": SERVER_HEADER})
