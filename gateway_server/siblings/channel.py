@@ -80,6 +80,8 @@ class Channel:
         self._awaited: dict[Op, AwaitedHandler] = {}
         self._server: asyncio.AbstractServer | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # The siblings' connections to this process, each read by a task of the server's.
+        self._serving: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
 
     def on(self, op: Op, handler: Handler) -> None:
         """Answer ``op`` inline with ``handler``."""
@@ -94,10 +96,17 @@ class Channel:
         self._server = await asyncio.start_unix_server(self._serve, self._path, limit=LINE_LIMIT)
 
     async def close(self) -> None:
+        """Stop listening and end every connection. The siblings' connections are closed, so
+        that their reading tasks end by themselves: one still running when the loop stops would
+        be cancelled, and Python 3.11's streams log a cancelled handler as an unhandled
+        exception (a traceback in a log of JSON lines)."""
         if self._server is not None:
             self._server.close()
         for task in list(self._tasks):
             task.cancel()
+        for writer in self._serving.values():
+            writer.close()
+        await asyncio.gather(*self._serving, return_exceptions=True)
         await asyncio.gather(*(p.close() for p in self._peers.values()), return_exceptions=True)
 
     async def ask(self, slot: int, op: Op, fields: Message, wait: float = ASK_WAIT) -> Message:
@@ -120,6 +129,9 @@ class Channel:
         return [(s, a) for s, a in zip(slots, answers, strict=True) if isinstance(a, dict)]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        self._serving[me] = writer
         try:
             while line := await reader.readline():
                 message = json.loads(line)
@@ -138,6 +150,7 @@ class Channel:
         except (OSError, ValueError, KeyError) as exc:
             log_event(log, "sibling_channel_error", logging.WARNING, error=repr(exc))
         finally:
+            del self._serving[me]
             writer.close()
 
 
