@@ -125,7 +125,15 @@ class _Handler(web.RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        """aiohttp's own answer to a request it could not parse, under our ``Server`` name."""
+        """aiohttp's own answer to a request it could not parse, under our ``Server`` name.
+
+        A handler that failed only because its client left while it wrote (the transport is
+        closing) is not an error of the server's: the request ended as a disconnect, and there
+        is nobody to answer. aiohttp would log each as "Error handling request" with a
+        traceback; this ends the connection as its own premature-disconnect path does."""
+        transport = self.transport
+        if isinstance(exc, ConnectionResetError) and (transport is None or transport.is_closing()):
+            raise ConnectionError("the client left while its answer was written") from exc
         response = super().handle_error(request, status, exc, message)
         response.headers["Server"] = self.server_header
         return response

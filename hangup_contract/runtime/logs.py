@@ -7,7 +7,11 @@
 
 ``msg`` names what happened (``call``, ``request_end``, ``serving``, ...) or is a sentence; the
 structured fields of an event come from :func:`log_event` (or ``extra={"fields": {...}}``);
-``exc`` is there only when an exception was logged. Every ``hangup.*`` logger writes this way.
+``exc`` is there only when an exception was logged. Every ``hangup.*`` logger writes this way,
+and so does every other logger that has no handler of its own (aiohttp, grpc, asyncio's
+"Exception in callback", Python's warnings), at WARNING or above: without that, their records
+reached stderr through Python's last-resort handler, as plain text and tracebacks of many lines
+between the JSON lines. (vLLM configures its own handler and keeps its format.)
 """
 
 from __future__ import annotations
@@ -43,14 +47,20 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup(level: str, common: Mapping[str, Any] | None = None) -> None:
-    """Send every ``hangup.*`` record at ``level`` or above to stderr as JSON lines, each with
-    the ``common`` fields (a proxy worker's ``worker``)."""
+    """Send every ``hangup.*`` record at ``level`` or above, and every other library's at
+    WARNING or above (``level`` if higher), to stderr as JSON lines, each with the ``common``
+    fields (a proxy worker's ``worker``)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(common))
-    root = logging.getLogger("hangup")
+    ours = logging.getLevelName(level.upper())
+    root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
+    root.setLevel(max(logging.WARNING, ours))
+    hangup = logging.getLogger("hangup")
+    hangup.handlers.clear()
+    hangup.setLevel(ours)
+    hangup.propagate = True  # to the root's handler, whatever the root's own level
+    logging.captureWarnings(True)
 
 
 def log_event(

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import urllib.request
 from pathlib import Path
 
 from tests.support.processes import spawn
+from tests.support.waiting import poll_until
 
 
 def test_both_processes_write_one_log_line_shape(tmp_path: Path) -> None:
@@ -27,3 +30,47 @@ def test_both_processes_write_one_log_line_shape(tmp_path: Path) -> None:
             assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record["ts"]), record
             assert record["logger"].startswith(f"hangup.{process}"), record
         assert any(r["msg"] in {"serving", "listening"} for r in records), (process, records)
+
+
+def test_a_library_s_error_is_a_json_line_too(tmp_path: Path) -> None:
+    """A request aiohttp cannot parse is logged by aiohttp itself, with a traceback: it reaches
+    the log as one JSON record (``exc`` holding the traceback), not as lines of plain text
+    between the records."""
+    with spawn("gateway_server", ["--http-port", "0", "--grpc-port", "0"], tmp_path / "g") as gw:
+        host, port = gw.listeners["http"].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Bad: v\x00\r\n\r\n")
+            assert conn.recv(65536).split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")
+        assert gw.terminate() == 0
+        lines = gw.log().splitlines()
+    records = [json.loads(line) for line in lines]  # every line: a record
+    assert any(r["logger"].startswith("aiohttp") and "exc" in r for r in records), records
+
+
+def test_clients_that_leave_before_their_answer_are_no_error(tmp_path: Path) -> None:
+    """Streaming requests whose client closes the connection right after sending them: the
+    gateway finds the connection closing when it writes the answer's head. That is a hang-up,
+    not a server error: no error record (aiohttp logged each with a traceback), the engine
+    holds nothing afterwards, and the gateway goes on serving."""
+    body = json.dumps({"model": "hangup-sim", "prompt": "x", "max_tokens": 50, "stream": True})
+    request = (
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n{body}"
+    ).encode()
+    with spawn("gateway_server", ["--http-port", "0", "--grpc-port", "0"], tmp_path / "g") as gw:
+        host, port = gw.listeners["http"].rsplit(":", 1)
+        for _ in range(10):
+            with socket.create_connection((host, int(port)), timeout=10) as conn:
+                conn.sendall(request)
+        poll_until(lambda: not _in_flight(gw.url()), 10.0, "nothing in flight")
+        with urllib.request.urlopen(gw.url() + "/v1/models", timeout=10) as resp:
+            assert resp.status == 200
+        assert gw.terminate() == 0
+        records = [json.loads(line) for line in gw.log().splitlines()]
+    errors = [r for r in records if r["level"] in ("error", "critical")]
+    assert not errors, errors
+
+
+def _in_flight(url: str) -> list[object]:
+    with urllib.request.urlopen(url + "/v2/requests", timeout=10) as resp:
+        return list(json.loads(resp.read())["requests"])
