@@ -367,7 +367,9 @@ class GrpcRelay:
         ending.stop(reason)
         ending.close_upstream(exchange.upstream.cancel)
         await ending.upstream_closed()
-        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+        # The exchange's own end (a client gone mid-send is ClientGone) is this hang-up's: it is
+        # not raised to gRPC, which would log it and fail to send a status to the gone client.
+        with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError, ClientGone):
             await relaying
 
 

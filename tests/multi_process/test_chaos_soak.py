@@ -8,7 +8,8 @@ fault.
 After every phase: nothing in flight on the gateway, every completed call byte-identical to the
 direct one, no stream that ended cleanly without its end marker, every cancel answered or given
 up on and counted; the pod serves again after every fault; memory and open files do not grow
-within a process; after every fault the engine serves again, idle once the clients left.
+within a process; after every fault the engine serves again, idle once the clients left; every
+line the processes logged is a JSON record, and none is a library's error.
 """
 
 from __future__ import annotations
@@ -45,3 +46,5 @@ async def test_chaos_soak_leaves_no_zombie_and_no_wrong_answer(tmp_path: Path) -
     for name in ("gateway", "proxy"):
         rss_kib, files = chaos_report.growth(reports, name)
         assert files <= 16 and rss_kib <= 64 * 1024, (name, rss_kib, files)
+    stray = chaos_report.stray_log_lines(tmp_path)
+    assert not stray, "\n".join(stray[:10])

@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -163,3 +165,22 @@ def growth(reports: list[PhaseReport], name: str) -> tuple[int, int]:
     rss = max((s[-1][0] - s[0][0] for s in seen.values()), default=0)
     files = max((s[-1][1] - s[0][1] for s in seen.values()), default=0)
     return rss, files
+
+
+def stray_log_lines(root: Path) -> list[str]:
+    """Lines of the pod's logs under ``root`` that a log pipeline would trip on: not a JSON
+    record, or an error record of a library (aiohttp, gRPC, asyncio) rather than hangup's own.
+    A client hanging up at any point is no error of the server's."""
+    stray = []
+    for path in sorted(root.rglob("*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                stray.append(f"{path.parent.name}: {line}")
+                continue
+            if record["level"] in ("error", "critical") and not record["logger"].startswith(
+                "hangup."
+            ):
+                stray.append(f"{path.parent.name}: {line[:2000]}")
+    return stray
