@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import Counter
 
 log = logging.getLogger("hangup.connections")
@@ -117,6 +118,18 @@ class _Handler(web.RequestHandler):
 
     def busy(self) -> bool:
         return bool(self._request_in_progress or self._messages)
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        """aiohttp logs a request it could not parse as an error with a traceback; it is the
+        client's (answered 400), so one warning line naming it, as the proxy's server writes."""
+        exc = kw.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            peer = self.transport.get_extra_info("peername") if self.transport else None
+            where = peer[0] if isinstance(peer, tuple) else "?"
+            what = " ".join(line.strip() for line in exc.message.splitlines() if line.strip())
+            log.warning("bad request from %s: %s", where, what or type(exc).__name__)
+            return
+        super().log_exception(*args, **kw)
 
     def handle_error(
         self,

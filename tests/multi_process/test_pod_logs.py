@@ -32,10 +32,10 @@ def test_both_processes_write_one_log_line_shape(tmp_path: Path) -> None:
         assert any(r["msg"] in {"serving", "listening"} for r in records), (process, records)
 
 
-def test_a_library_s_error_is_a_json_line_too(tmp_path: Path) -> None:
-    """A request aiohttp cannot parse is logged by aiohttp itself, with a traceback: it reaches
-    the log as one JSON record (``exc`` holding the traceback), not as lines of plain text
-    between the records."""
+def test_a_request_the_gateway_cannot_parse_is_one_warning_line(tmp_path: Path) -> None:
+    """A request aiohttp cannot parse is the client's fault: answered 400, and logged as one
+    warning naming it, a JSON record like every other line (aiohttp logged it as an error with a
+    traceback, through Python's last-resort handler: lines of plain text between the records)."""
     with spawn("gateway_server", ["--http-port", "0", "--grpc-port", "0"], tmp_path / "g") as gw:
         host, port = gw.listeners["http"].rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as conn:
@@ -44,7 +44,10 @@ def test_a_library_s_error_is_a_json_line_too(tmp_path: Path) -> None:
         assert gw.terminate() == 0
         lines = gw.log().splitlines()
     records = [json.loads(line) for line in lines]  # every line: a record
-    assert any(r["logger"].startswith("aiohttp") and "exc" in r for r in records), records
+    bad = [r for r in records if r["msg"].startswith("bad request from 127.0.0.1")]
+    assert len(bad) == 1 and bad[0]["level"] == "warning", records
+    assert "header" in bad[0]["msg"].lower() and "exc" not in bad[0], bad
+    assert not [r for r in records if r["level"] in ("error", "critical")], records
 
 
 def test_clients_that_leave_before_their_answer_are_no_error(tmp_path: Path) -> None:
