@@ -1,0 +1,112 @@
+"""Benchmark: what running as one of several API processes costs the gateway per event.
+
+``bench.scaling`` found four API processes at 64 streams well short of four times one process
+(3.04x). This separates the suspects, each gateway process with the same CPU quota (``--core``
+of a real core, :mod:`bench.cgroups`; the simulated engine stepping every ``--sim-step``),
+streaming completions of 400 tokens through ``bench.scaling_load``, in one run:
+
+- **one**: one gateway process (``--api-processes 1``) with ``--streams`` streams;
+- **independent**: ``--processes`` such gateways side by side, each with its own load of
+  ``--streams`` streams (the machine as loaded as below, nothing shared between them);
+- **API processes**: one gateway with ``--api-processes N`` (N = ``--processes``) and N times the
+  streams (the shared listener, the sibling channel, metrics in prometheus_client's multiprocess
+  files).
+
+Prints events/s and the serving processes' CPU µs per event (supervisors apart), a line per row
+and round. Run as root where cgroup CPU quotas can be written:
+``.venv/bin/python -m bench.api_process_cost`` (about two minutes); elsewhere it says so and
+exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+
+from bench.cgroups import Controller, CpuGroup, NoCpuController, cpu_controller
+from bench.scaling_relays import SIM, _pids
+from bench.stats import cpu_of
+from tests.support.processes import REPO, spawn
+
+
+def _gateway(
+    stack: contextlib.ExitStack, controller: Controller, processes: int, args: argparse.Namespace
+) -> tuple[str, list[int]]:
+    """A gateway with ``processes`` API processes, each serving process in a quota'd group:
+    (its address, the serving processes)."""
+    argv = [*SIM, "--sim-step-base", str(args.sim_step), "--http-port", "0", "--grpc-port", "0",
+            "--workers", str(processes), "--api-processes", str(processes)]  # fmt: skip
+    work = REPO / ".demo" / "bench-api-process-cost" / f"gateway-{time.monotonic_ns()}"
+    proc = stack.enter_context(spawn("gateway_server", argv, work))
+    groups, _ = _pids(proc)
+    for pids in groups:
+        group = CpuGroup(controller, f"hangup-apc-{os.getpid()}-{pids[0]}", args.core, weight=4)
+        stack.callback(group.remove)
+        for pid in pids:
+            group.add(pid)
+    return proc.listeners["http"], [pid for pids in groups for pid in pids]
+
+
+def _window(loads: list[tuple[str, int]], pids: list[int], window: float) -> tuple[int, float]:
+    """Events streamed to the ``loads`` (address, streams) in ``window`` s, and ``pids``' CPU."""
+    start = time.monotonic() + 2.0
+    end = start + window
+
+    def load(address: str, streams: int) -> list[str]:
+        return [sys.executable, "-m", "bench.scaling_load", "--address", address, "--kind",
+                "completions", "--concurrency", str(streams), "--events", "400",
+                "--start", f"{start:.6f}", "--end", f"{end:.6f}"]  # fmt: skip
+
+    clients = [
+        subprocess.Popen(load(address, streams), stdout=subprocess.PIPE, text=True, cwd=REPO)
+        for address, streams in loads
+    ]
+    time.sleep(max(0.0, start - time.monotonic()))
+    before = cpu_of(pids)
+    time.sleep(max(0.0, end - time.monotonic()))
+    cpu = cpu_of(pids) - before
+    events = sum(int(json.loads(c.communicate()[0])["events"]) for c in clients)
+    return events, cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--streams", type=int, default=16, help="per process")
+    parser.add_argument("--core", type=float, default=0.1, help="each process's CPU quota")
+    parser.add_argument("--sim-step", type=float, default=0.001)
+    parser.add_argument("--window", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    try:
+        controller = cpu_controller()
+    except NoCpuController as exc:
+        print(f"not measured: {exc}")
+        return
+    n, s = args.processes, args.streams
+    with contextlib.ExitStack() as stack:
+        one = _gateway(stack, controller, 1, args)
+        independent = [_gateway(stack, controller, 1, args) for _ in range(n)]
+        shared = _gateway(stack, controller, n, args)
+        rows = [
+            (f"one process, {s} streams", [(one[0], s)], one[1]),
+            (f"{n} independent gateways, {s} streams each",
+             [(address, s) for address, _ in independent],
+             [pid for _, pids in independent for pid in pids]),
+            (f"{n} API processes, {n * s} streams", [(shared[0], n * s)], shared[1]),
+        ]  # fmt: skip
+        for _ in range(args.rounds):
+            for name, loads, pids in rows:
+                events, cpu = _window(loads, pids, args.window)
+                per_event = 1e6 * cpu / max(1, events)
+                print(f"{name}: {events / args.window:,.0f} events/s, "
+                      f"{per_event:.1f} µs of CPU per event", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
