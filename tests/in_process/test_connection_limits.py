@@ -8,7 +8,6 @@ response that streams longer than both timeouts is never cut by them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterator
@@ -19,7 +18,7 @@ import pytest
 
 from proxy.server import Server
 from tests.support.gateway import running_gateway
-from tests.support.proxy_harness import http_url, metric, running_proxy
+from tests.support.proxy_harness import answer_while_sending, http_url, metric, running_proxy
 from tests.support.scripted_upstream import ScriptedUpstream
 from tests.support.waiting import wait_until
 
@@ -352,19 +351,7 @@ async def test_a_refused_body_still_arriving_does_not_cost_the_client_its_answer
         for _ in range(5):
             reader, writer = await _open(proxy.addresses["http"])
             writer.write(head)
-
-            async def send_the_body(writer: asyncio.StreamWriter = writer) -> None:
-                with contextlib.suppress(ConnectionError):
-                    for _ in range(400):
-                        writer.write(b"x" * 65536)
-                        await writer.drain()
-
-            sending = asyncio.ensure_future(send_the_body())
-            try:
-                async with asyncio.timeout(5):
-                    answer = await reader.read()  # everything until the end of the connection
-            finally:
-                sending.cancel()
-                writer.close()
+            async with asyncio.timeout(5):
+                answer = await answer_while_sending(reader, writer)
             assert answer.startswith(b"HTTP/1.1 413") and b"exceeds 1000" in answer
     assert not upstream.requests

@@ -7,12 +7,11 @@ cancelled upstream, and a refused body's 413 read whole while the client keeps s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 
 import uvloop
 
-from tests.support.proxy_harness import raw_request, running_proxy
+from tests.support.proxy_harness import answer_while_sending, raw_request, running_proxy
 from tests.support.scripted_upstream import ScriptedUpstream
 
 
@@ -57,19 +56,7 @@ async def _scenario() -> None:
             reader, writer = await raw_request(
                 address, b"POST /echo HTTP/1.1\r\nHost: m\r\nContent-Length: 104857600\r\n\r\n"
             )
-
-            async def send_the_body() -> None:
-                with contextlib.suppress(ConnectionError):
-                    for _ in range(400):
-                        writer.write(b"x" * 65536)
-                        await writer.drain()
-
-            sending = asyncio.ensure_future(send_the_body())
-            try:
-                answer = await reader.read()  # until the end of the connection
-            finally:
-                sending.cancel()
-                writer.close()
+            answer = await answer_while_sending(reader, writer)
             assert answer.startswith(b"HTTP/1.1 413") and b"exceeds 1000" in answer
     finally:
         await upstream.stop()

@@ -62,3 +62,24 @@ async def raw_request(
     writer.write(head)
     await writer.drain()
     return reader, writer
+
+
+async def answer_while_sending(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, chunks: int = 400
+) -> bytes:
+    """Everything the server sends until it ends the connection, read while this client goes on
+    sending a body (``chunks`` of 64 KiB, as long as the server takes them): a client that has
+    not noticed its body was refused. The connection is closed after."""
+
+    async def send_the_body() -> None:
+        with contextlib.suppress(ConnectionError):
+            for _ in range(chunks):
+                writer.write(b"x" * 65536)
+                await writer.drain()
+
+    sending = asyncio.ensure_future(send_the_body())
+    try:
+        return await reader.read()
+    finally:
+        sending.cancel()
+        writer.close()
