@@ -65,7 +65,8 @@ class CallEnding:
         """The upstream ended the call itself: nothing is left to cancel."""
         self.stopped = False
         self.cancel: CancelTask | None = None
-        self._closed = asyncio.Event()
+        self._closed = False
+        self._closed_event: asyncio.Event | None = None  # made only for a waiter
 
     def stop(self, reason: Reason) -> CancelTask | None:
         """Record that the call ends for ``reason`` and cancel it upstream. Once per call; a
@@ -90,21 +91,31 @@ class CallEnding:
         """Run ``close`` (once): now when no cancel is pending, else when the cancel is answered
         or ``close_grace`` seconds have passed, whichever comes first."""
 
-        def once(*_: object) -> None:
-            if not self._closed.is_set():
-                self._closed.set()
-                close()
-
         cancel = self.cancel
         if cancel is None or cancel.done():
-            once()
+            self._close_once(close)
             return
+
+        def once(*_: object) -> None:
+            self._close_once(close)
+
         cancel.add_done_callback(once)
         asyncio.get_running_loop().call_later(self._grace, once)
 
+    def _close_once(self, close: Callable[[], None]) -> None:
+        if not self._closed:
+            self._closed = True
+            if self._closed_event is not None:
+                self._closed_event.set()
+            close()
+
     async def upstream_closed(self) -> None:
         """Return once :meth:`close_upstream` has closed the upstream call."""
-        await self._closed.wait()
+        if self._closed:
+            return
+        if self._closed_event is None:
+            self._closed_event = asyncio.Event()
+        await self._closed_event.wait()
 
     def finish(self) -> None:
         """Count the call's outcome and write its log line (after its cancel's answer, if any).

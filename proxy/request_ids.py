@@ -10,7 +10,7 @@ client id that is not kept still reaches the upstream, as ``X-Client-Request-Id`
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from hangup_contract import request_id as request_ids
 from proxy.errors import BadRequestId
@@ -19,8 +19,7 @@ REQUEST_ID = request_ids.HEADER
 CLIENT_REQUEST_ID = "X-Client-Request-Id"
 
 
-@dataclass(frozen=True)
-class RequestIds:
+class RequestIds(NamedTuple):  # made for every call: a tuple is the cheapest frozen record
     upstream: str  # the id of the upstream call: the one cancel calls name
     client: str | None  # what the client sent as X-Request-Id, if anything
 

@@ -22,7 +22,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Call:
     """One client call relayed upstream; filled in as it goes, logged once when it ends."""
 

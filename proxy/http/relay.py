@@ -73,6 +73,24 @@ def _as_is(body: bytes, request_id: str) -> bytes:
     return body
 
 
+async def _outliving(future: asyncio.Future[Response]) -> Response:
+    """``future``'s result, awaited so that cancelling the awaiting task leaves ``future`` alone
+    (``asyncio.shield``'s guarantee, without its second future and two callbacks a call)."""
+    if not future.done():
+        waiter = future.get_loop().create_future()
+
+        def wake(_: asyncio.Future[Response]) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        future.add_done_callback(wake)
+        try:
+            await waiter
+        finally:
+            future.remove_done_callback(wake)
+    return future.result()
+
+
 class _ClientSink:
     """Writes an upstream body to the client as it arrives (the response's head with its first
     bytes). A client that left is not written to: its hang-up ends the call
@@ -112,6 +130,8 @@ class _ClientSink:
 class _Exchange:
     """One request/response pair on the client side, with what has been sent so far."""
 
+    __slots__ = ("body_error", "bridged", "call", "ending", "request", "response", "upstream_call")
+
     def __init__(self, request: Request, call: Call, ending: CallEnding) -> None:
         self.request = request
         self.call = call
@@ -135,6 +155,7 @@ class HttpRelay:
         self._bridge = TritonBridge(self._config.upstream_grpc) if triton else None
         # Calls whose upstream call is open, by their client connection.
         self._relaying: dict[ClientConnection, _Exchange] = {}
+        self._submit = state.canceller.submitter(CallProtocol.HTTP)  # the same for every call
 
     async def close(self) -> None:
         await self._upstream.close()
@@ -148,7 +169,7 @@ class HttpRelay:
         ending = CallEnding(
             call,
             self._state.metrics,
-            self._state.canceller.submitter(CallProtocol.HTTP),
+            self._submit,
             close_grace=self._config.stream_close_grace,
             gone_status=499,
             log=log_call,
@@ -384,7 +405,7 @@ class HttpRelay:
         """The upstream's answer, its head arrived (``upstream_call`` goes on if this handler
         is cancelled: it is closed once the cancel is answered)."""
         try:
-            return await asyncio.shield(upstream_call)
+            return await _outliving(upstream_call)
         except UpstreamUnavailable:
             ex.ending.upstream_open = False  # never reached: nothing to cancel
             raise
