@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -142,6 +144,29 @@ def test_ids_the_rule_refuses(bad: str) -> None:
 def test_fresh_ids_follow_the_rule_and_differ() -> None:
     ids = {request_id.new_request_id() for _ in range(1000)}
     assert len(ids) == 1000 and all(request_id.is_valid(i) and len(i) == 32 for i in ids)
+
+
+def test_fresh_ids_differ_across_threads_and_forks() -> None:
+    """Ids come from a pool of random bytes read ahead: threads draw from pools of their own,
+    and a forked child does not hand out the ids its parent would have handed out next."""
+    with ThreadPoolExecutor(4) as pool:
+        batches = list(
+            pool.map(lambda _: [request_id.new_request_id() for _ in range(500)], range(8))
+        )
+    drawn = [i for batch in batches for i in batch]
+    assert len(set(drawn)) == len(drawn)
+    request_id.new_request_id()  # the pool holds ids ahead now
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: its next ids, to the parent
+        os.write(write, "".join(request_id.new_request_id() for _ in range(8)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read) as pipe:
+        theirs = pipe.read()
+    ours = "".join(request_id.new_request_id() for _ in range(8))
+    assert len(theirs) == len(ours) == 256 and theirs != ours
 
 
 def test_no_module_reads_the_removed_copies() -> None:
