@@ -27,6 +27,8 @@ import typing
 
 import uvloop
 
+from bench.stats import print_json_line
+
 _END = b"\r\n0\r\n\r\n"  # the last chunk of a chunked response
 
 
@@ -177,7 +179,7 @@ def main() -> None:
     parser.add_argument("--end", type=float, required=True, help="monotonic time")
     parser.add_argument("--keep-alive", action="store_true", help="each loop on one connection")
     args = parser.parse_args()
-    print(json.dumps(uvloop.run(load(args))), flush=True)
+    print_json_line(uvloop.run(load(args)))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ import time
 
 import uvloop
 
+from bench.stats import print_json_line
+
 BODY = json.dumps(
     {
         "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [155], "data": [0.25] * 155}],
@@ -139,7 +141,7 @@ def main() -> None:
     parser.add_argument("--keep-alive", action="store_true", help="each loop on one connection")
     parser.add_argument("--header", action="append", default=[], help="another request header")
     args = parser.parse_args()
-    print(json.dumps(uvloop.run(load(args))), flush=True)
+    print_json_line(uvloop.run(load(args)))
 
 
 if __name__ == "__main__":
