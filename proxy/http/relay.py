@@ -62,7 +62,7 @@ from proxy.messages import Answer, ClientConnection, Request, Stream, error_answ
 from proxy.request_ids import REQUEST_ID, choose_request_ids
 from proxy.state import Call, ServerState, interrupter
 from proxy.triton.bridge import TritonBridge, Upstream
-from proxy.upstream.client import Client
+from proxy.upstream.client import Client, outlive
 from proxy.upstream.connection import Body, Response
 from proxy.vocabulary import SERVER_HEADER, CallProtocol, Outcome, Stage
 
@@ -71,24 +71,6 @@ log = logging.getLogger("hangup.proxy.http")
 
 def _as_is(body: bytes, request_id: str) -> bytes:
     return body
-
-
-async def _outliving(future: asyncio.Future[Response]) -> Response:
-    """``future``'s result, awaited so that cancelling the awaiting task leaves ``future`` alone
-    (``asyncio.shield``'s guarantee, without its second future and two callbacks a call)."""
-    if not future.done():
-        waiter = future.get_loop().create_future()
-
-        def wake(_: asyncio.Future[Response]) -> None:
-            if not waiter.done():
-                waiter.set_result(None)
-
-        future.add_done_callback(wake)
-        try:
-            await waiter
-        finally:
-            future.remove_done_callback(wake)
-    return future.result()
 
 
 class _ClientSink:
@@ -405,7 +387,7 @@ class HttpRelay:
         """The upstream's answer, its head arrived (``upstream_call`` goes on if this handler
         is cancelled: it is closed once the cancel is answered)."""
         try:
-            return await _outliving(upstream_call)
+            return await outlive(upstream_call)
         except UpstreamUnavailable:
             ex.ending.upstream_open = False  # never reached: nothing to cancel
             raise
