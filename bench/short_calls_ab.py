@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench.proxy_workers import sources
-from bench.stats import cpu_of
+from bench.short_calls_free import window
 from tests.support.processes import REPO
 
 
@@ -47,23 +47,6 @@ def _proxy(stack: contextlib.ExitStack, tree: Path, upstream: str, work: Path) -
         time.sleep(0.05)
 
 
-def _window(address: str, pid: int, keep: bool, seconds: float) -> float:
-    """CPU µs per call of ``pid`` over ``seconds`` of calls to ``address``."""
-    start = time.monotonic() + 0.5
-    end = start + seconds
-    argv = [sys.executable, "-m", "bench.short_calls_load", "--address", address, "--concurrency",
-            "16", "--start", f"{start:.6f}", "--end", f"{end:.6f}"]  # fmt: skip
-    if keep:
-        argv.append("--keep-alive")
-    load = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    time.sleep(max(0.0, start - time.monotonic()))
-    before = cpu_of([pid])
-    time.sleep(max(0.0, end - time.monotonic()))
-    cpu = cpu_of([pid]) - before
-    calls = int(json.loads(load.communicate()[0])["calls"])
-    return 1e6 * cpu / max(1, calls)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--other", type=Path, required=True, help="the other tree's root")
@@ -82,7 +65,9 @@ def main() -> None:
         for round_ in range(args.rounds):
             order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
             for name in order:
-                costs[name].append(_window(*proxies[name], keep, args.window))
+                address, pid = proxies[name]
+                output, cpu = window(address, keep, 16, args.window, [pid], warmup=0.5)
+                costs[name].append(1e6 * cpu / max(1, int(str(output["calls"]))))
             print(f"round {round_ + 1}: " + ", ".join(
                 f"{name} {costs[name][-1]:.1f} µs" for name in trees), flush=True)  # fmt: skip
         ours, theirs = costs["this tree"], costs["other"]

@@ -22,12 +22,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import subprocess
 import sys
-import time
 from collections import deque
 from collections.abc import Callable
 
@@ -36,7 +34,7 @@ import uvloop
 
 from bench.proxy_workers import sources
 from bench.scaling_relays import envoy_relay, proxy_relay
-from bench.stats import cpu_of
+from bench.short_calls_free import window
 from tests.support.envoy import envoy_binary
 from tests.support.processes import REPO
 
@@ -174,21 +172,6 @@ async def _floor(upstream: str, tasks: bool) -> None:
 # --- the measurement -------------------------------------------------------------------------
 
 
-def _cpu_per_call(address: str, pids: list[int], window: float) -> tuple[float, int, int]:
-    start = time.monotonic() + 1.0
-    end = start + window
-    argv = [sys.executable, "-m", "bench.short_calls_load", "--address", address, "--concurrency",
-            "16", "--start", f"{start:.6f}", "--end", f"{end:.6f}", "--keep-alive"]  # fmt: skip
-    load = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO)
-    time.sleep(max(0.0, start - time.monotonic()))
-    before = cpu_of(pids)
-    time.sleep(max(0.0, end - time.monotonic()))
-    cpu = cpu_of(pids) - before
-    output = json.loads(load.communicate()[0])
-    calls = int(output["calls"])
-    return 1e6 * cpu / max(1, calls), calls, int(output["errors"])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
@@ -221,7 +204,9 @@ def main() -> None:
             rows.append(("Envoy", envoy.address, [p for group in envoy.groups for p in group]))
         for _ in range(args.rounds):
             for name, address, pids in rows:
-                us, calls, errors = _cpu_per_call(address, pids, args.window)
+                output, cpu = window(address, True, 16, args.window, pids)
+                calls, errors = int(str(output["calls"])), output["errors"]
+                us = 1e6 * cpu / max(1, calls)
                 rate = calls / args.window
                 print(f"{name}: {us:.0f} µs of CPU per kept-alive call "
                       f"({rate:,.0f} calls/s, {errors} errors)", flush=True)  # fmt: skip

@@ -26,12 +26,14 @@ from bench.stats import cpu_of
 from tests.support.processes import REPO
 
 
-def _window(
-    address: str, keep: bool, loops: int, window: float, pids: list[int]
+def window(
+    address: str, keep: bool, loops: int, seconds: float, pids: list[int], warmup: float = 1.0
 ) -> tuple[dict[str, object], float]:
-    """One window of calls: the load's output, and the proxy's CPU seconds in it."""
-    start = time.monotonic() + 1.0  # a second of calls before the window
-    end = start + window
+    """One window of ``seconds`` of calls to ``address`` from ``loops`` client loops, after
+    ``warmup`` seconds of them: the load's output, and ``pids``' CPU seconds in the window (the
+    benchmarks without a quota share it)."""
+    start = time.monotonic() + warmup
+    end = start + seconds
     argv = [sys.executable, "-m", "bench.short_calls_load", "--address", address, "--concurrency",
             str(loops), "--start", f"{start:.6f}", "--end", f"{end:.6f}"]  # fmt: skip
     if keep:
@@ -57,7 +59,7 @@ def main() -> None:
         pids = [pid for group in relay.groups for pid in group]
         for _ in range(args.rounds):
             for keep in (True, False):
-                output, cpu = _window(relay.address, keep, args.concurrency, args.window, pids)
+                output, cpu = window(relay.address, keep, args.concurrency, args.window, pids)
                 calls = int(str(output["calls"]))
                 print(
                     f"{'kept-alive' if keep else 'new connection'}: "
