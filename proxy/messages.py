@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
-from typing import Protocol
+from typing import NamedTuple, Protocol
 from urllib.parse import unquote
 
 from hangup_contract.runtime.connections import CloseReason, chunks_until_stalled
@@ -201,49 +201,66 @@ class Request:
 
 
 class _Date:
-    """The ``Date`` header value, made once a second."""
+    """The ``Date`` header field, made once a second."""
 
     second = -1
-    value = ""
+    field = b""
 
     @classmethod
-    def now(cls) -> str:
+    def now(cls) -> bytes:
         second = int(time.time())
         if second != cls.second:
-            cls.second, cls.value = second, formatdate(second, usegmt=True)
-        return cls.value
+            cls.second, cls.field = second, f"Date: {formatdate(second, usegmt=True)}".encode()
+        return cls.field
 
 
-def _head(
-    method: str, version: tuple[int, int], keep_alive: bool, status: int, reason: str | None,
-    headers: Iterable[tuple[str, str]], *, body: bool, close: bool,
-) -> tuple[bytes, bool, bool]:  # fmt: skip
-    """A response head for a request (its method, version, whether its client keeps the
-    connection); with whether its body goes chunked and whether the connection must close after
-    it (a body with no length and no chunked encoding is framed by the close)."""
-    lines = [f"HTTP/1.1 {status} {reason or _REASONS.get(status, 'Unknown')}"]
+class HeadFields(NamedTuple):
+    """A head's header fields, encoded (``Name: value`` lines), and whether they name the
+    body's length and the date (the server adds what they do not)."""
+
+    lines: list[bytes]
+    sized: bool
+    dated: bool
+
+
+def encoded(headers: Iterable[tuple[str, str]]) -> HeadFields:
+    """``headers`` as a head carries them."""
+    lines: list[bytes] = []
     sized = dated = False
     for name, value in headers:
-        lines.append(f"{name}: {value}")
+        lines.append(f"{name}: {value}".encode("latin-1", "replace"))
         lowered = name.lower()
         if lowered == "content-length":
             sized = True
         elif lowered == "date":
             dated = True
-    if not dated:
-        lines.append(f"Date: {_Date.now()}")
+    return HeadFields(lines, sized, dated)
+
+
+def _head(
+    method: str, version: tuple[int, int], keep_alive: bool, status: int, reason: str | None,
+    fields: HeadFields, *, body: bool, close: bool,
+) -> tuple[bytes, bool, bool]:  # fmt: skip
+    """A response head for a request (its method, version, whether its client keeps the
+    connection); with whether its body goes chunked and whether the connection must close after
+    it (a body with no length and no chunked encoding is framed by the close)."""
+    line = f"HTTP/1.1 {status} {reason or _REASONS.get(status, 'Unknown')}"
+    lines = [line.encode("latin-1", "replace"), *fields.lines]
+    if not fields.dated:
+        lines.append(_Date.now())
+    sized = fields.sized
     body = body and method != "HEAD" and status >= 200 and status not in _NO_BODY_STATUSES
     chunked = body and not sized and version >= (1, 1)
     if chunked:
-        lines.append("Transfer-Encoding: chunked")
+        lines.append(b"Transfer-Encoding: chunked")
     close = close or not keep_alive or (body and not sized and not chunked)
     if close:
         if version >= (1, 1):
-            lines.append("Connection: close")
+            lines.append(b"Connection: close")
     elif version < (1, 1):
-        lines.append("Connection: keep-alive")
-    lines.append("\r\n")
-    return "\r\n".join(lines).encode("latin-1", "replace"), chunked, close
+        lines.append(b"Connection: keep-alive")
+    lines.append(b"\r\n")
+    return b"\r\n".join(lines), chunked, close
 
 
 class Answer:
@@ -282,8 +299,9 @@ class Answer:
         if self.content_type is not None:
             headers.append(("Content-Type", self.content_type))
         headers.append(("Content-Length", str(len(self.body))))
+        fields = encoded(headers)
         head, _, close = _head(
-            method, version, keep_alive, self.status, None, headers, body=False, close=self.closes
+            method, version, keep_alive, self.status, None, fields, body=False, close=self.closes
         )
         return (head if method == "HEAD" else head + self.body), close
 
@@ -294,10 +312,18 @@ class Stream:
 
     started = False
 
-    def __init__(self, status: int, reason: str | None = None, headers: Headers | None = None):
+    def __init__(
+        self,
+        status: int,
+        reason: str | None = None,
+        headers: Headers | None = None,
+        *,
+        fields: HeadFields | None = None,
+    ) -> None:
         self.status = status
         self.reason = reason
         self.headers: Headers = headers if headers is not None else []
+        self.fields = fields  # the fields already encoded (a relayed head): then not ``headers``
         self.closes = False
         self.chunked = False
         self.finished = False
@@ -319,7 +345,7 @@ class Stream:
             request.keep_alive,
             self.status,
             self.reason,
-            self.headers,
+            self.fields if self.fields is not None else encoded(self.headers),
             body=True,
             close=self.closes,
         )

@@ -25,13 +25,19 @@ class RequestIds(NamedTuple):  # made for every call: a tuple is the cheapest fr
 
 
 def choose_request_ids(fields: Iterable[tuple[str, str]], *, trust_client: bool) -> RequestIds:
-    """The upstream call's id, from a call's header fields or metadata: fresh, or the client's
-    own when trusted.
+    """The upstream call's id, from a call's header fields or metadata (:func:`request_ids_for`
+    the first ``X-Request-Id`` among them)."""
+    wanted = REQUEST_ID.lower()
+    client = next((value for key, value in fields if key.lower() == wanted), None)
+    return request_ids_for(client, trust_client=trust_client)
+
+
+def request_ids_for(client: str | None, *, trust_client: bool) -> RequestIds:
+    """The upstream call's id for a call whose client sent ``client`` as its id: fresh, or the
+    client's own when trusted.
 
     Raises ``BadRequestId`` when the client's id is trusted but breaks the contract's rule.
     """
-    wanted = REQUEST_ID.lower()
-    client = next((value for key, value in fields if key.lower() == wanted), None)
     if not trust_client or client is None:
         return RequestIds(request_ids.new_request_id(), client)
     if not request_ids.is_valid(client):

@@ -11,7 +11,9 @@ by the proxy and dropped too. Field order and repeated fields are kept.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
+from proxy.messages import HeadFields
 from proxy.request_ids import CLIENT_REQUEST_ID, REQUEST_ID, RequestIds
 from proxy.vocabulary import SERVER_HEADER
 
@@ -30,7 +32,8 @@ HOP_BY_HOP = frozenset(
         "proxy-authorization",
     }
 )
-_DROP_UPSTREAM = frozenset({"expect", REQUEST_ID.lower(), CLIENT_REQUEST_ID.lower()})
+_REQUEST_ID = REQUEST_ID.lower()
+_DROP_UPSTREAM = frozenset({"expect", _REQUEST_ID, CLIENT_REQUEST_ID.lower()})
 
 
 def connection_scoped(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
@@ -51,22 +54,34 @@ def strip_hop_by_hop(headers: Iterable[tuple[str, str]]) -> Headers:
     return [(name, value) for name, value in items if name.lower() not in scoped]
 
 
+class ClientHead(NamedTuple):
+    """What one pass over a client request's header fields finds (made for every call)."""
+
+    upstream: Headers  # the fields to send upstream, the call's ids still to add (add_ids)
+    request_id: str | None  # the client's own X-Request-Id (the first), dropped from upstream
+    expect: str | None  # its Expect (answered by the proxy, never relayed)
+
+
 def upstream_request_headers(
-    headers: Iterable[tuple[str, str]], *, ids: RequestIds, client_addr: str | None, scheme: str
-) -> Headers:
-    """The headers to send upstream for a client request carrying ``headers`` (one pass: this
-    runs for every call)."""
+    headers: Iterable[tuple[str, str]], *, client_addr: str | None, scheme: str
+) -> ClientHead:
+    """The headers to send upstream for a client request carrying ``headers``, and what the
+    proxy reads in them (one pass: this runs for every call)."""
     out: Headers = []
     named: set[str] = set()  # what Connection names, dropped once it is all known
     forwarded_for: str | None = None
     forwarded_proto = False
+    request_id = expect = None
     for name, value in headers:
         lowered = name.lower()
         if lowered in HOP_BY_HOP:
             if lowered == "connection":
                 named.update(t.strip().lower() for t in value.split(",") if t.strip())
         elif lowered in _DROP_UPSTREAM:
-            pass
+            if lowered == _REQUEST_ID:
+                request_id = value if request_id is None else request_id
+            elif lowered == "expect":
+                expect = value if expect is None else expect
         elif lowered == "x-forwarded-for" and client_addr:
             if forwarded_for is None:
                 forwarded_for = value
@@ -83,33 +98,49 @@ def upstream_request_headers(
         )
     if not forwarded_proto:
         out.append(("X-Forwarded-Proto", scheme))
-    out.append((REQUEST_ID, ids.upstream))
+    return ClientHead(out, request_id, expect)
+
+
+def add_ids(headers: Headers, ids: RequestIds) -> None:
+    """Name the call's ids in ``headers`` going upstream: its own, and the client's when that
+    is another."""
+    headers.append((REQUEST_ID, ids.upstream))
     if ids.client is not None and ids.client != ids.upstream:
-        out.append((CLIENT_REQUEST_ID, ids.client))
-    return out
+        headers.append((CLIENT_REQUEST_ID, ids.client))
 
 
-_REPLACED = frozenset({REQUEST_ID.lower(), "server"})
+_HOP_BY_HOP_BYTES = frozenset(name.encode() for name in HOP_BY_HOP)
+_REPLACED = frozenset({REQUEST_ID.lower().encode(), b"server"})
+_ECHOED = f"{REQUEST_ID}: ".encode()
+_SERVER = f"Server: {SERVER_HEADER}".encode()
 
 
-def client_response_headers(headers: Iterable[tuple[str, str]], *, request_id: str) -> Headers:
-    """The headers to send the client for an upstream response carrying ``headers``.
+def client_response_head(fields: Iterable[tuple[bytes, bytes]], *, request_id: str) -> HeadFields:
+    """The head fields to send the client for an upstream response carrying ``fields`` (as the
+    parser gave them: bytes are relayed as they came, one pass: this runs for every call).
 
     ``Content-Length`` is kept (the body is relayed byte for byte); chunked framing is redone by
     the proxy. The upstream call's id is always echoed as ``X-Request-Id``; ``Server`` names the
     proxy (as Envoy overwrites it by default), so the upstream's implementation is not advertised.
     """
-    out: Headers = []
-    named: set[str] = set()
-    for name, value in headers:
+    lines: list[bytes] = []
+    named: set[bytes] = set()
+    sized = dated = False
+    for name, value in fields:
         lowered = name.lower()
-        if lowered in HOP_BY_HOP:
-            if lowered == "connection":
-                named.update(t.strip().lower() for t in value.split(",") if t.strip())
+        if lowered in _HOP_BY_HOP_BYTES:
+            if lowered == b"connection":
+                named.update(t.strip().lower() for t in value.split(b",") if t.strip())
         elif lowered not in _REPLACED:
-            out.append((name, value))
+            lines.append(name + b": " + value)
+            if lowered == b"content-length":
+                sized = True
+            elif lowered == b"date":
+                dated = True
     if named:
-        out = [(n, v) for n, v in out if n.lower() not in named]
-    out.append((REQUEST_ID, request_id))
-    out.append(("Server", SERVER_HEADER))
-    return out
+        lines = [line for line in lines if line.partition(b":")[0].lower() not in named]
+        sized = sized and b"content-length" not in named
+        dated = dated and b"date" not in named
+    lines.append(_ECHOED + request_id.encode())
+    lines.append(_SERVER)
+    return HeadFields(lines, sized, dated)

@@ -20,7 +20,7 @@ each chunk the upstream sends is written to the client's transport in the callba
 it (:class:`_ClientSink`), so no task runs per event; the handler waits for the body's end.
 How the call ends (the reason, the explicit cancel by request id, closing the upstream once
 the cancel is answered or ``--stream-close-grace`` passed, the one log line) is
-``proxy.lifecycle``'s, shared with gRPC; this module says when: the upstream call is a future
+``proxy.lifecycle``'s, shared with gRPC; this module says when: the upstream call is an object
 of its own (``Client.start``) so that it outlives the handler's cancellation, and a hang-up while
 it is open is seen in the server's ``connection_lost`` callback itself, a turn of the event loop
 before the handler's cancellation arrives (``proxy.http.protocol``). Errors the proxy makes
@@ -54,15 +54,15 @@ from proxy.errors import (
     UpstreamBroken,
     UpstreamUnavailable,
 )
-from proxy.http.headers import client_response_headers, upstream_request_headers
+from proxy.http.headers import add_ids, client_response_head, upstream_request_headers
 from proxy.http.scrape import scrape
 from proxy.http.tagging import TAG_LIMIT, tag_body
 from proxy.lifecycle import CallEnding, log_call
 from proxy.messages import Answer, ClientConnection, Request, Stream, error_answer
-from proxy.request_ids import REQUEST_ID, choose_request_ids
+from proxy.request_ids import REQUEST_ID, request_ids_for
 from proxy.state import Call, ServerState, interrupter
 from proxy.triton.bridge import TritonBridge, Upstream
-from proxy.upstream.client import Client, outlive
+from proxy.upstream.client import Client, UpstreamCall
 from proxy.upstream.connection import Body, Response
 from proxy.vocabulary import SERVER_HEADER, CallProtocol, Outcome, Stage
 
@@ -120,7 +120,7 @@ class _Exchange:
         self.ending = ending
         self.response: Stream | None = None
         self.body_error: BodyTooLarge | BodyTimeout | BadBody | None = None  # why the body was cut
-        self.upstream_call: asyncio.Future[Response] | None = None
+        self.upstream_call: UpstreamCall | None = None
         self.bridged: Upstream | None = None  # the gRPC call, when the Triton bridge answers
 
 
@@ -217,23 +217,21 @@ class HttpRelay:
 
     @staticmethod
     def _close_upstream(ex: _Exchange) -> None:
-        """Drop the upstream call: its task if still connecting, its response if it has one
-        (the bridge's gRPC call, cancelled)."""
+        """Drop the upstream call (the bridge's gRPC call, cancelled); nothing if its answer
+        was released."""
         if ex.bridged is not None:
             ex.bridged.cancel()
-        call = ex.upstream_call
-        if call is None:
-            return
-        if not call.done():
-            call.cancel()
-        elif not call.cancelled() and call.exception() is None:
-            call.result().close()
+        if ex.upstream_call is not None:
+            ex.upstream_call.close()
 
     async def _relay(self, ex: _Exchange) -> Answer | Stream:
         request, call = ex.request, ex.call
         if not request.raw_path.startswith("/"):  # absolute-form or "*": not for a sidecar
             raise BadTarget(f"the request target must be a path, not {request.raw_path[:100]!r}")
-        ids = choose_request_ids(request.headers, trust_client=self._config.trust_client_request_id)
+        head = upstream_request_headers(
+            request.headers, client_addr=request.remote, scheme=request.scheme
+        )
+        ids = request_ids_for(head.request_id, trust_client=self._config.trust_client_request_id)
         call.request_id, call.client_request_id = ids.upstream, ids.client
         limit = self._config.max_body_size
         if (
@@ -242,10 +240,9 @@ class HttpRelay:
             and request.content_length > limit
         ):
             raise BodyTooLarge(f"request body of {request.content_length} bytes exceeds {limit}")
-        headers = upstream_request_headers(
-            request.headers, ids=ids, client_addr=request.remote, scheme=request.scheme
-        )
-        await self._continue(request)
+        headers = head.upstream
+        add_ids(headers, ids)
+        self._continue(request, head.expect)
         if self._bridge is not None and self._bridge.takes(request.method, request.path):
             return await self._bridged(ex, self._bridge)
         call.detached = responses.names_a_response(request.path)
@@ -253,7 +250,7 @@ class HttpRelay:
         if request.body_exists:
             body, headers = await self._request_body(ex, headers, ids.upstream)
         sent = time.monotonic()
-        # The upstream call is a future of its own (written now on an idle connection), so a
+        # The upstream call is an object of its own (written now on an idle connection), so a
         # hang-up that cancels this handler leaves it open until the explicit cancel has been
         # answered (CallEnding.close_upstream).
         ex.ending.upstream_open = True
@@ -293,9 +290,8 @@ class HttpRelay:
         return await bridge.relay(ex.request, ex.call, body, upstream, opened, headers)
 
     @staticmethod
-    async def _continue(request: Request) -> None:
+    def _continue(request: Request, expect: str | None) -> None:
         """Answer ``Expect: 100-continue`` once the limits have passed (the body is wanted)."""
-        expect = request.header("Expect")
         if expect is None or request.version < (1, 1):
             return
         if expect.lower() != "100-continue":
@@ -383,11 +379,11 @@ class HttpRelay:
             raise
 
     @staticmethod
-    async def _answer_head(ex: _Exchange, upstream_call: asyncio.Future[Response]) -> Response:
+    async def _answer_head(ex: _Exchange, upstream_call: UpstreamCall) -> Response:
         """The upstream's answer, its head arrived (``upstream_call`` goes on if this handler
         is cancelled: it is closed once the cancel is answered)."""
         try:
-            return await outlive(upstream_call)
+            return await upstream_call.head
         except UpstreamUnavailable:
             ex.ending.upstream_open = False  # never reached: nothing to cancel
             raise
@@ -399,8 +395,8 @@ class HttpRelay:
     async def _respond(self, ex: _Exchange, upstream: Response) -> Stream:
         request, call = ex.request, ex.call
         assert call.request_id is not None
-        headers = client_response_headers(upstream.headers, request_id=call.request_id)
-        response = Stream(upstream.status, upstream.reason, headers)
+        fields = client_response_head(upstream.fields, request_id=call.request_id)
+        response = Stream(upstream.status, upstream.reason, fields=fields)
         if self._state.draining:
             response.force_close()
         try:

@@ -70,22 +70,72 @@ class Origin:
         )
 
 
-async def outlive(future: asyncio.Future[Response]) -> Response:
-    """``future``'s result, awaited so that cancelling the awaiting task leaves ``future`` alone
-    (``asyncio.shield``'s guarantee, without its second future and two callbacks a call)."""
-    if not future.done():
-        waiter = future.get_loop().create_future()
+class UpstreamCall:
+    """A request :meth:`Client.start` sent: ``head`` is the future of its answer's head, for the
+    caller to await directly (cancelling it, as cancelling the awaiting task does, leaves the
+    call open); :meth:`close` ends the call. A reused connection that turns out closed before
+    any byte of the answer is replaced and the request sent again, once, unless ``head`` was
+    cancelled by then (the caller is ending the call: nothing is sent for it any more)."""
 
-        def wake(_: asyncio.Future[Response]) -> None:
-            if not waiter.done():
-                waiter.set_result(None)
+    __slots__ = ("_body", "_client", "_connection", "_method", "_request", "_task", "head")
 
-        future.add_done_callback(wake)
-        try:
-            await waiter
-        finally:
-            future.remove_done_callback(wake)
-    return future.result()
+    def __init__(self, client: Client, request: bytes, body: bytes | None, method: str) -> None:
+        self.head: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        self._client, self._request, self._body, self._method = client, request, body, method
+        self._connection: Connection | None = None
+        self._task: asyncio.Task[Response] | None = None
+
+    def sent_on(self, connection: Connection) -> None:
+        """Written on ``connection``, which resolves ``head`` (raises ``StaleConnection``)."""
+        connection.send(
+            self._request,
+            self._body,
+            False,
+            head_only=self._method == "HEAD",
+            answer=self.head,
+            on_stale=self.resend,
+        )
+        self._connection = connection
+
+    def resend(self) -> None:
+        """The connection closed before answering: send again on a fresh one (a task)."""
+        if self._connection is not None:
+            self._connection.abandon()
+            self._connection = None
+        if not self.head.done():
+            self.follow(self._client.send_fresh(self._request, self._body, self._method))
+
+    def follow(self, task: asyncio.Task[Response]) -> None:
+        """``head`` is what ``task`` returns (a connect, a resend, a streamed body's request)."""
+        self._task = task
+        task.add_done_callback(self._delivered)
+
+    def _delivered(self, task: asyncio.Task[Response]) -> None:
+        head = self.head
+        if task.cancelled():
+            head.cancel()
+            return
+        error = task.exception()
+        if head.done():
+            return
+        if error is not None:
+            head.set_exception(error)
+            head.exception()  # retrieved: the caller may have stopped waiting
+        else:
+            head.set_result(task.result())
+
+    def close(self) -> None:
+        """Drop the call: its answer closed, unless it was released (its connection reused);
+        a connection still waiting for a head, or being opened, dropped."""
+        task, head = self._task, self.head
+        if task is not None and not task.done():
+            task.cancel()
+        if head.done() and not head.cancelled() and head.exception() is None:
+            head.result().close()
+        elif self._connection is not None:
+            self._connection.abandon()
+        elif task is not None and task.done() and not task.cancelled() and not task.exception():
+            task.result().close()  # a head that came after the caller stopped waiting
 
 
 class Client:
@@ -135,75 +185,35 @@ class Client:
 
     def start(
         self, method: str, target: str, headers: list[tuple[str, str]], body: Body
-    ) -> asyncio.Future[Response]:
-        """:meth:`request` as a future that outlives whoever awaits it (:func:`outlive`). A body of
-        bytes or none is written now on an idle connection and no task runs for the call (a
-        stale connection's resend runs in one); otherwise :meth:`request` runs in a task.
-        Cancelling the future drops the connection. Raises ``ValueError`` for a header value
-        with a line break, before anything is sent."""
-        if not isinstance(body, bytes) and body is not None:
-            return asyncio.ensure_future(self.request(method, target, headers, body))
+    ) -> UpstreamCall:
+        """:meth:`request` as an :class:`UpstreamCall`, whose head the caller awaits directly
+        and which goes on until it is closed, whatever happens to the caller. A body of bytes or
+        none is written now on an idle connection, and the connection resolves the head (no
+        task, no future between them; a stale connection's resend runs in a task); otherwise
+        :meth:`request` runs in a task. Raises ``ValueError`` for a header value with a line
+        break, before anything is sent."""
         head, _ = request_head(
             method, self.origin.prefix + target, self.origin.netloc, headers, body
         )
         self._used = True
+        if not isinstance(body, bytes) and body is not None:
+            call = UpstreamCall(self, head, None, method)
+            call.follow(asyncio.ensure_future(self.request(method, target, headers, body)))
+            return call
+        call = UpstreamCall(self, head, body, method)
         connection = self._take()
-        if connection is not None:
-            try:
-                sent = connection.send(head, body, False, head_only=method == "HEAD")
-            except StaleConnection:
-                connection.abandon()
-            else:
-                return self._awaiting(connection, sent, head, body, method)
+        if connection is None:
+            call.follow(self.send_fresh(head, body, method))
+            return call
+        try:
+            call.sent_on(connection)
+        except StaleConnection:
+            call.resend()
+        return call
+
+    def send_fresh(self, head: bytes, body: bytes | None, method: str) -> asyncio.Task[Response]:
+        """Send ``head`` and ``body`` on a new connection, in a task."""
         return asyncio.ensure_future(self._resent(head, body, method))
-
-    def _awaiting(
-        self,
-        connection: Connection,
-        sent: asyncio.Future[Response],
-        head: bytes,
-        body: bytes | None,
-        method: str,
-    ) -> asyncio.Future[Response]:
-        """The answer to a request written on a reused connection, sent again once on a fresh
-        connection if that one turns out closed (as :meth:`_answered`, in callbacks)."""
-        result: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
-        resent: list[asyncio.Task[Response]] = []
-
-        def answered(sent: asyncio.Future[Response]) -> None:
-            if result.done():  # cancelled: the connection was dropped then
-                return
-            error = sent.exception() if not sent.cancelled() else asyncio.CancelledError()
-            if error is None:
-                result.set_result(sent.result())
-                return
-            connection.abandon()
-            if not isinstance(error, StaleConnection):
-                result.set_exception(error)
-                return
-            task = asyncio.ensure_future(self._resent(head, body, method))
-            resent.append(task)
-            task.add_done_callback(passed_on)
-
-        def passed_on(task: asyncio.Task[Response]) -> None:
-            if result.done():
-                return
-            if task.cancelled():
-                result.cancel()
-            elif (error := task.exception()) is not None:
-                result.set_exception(error)
-            else:
-                result.set_result(task.result())
-
-        def dropped(result: asyncio.Future[Response]) -> None:
-            if result.cancelled():
-                connection.abandon()
-                for task in resent:
-                    task.cancel()
-
-        sent.add_done_callback(answered)
-        result.add_done_callback(dropped)
-        return result
 
     async def _resent(self, head: bytes, body: bytes | None, method: str) -> Response:
         connection = await self._connect()

@@ -25,7 +25,7 @@ are ``UpstreamBroken`` naming the server.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol, cast
 
 import httptools
@@ -34,6 +34,8 @@ from proxy.errors import StaleConnection, UpstreamBroken
 
 _PENDING_LIMIT = 64 * 1024  # body bytes held before a sink is attached (then reading pauses)
 _NO_BODY = frozenset({204, 304})
+_FRAMING = (b"content-length", b"transfer-encoding")
+_FRAMING_SIZES = (14, 17)
 
 
 class Pool(Protocol):
@@ -74,13 +76,18 @@ class Response:
     """One upstream answer: its head, and its body for :meth:`stream_to` or :meth:`read`."""
 
     def __init__(
-        self, connection: Connection, status: int, reason: str, headers: list[tuple[str, str]]
+        self, connection: Connection, status: int, reason: str, fields: list[tuple[bytes, bytes]]
     ) -> None:
         self._connection = connection
         self.status = status
         self.reason = reason
-        self.headers = headers
+        self.fields = fields  # the header fields as they came, order and repeats kept
         self._done = False  # released or closed: the connection is no longer this answer's
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """The header fields, decoded."""
+        return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in self.fields]
 
     async def stream_to(self, sink: Sink) -> None:
         """Hand the body to ``sink`` as it arrives; return once it has all arrived.
@@ -141,8 +148,6 @@ def request_head(
     names = set()
     sized = isinstance(body, bytes)  # its length is written below, whatever the caller says
     for name, value in headers:
-        if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
-            raise ValueError(f"header {name!r}: line breaks are not allowed")
         lowered = name.lower()
         if sized and lowered == "content-length":
             continue
@@ -157,8 +162,12 @@ def request_head(
         lines.append("Transfer-Encoding: chunked")
     elif body is None and method in {"POST", "PUT", "PATCH"} and "content-length" not in names:
         lines.append("Content-Length: 0")
-    head = ("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "surrogateescape")
-    return head, chunked
+    text = "\r\n".join(lines) + "\r\n\r\n"
+    breaks = len(lines) + 1  # the head's own: one scan each for more, not one per field
+    if text.count("\n") != breaks or text.count("\r") != breaks:
+        bad = next(line for line in lines if "\r" in line or "\n" in line)
+        raise ValueError(f"{bad.partition(':')[0][:64]!r}: line breaks are not allowed")
+    return text.encode("utf-8", "surrogateescape"), chunked
 
 
 class Connection(asyncio.Protocol):
@@ -177,9 +186,11 @@ class Connection(asyncio.Protocol):
     def _begin(self, *, head_only: bool) -> None:
         self._head_only = head_only
         self._head: asyncio.Future[Response] | None = None
+        self._on_stale: Callable[[], None] | None = None
         self._received = False
         self._status_text = b""
         self._fields: list[tuple[bytes, bytes]] = []
+        self._framed = False  # a Content-Length or Transfer-Encoding field came
         self._delimited_by_close = False
         self._headers_done = False
         self._complete = False
@@ -202,23 +213,34 @@ class Connection(asyncio.Protocol):
         return self._closed or self._transport is None
 
     def send(
-        self, head: bytes, body: Body, chunked: bool, *, head_only: bool
+        self,
+        head: bytes,
+        body: Body,
+        chunked: bool,
+        *,
+        head_only: bool,
+        answer: asyncio.Future[Response] | None = None,
+        on_stale: Callable[[], None] | None = None,
     ) -> asyncio.Future[Response]:
         """Write the request now (a body of bytes with its head, in one write; a streamed body
-        from a task of its own); the future is the answer's head. Raises ``StaleConnection``
-        at once when the connection has closed."""
+        from a task of its own); the future (``answer`` when given) is the answer's head.
+        Raises ``StaleConnection`` at once when the connection has closed. If it closes before
+        any byte of the answer, ``on_stale`` is called instead of failing the future with
+        ``StaleConnection`` (the caller resends). A cancelled future leaves the exchange open:
+        the caller drops the connection (:meth:`abandon`)."""
         if self._closed or self._transport is None:
             raise StaleConnection(f"upstream {self.name}: the connection had closed")
         self._begin(head_only=head_only)
-        loop = asyncio.get_running_loop()
-        self._head = loop.create_future()
+        if answer is None:
+            answer = asyncio.get_running_loop().create_future()
+        self._head, self._on_stale = answer, on_stale
         if isinstance(body, bytes) or body is None:
             self._transport.write(head + body if body else head)
             self._body_sent = True
         else:
             self._transport.write(head)
-            self._body_task = loop.create_task(self._send_body(body, chunked))
-        return self._head
+            self._body_task = answer.get_loop().create_task(self._send_body(body, chunked))
+        return answer
 
     async def _send_body(self, body: AsyncIterator[bytes], chunked: bool) -> None:
         try:
@@ -344,6 +366,11 @@ class Connection(asyncio.Protocol):
         if self._head is not None and not self._complete:
             why = f": {exc}" if exc else ""
             error = UpstreamBroken if self._received else StaleConnection
+            stale, self._on_stale = self._on_stale, None
+            if stale is not None and error is StaleConnection and self._error is None:
+                self._error = StaleConnection(f"upstream {self.name} closed{why}")
+                stale()  # the caller resends: its future is not this connection's to fail
+                return
             self._fail(error(f"upstream {self.name} broke off before answering in full{why}"))
 
     def pause_writing(self) -> None:
@@ -361,20 +388,19 @@ class Connection(asyncio.Protocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._fields.append((name, value))
+        if len(name) in _FRAMING_SIZES and name.lower() in _FRAMING:
+            self._framed = True
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
         if 100 <= status < 200 and status != 101:  # interim: the real answer follows
-            self._status_text, self._fields = b"", []
+            self._status_text, self._fields, self._framed = b"", [], False
             return
         self._headers_done = True
-        framed = any(
-            n.lower() in (b"content-length", b"transfer-encoding") for n, _ in self._fields
-        )
         no_body = self._head_only or status in _NO_BODY or status == 101
-        self._delimited_by_close = not framed and not no_body
-        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in self._fields]
-        response = Response(self, status, self._status_text.decode("latin-1"), headers)
+        self._delimited_by_close = not self._framed and not no_body
+        status_text = self._status_text.decode("latin-1")
+        response = Response(self, status, status_text, self._fields)
         if no_body:
             self._complete = True
         assert self._head is not None

@@ -86,9 +86,10 @@ async def test_a_reused_connection_closed_before_answering_is_replaced_and_the_c
 
 
 async def test_start_resends_once_on_a_fresh_connection_and_a_cancel_drops_it() -> None:
-    """``Client.start`` (the relay's way: a future, no task while a connection is idle) resends
-    a request whose reused connection closed before answering, as ``request`` does; and
-    cancelling its future drops the connection, which the server sees end."""
+    """``Client.start`` (the relay's way: no task while a connection is idle) resends a request
+    whose reused connection closed before answering, as ``request`` does; cancelling the wait
+    for its head leaves the call open, and closing it drops the connection, which the server
+    sees end."""
     bodies: list[bytes] = []
     ended = asyncio.Event()
 
@@ -107,7 +108,7 @@ async def test_start_resends_once_on_a_fresh_connection_and_a_cancel_drops_it() 
             w.write(ok(b"answer " + bodies[-1]))
 
     async def started(upstream: Client, body: bytes) -> bytes:
-        response = await upstream.start("POST", "/", [], body)
+        response = await upstream.start("POST", "/", [], body).head
         answer = await response.read(100)
         response.release()
         return answer
@@ -118,7 +119,10 @@ async def test_start_resends_once_on_a_fresh_connection_and_a_cancel_drops_it() 
         assert await started(upstream, b"two") == b"answer two"  # resent on a fresh connection
         held = upstream.start("POST", "/", [], b"held")
         await wait_until(lambda: bodies[-1:] == [b"held"], what="the held request")
-        held.cancel()
+        held.head.cancel()  # the caller stopped waiting: the call goes on
+        await asyncio.sleep(QUIET_S)
+        assert not ended.is_set()
+        held.close()
         async with asyncio.timeout(5):
             await ended.wait()
         await upstream.close()

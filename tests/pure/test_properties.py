@@ -31,7 +31,8 @@ from hangup_contract.vocabulary import Reason
 from proxy.errors import BadRequestId
 from proxy.http.headers import (
     HOP_BY_HOP,
-    client_response_headers,
+    add_ids,
+    client_response_head,
     connection_scoped,
     strip_hop_by_hop,
     upstream_request_headers,
@@ -213,8 +214,9 @@ def test_request_headers_upstream_are_the_clients_less_what_is_not_theirs_to_sen
     names too), ``Expect``, the ids and, when the client's address is known, the forwarding
     chain; then the chain extended by that address, the scheme unless the client named one,
     and the ids."""
-    ids = RequestIds("call-1", "c-1")
-    out = upstream_request_headers(headers, ids=ids, client_addr=client, scheme=scheme)
+    head = upstream_request_headers(headers, client_addr=client, scheme=scheme)
+    add_ids(head.upstream, RequestIds("call-1", "c-1"))
+    out = head.upstream
     dropped = connection_scoped(headers) | {"expect", "x-request-id", "x-client-request-id"}
     kept = [(n, v) for n, v in headers if n.lower() not in dropped]
     chain = [v for n, v in kept if n.lower() == "x-forwarded-for"]
@@ -224,17 +226,45 @@ def test_request_headers_upstream_are_the_clients_less_what_is_not_theirs_to_sen
     if not any(n.lower() == "x-forwarded-proto" for n, _ in kept):
         kept.append(("X-Forwarded-Proto", scheme))
     assert out == [*kept, ("X-Request-Id", "call-1"), ("X-Client-Request-Id", "c-1")]
+    ids = [v for n, v in headers if n.lower() == "x-request-id"]
+    expects = [v for n, v in headers if n.lower() == "expect"]
+    assert (head.request_id, head.expect) == (next(iter(ids), None), next(iter(expects), None))
+
+
+_RESPONSE_NAMES = st.sampled_from(["Server", "Content-Length", "Date", "content-length"])
+_RESPONSE_FIELDS = st.lists(
+    st.tuples(_HEADER_NAMES | _RESPONSE_NAMES | st.text(min_size=1, max_size=8), line).map(
+        lambda field: (field[0].encode(), field[1].encode())
+    ),
+    max_size=8,
+)
 
 
 @SETTINGS
-@given(_FIELDS)
+@given(_RESPONSE_FIELDS)
 def test_response_headers_to_the_client_are_the_upstreams_less_its_name_and_hops(
-    headers: list[tuple[str, str]],
+    fields: list[tuple[bytes, bytes]],
 ) -> None:
-    out = client_response_headers(headers, request_id="call-1")
-    dropped = connection_scoped(headers) | {"x-request-id", "server"}
-    kept = [(n, v) for n, v in headers if n.lower() not in dropped]
-    assert out == [*kept, ("X-Request-Id", "call-1"), ("Server", "hangup-proxy")]
+    """In order and as they came, every field of the upstream's but the hop-by-hop ones (those
+    ``Connection`` names too), its id and its ``Server``; then the call's id and the proxy's
+    name; and whether what is kept names the length and the date (the server adds them if not)."""
+    head = client_response_head(fields, request_id="call-1")
+    named = {
+        token.strip().lower()
+        for name, value in fields
+        if name.lower() == b"connection"
+        for token in value.split(b",")
+    }
+    hops = {name.encode() for name in HOP_BY_HOP}
+    dropped = hops | named | {b"x-request-id", b"server"}
+    kept = [(n, v) for n, v in fields if n.lower() not in dropped]
+    assert head.lines == [
+        *(n + b": " + v for n, v in kept),
+        b"X-Request-Id: call-1",
+        b"Server: hangup-proxy",
+    ]
+    assert head.sized == any(n.lower() == b"content-length" for n, _ in kept)
+    assert head.dated == any(n.lower() == b"date" for n, _ in kept)
 
 
 @SETTINGS
