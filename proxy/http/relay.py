@@ -156,37 +156,19 @@ class HttpRelay:
             gone_status=499,
             log=log_call,
         )
-        exchange = _Exchange(request, call, ending)
+        ex = _Exchange(request, call, ending)
         task = asyncio.current_task()
         assert task is not None
         call.stop = interrupter(call, task)
         try:
             self._state.admit(call)
         except Overloaded as exc:
-            response = self._error(exchange, exc)
+            response = self._error(ex, exc)
             ending.finish()
             return response
-        try:
-            return await self._guarded(exchange)
-        finally:
-            self._state.release(call)
-
-    def connection_lost(self, connection: ClientConnection) -> None:
-        """The client ``connection`` is gone: cancel its call upstream at once.
-
-        Called by the server's transport callback, before it cancels the handler task. Submitting
-        the cancel here rather than when that cancellation reaches the handler saves a turn of
-        the event loop, queued behind every relay callback that is ready (a whole engine step's
-        token fan-out at high concurrency). The handler then finds the cancel submitted.
-        """
-        ex = self._relaying.pop(connection, None)
-        if ex is not None:
-            ex.ending.stop(ex.call.reason or Reason.CLIENT_DISCONNECT)
-
-    async def _guarded(self, ex: _Exchange) -> Answer | Stream | None:
-        """Relay, mapping every way a call can end to its reason (``proxy.lifecycle`` does the
-        rest: the cancel, the upstream's close, the count and the log line)."""
-        call, ending = ex.call, ex.ending
+        # Every way a call can end, mapped to its reason (``proxy.lifecycle`` does the rest: the
+        # cancel, the upstream's close, the count and the log line). Here, not in a coroutine
+        # of its own: each frame between the task and the upstream's head is resumed per call.
         limit = self._config.max_request_duration
         deadline = asyncio.timeout(limit) if limit is not None else None  # only if one is set
         try:
@@ -211,9 +193,22 @@ class HttpRelay:
             ending.stop(call.reason or Reason.CLIENT_DISCONNECT)
             raise
         finally:
-            self._relaying.pop(ex.request.connection, None)
+            self._relaying.pop(request.connection, None)
             ending.close_upstream(lambda: self._close_upstream(ex))
             ending.finish()
+            self._state.release(call)
+
+    def connection_lost(self, connection: ClientConnection) -> None:
+        """The client ``connection`` is gone: cancel its call upstream at once.
+
+        Called by the server's transport callback, before it cancels the handler task. Submitting
+        the cancel here rather than when that cancellation reaches the handler saves a turn of
+        the event loop, queued behind every relay callback that is ready (a whole engine step's
+        token fan-out at high concurrency). The handler then finds the cancel submitted.
+        """
+        ex = self._relaying.pop(connection, None)
+        if ex is not None:
+            ex.ending.stop(ex.call.reason or Reason.CLIENT_DISCONNECT)
 
     @staticmethod
     def _close_upstream(ex: _Exchange) -> None:
@@ -248,7 +243,11 @@ class HttpRelay:
         call.detached = responses.names_a_response(request.path)
         body: Body = None
         if request.body_exists:
-            body, headers = await self._request_body(ex, headers, ids.upstream)
+            tags = self._tagger is not None and self._tagger.tags(request.method, request.path)
+            if tags or responses.reads_body(request.method, request.path):
+                body, headers = await self._read_body(ex, headers, ids.upstream, tags=tags)
+            elif (body := self._arrived(ex)) is None:
+                body = self._body(ex)  # streamed up as it arrives
         sent = time.monotonic()
         # The upstream call is an object of its own (written now on an idle connection), so a
         # hang-up that cancels this handler leaves it open until the explicit cancel has been
@@ -256,7 +255,15 @@ class HttpRelay:
         ex.ending.upstream_open = True
         ex.upstream_call = self._upstream.start(request.method, request.raw_path, headers, body)
         self._relaying[request.connection] = ex
-        upstream = await self._answer_head(ex, ex.upstream_call)
+        try:
+            upstream = await ex.upstream_call.head  # the call goes on if this handler is cancelled
+        except UpstreamUnavailable:
+            ex.ending.upstream_open = False  # never reached: nothing to cancel
+            raise
+        except UpstreamBroken as exc:
+            if ex.body_error is not None:  # the client's body failed: its own error says why
+                raise ex.body_error from exc
+            raise
         try:
             call.upstream_ttfb = time.monotonic() - sent
             self._state.metrics.upstream_ttfb.observe(call.upstream_ttfb)
@@ -298,20 +305,17 @@ class HttpRelay:
             raise ExpectationFailed(f"unsupported Expect: {expect}")
         request.connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
-    async def _request_body(
-        self, ex: _Exchange, headers: list[tuple[str, str]], request_id: str
+    async def _read_body(
+        self, ex: _Exchange, headers: list[tuple[str, str]], request_id: str, *, tags: bool
     ) -> tuple[Body, list[tuple[str, str]]]:
-        """The body to send up, and the headers to send it with: streamed as it arrives, or read
-        whole where the proxy must see it (the adapter's upstream reads the call's id in it,
-        ``TagsRequests``; or it may ask for a background response, ``proxy.responses``)."""
+        """The body to send up, and the headers to send it with, where the proxy must see it:
+        read whole (the adapter's upstream reads the call's id in it, ``TagsRequests``; or it
+        may ask for a background response, ``proxy.responses``)."""
         request = ex.request
-        tags = self._tagger is not None and self._tagger.tags(request.method, request.path)
         reads = responses.reads_body(request.method, request.path)
         body: Body = None if tags else self._arrived(ex)
         if body is None:
-            body = self._body(ex)
-            if tags or reads:
-                body, headers = await self._whole(body, headers, request_id, tag=tags)
+            body, headers = await self._whole(self._body(ex), headers, request_id, tag=tags)
         if reads and isinstance(body, bytes):
             ex.call.detached = responses.asks_for_background(body)
         elif reads:
@@ -376,20 +380,6 @@ class HttpRelay:
             raise ex.body_error from exc
         except (BodyTooLarge, BadBody) as exc:
             ex.body_error = exc
-            raise
-
-    @staticmethod
-    async def _answer_head(ex: _Exchange, upstream_call: UpstreamCall) -> Response:
-        """The upstream's answer, its head arrived (``upstream_call`` goes on if this handler
-        is cancelled: it is closed once the cancel is answered)."""
-        try:
-            return await upstream_call.head
-        except UpstreamUnavailable:
-            ex.ending.upstream_open = False  # never reached: nothing to cancel
-            raise
-        except UpstreamBroken as exc:
-            if ex.body_error is not None:  # the client's body failed: its own error says why
-                raise ex.body_error from exc
             raise
 
     async def _respond(self, ex: _Exchange, upstream: Response) -> Stream:

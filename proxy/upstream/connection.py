@@ -25,7 +25,7 @@ are ``UpstreamBroken`` naming the server.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Protocol, cast
 
 import httptools
@@ -89,13 +89,14 @@ class Response:
         """The header fields, decoded."""
         return [(n.decode("latin-1"), v.decode("latin-1")) for n, v in self.fields]
 
-    async def stream_to(self, sink: Sink) -> None:
-        """Hand the body to ``sink`` as it arrives; return once it has all arrived.
+    def stream_to(self, sink: Sink) -> Coroutine[None, None, None]:
+        """Hand the body to ``sink`` as it arrives; the awaitable returns once it has all
+        arrived (the connection's own coroutine: no frame of this one between).
 
         Raises ``UpstreamBroken`` if the upstream breaks off first, and whatever ``sink.drain``
         raises. Cancelling the caller leaves the connection open: :meth:`close` it.
         """
-        await self._connection.relay(sink)
+        return self._connection.relay(sink)
 
     async def read(self, limit: int) -> bytes:
         """The whole body; ``ValueError`` if it is larger than ``limit`` bytes."""
