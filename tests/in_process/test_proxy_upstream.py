@@ -130,6 +130,39 @@ async def test_start_resends_once_on_a_fresh_connection_and_a_cancel_drops_it() 
     assert bodies == [b"one", b"two", b"two", b"held"]
 
 
+async def test_no_resend_for_a_call_whose_caller_stopped_waiting() -> None:
+    """A reused connection that closes before answering is not replaced for a caller that has
+    stopped waiting for the head (a client that hung up, its cancel on the way): sending the
+    request again would start upstream work that nobody will read or cancel."""
+    bodies: list[bytes] = []
+    second = asyncio.Event()
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while True:
+            bodies.append((await read_request(r))[1])
+            if len(bodies) == 1:
+                w.write(ok(b"first"))
+                continue
+            second.set()
+            await asyncio.sleep(0.2)  # the caller stops waiting meanwhile
+            return  # closed without an answer, as an idle timeout meeting the request does
+
+    async with RawServer(script) as server:
+        upstream = Client(server.url, connect_timeout=5)
+        response = await upstream.start("POST", "/", [], b"one").head
+        await response.read(100)
+        response.release()
+        call = upstream.start("POST", "/", [], b"two")  # on the reused connection
+        async with asyncio.timeout(5):
+            await second.wait()
+        call.head.cancel()
+        await asyncio.sleep(QUIET_S)
+        call.close()
+        await upstream.close()
+    assert bodies == [b"one", b"two"]
+    assert server.connections == 1
+
+
 @pytest.mark.parametrize(
     ("answer", "body"),
     [
