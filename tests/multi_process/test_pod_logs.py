@@ -9,6 +9,7 @@ import socket
 import urllib.request
 from pathlib import Path
 
+from tests.support.log_records import records, stray_lines
 from tests.support.processes import spawn
 from tests.support.waiting import poll_until
 
@@ -23,13 +24,13 @@ def test_both_processes_write_one_log_line_shape(tmp_path: Path) -> None:
         assert gw.terminate() == 0
         logs = {"gateway": gw.log(), "proxy": px.log()}
     for process, text in logs.items():
-        records = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
-        assert records, process
-        for record in records:
+        lines = records(text)  # every line: a record
+        assert lines, process
+        for record in lines:
             assert list(record)[:4] == ["ts", "level", "logger", "msg"], (process, record)
             assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record["ts"]), record
             assert record["logger"].startswith(f"hangup.{process}"), record
-        assert any(r["msg"] in {"serving", "listening"} for r in records), (process, records)
+        assert any(r["msg"] in {"serving", "listening"} for r in lines), (process, lines)
 
 
 def test_a_request_the_gateway_cannot_parse_is_one_warning_line(tmp_path: Path) -> None:
@@ -42,12 +43,11 @@ def test_a_request_the_gateway_cannot_parse_is_one_warning_line(tmp_path: Path) 
             conn.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Bad: v\x00\r\n\r\n")
             assert conn.recv(65536).split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")
         assert gw.terminate() == 0
-        lines = gw.log().splitlines()
-    records = [json.loads(line) for line in lines]  # every line: a record
-    bad = [r for r in records if r["msg"].startswith("bad request from 127.0.0.1")]
-    assert len(bad) == 1 and bad[0]["level"] == "warning", records
+        lines = records(gw.log())  # every line: a record
+    bad = [r for r in lines if r["msg"].startswith("bad request from 127.0.0.1")]
+    assert len(bad) == 1 and bad[0]["level"] == "warning", lines
     assert "header" in bad[0]["msg"].lower() and "exc" not in bad[0], bad
-    assert not [r for r in records if r["level"] in ("error", "critical")], records
+    assert not [r for r in lines if r["level"] in ("error", "critical")], lines
 
 
 def test_clients_that_leave_before_their_answer_are_no_error(tmp_path: Path) -> None:
@@ -69,9 +69,8 @@ def test_clients_that_leave_before_their_answer_are_no_error(tmp_path: Path) -> 
         with urllib.request.urlopen(gw.url() + "/v1/models", timeout=10) as resp:
             assert resp.status == 200
         assert gw.terminate() == 0
-        records = [json.loads(line) for line in gw.log().splitlines()]
-    errors = [r for r in records if r["level"] in ("error", "critical")]
-    assert not errors, errors
+        stray = stray_lines(gw.log())
+    assert not stray, stray
 
 
 def _in_flight(url: str) -> list[object]:

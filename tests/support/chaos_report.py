@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from typing import Any
 import aiohttp
 
 from tests.support.faults import Pod
+from tests.support.log_records import stray_lines
 from tests.support.scrape import scrape_async, total
 from tests.support.stack import in_flight
 from tests.support.waiting import wait_until
@@ -168,19 +168,10 @@ def growth(reports: list[PhaseReport], name: str) -> tuple[int, int]:
 
 
 def stray_log_lines(root: Path) -> list[str]:
-    """Lines of the pod's logs under ``root`` that a log pipeline would trip on: not a JSON
-    record, or an error record of a library (aiohttp, gRPC, asyncio) rather than hangup's own.
-    A client hanging up at any point is no error of the server's."""
-    stray = []
-    for path in sorted(root.rglob("*.log")):
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                stray.append(f"{path.parent.name}: {line}")
-                continue
-            if record["level"] in ("error", "critical") and not record["logger"].startswith(
-                "hangup."
-            ):
-                stray.append(f"{path.parent.name}: {line[:2000]}")
-    return stray
+    """Lines of the pod's logs under ``root`` that a log pipeline would trip on
+    (``log_records.stray_lines``), each named by its process."""
+    return [
+        f"{path.parent.name}: {line}"
+        for path in sorted(root.rglob("*.log"))
+        for line in stray_lines(path.read_text(errors="replace"))
+    ]
