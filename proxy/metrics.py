@@ -3,14 +3,29 @@
 Label values come only from enums (``proxy.vocabulary``, the connection close reasons), the
 configured adapter name and the listener names, never from request ids. Durations are measured
 with ``time.monotonic()`` by the callers.
+
+What every call updates (calls in flight, calls finished, the upstream's first byte) is counted
+in plain numbers and written to the metrics in batches (:class:`_PerCall`): each
+prometheus_client update takes a lock and a chain of calls, and the four a call made were 7 % of
+a short call's CPU. A collection (a scrape, ``get_sample_value``) writes what is pending first,
+so a one-process proxy exports every call up to the scrape; ``Server`` also flushes every
+``FLUSH_EVERY_S`` seconds, which is what a ``--workers`` worker's metrics files lag by.
 """
 
 from __future__ import annotations
 
+import os
+from bisect import bisect_left
+from collections.abc import Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
 
 from hangup_contract.vocabulary import Reason
 from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
+
+FLUSH_EVERY_S = 0.5
+HISTOGRAM_PARTS = ("_upper_bounds", "_buckets", "_sum")  # a Histogram's, batched into
 
 # From 100 µs (a cancel on loopback) up to tens of seconds (a slow first byte from a long queue).
 LATENCY_BUCKETS = (
@@ -24,6 +39,7 @@ class ProxyMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        registry.register(_FlushFirst(self))  # before the metrics: a collection sees every call
         self.requests = Counter(
             "hangup_proxy_requests",
             "Calls the proxy finished, by how they ended.",
@@ -95,17 +111,35 @@ class ProxyMetrics:
             registry=registry,
             multiprocess_mode="livesum",
         )
-        # The children every call touches, made once (``labels`` locks and looks up each time).
-        self.inflight_of = {p: self.inflight.labels(p.value) for p in CallProtocol}
-        self._requests: dict[tuple[CallProtocol, Outcome], Counter] = {}  # made when first used
+        self._per_call = _PerCall(self)
+        # prometheus_client writes files when this is set (a --workers worker), at import time
+        self._to_files = "PROMETHEUS_MULTIPROC_DIR" in os.environ
+
+    def admitted(self, protocol: CallProtocol) -> None:
+        """A call is in flight."""
+        self._per_call.inflight[protocol] += 1
+
+    def released(self, protocol: CallProtocol) -> None:
+        self._per_call.inflight[protocol] -= 1
 
     def finished(self, protocol: CallProtocol, outcome: Outcome) -> None:
-        child = self._requests.get((protocol, outcome))
-        if child is None:
-            child = self._requests[protocol, outcome] = self.requests.labels(
-                protocol.value, outcome.value
-            )
-        child.inc()
+        ended = self._per_call.finished
+        ended[protocol, outcome] = ended.get((protocol, outcome), 0) + 1
+
+    def first_byte(self, seconds: float) -> None:
+        """The upstream's answer began ``seconds`` after the call was sent."""
+        self._per_call.first_byte(seconds)
+
+    def flush(self) -> None:
+        """Write the per-call updates made since the last flush to the metrics."""
+        self._per_call.flush()
+
+    def quiet(self) -> None:
+        """No call is in flight. A ``--workers`` worker flushes now: its metrics files are read
+        without it collecting, and this way they hold every call whenever it is idle (between
+        two bursts, after a test's calls), not only every ``FLUSH_EVERY_S``."""
+        if self._to_files:
+            self._per_call.flush()
 
     def disconnected(self, protocol: CallProtocol, stage: Stage) -> None:
         self.client_disconnects.labels(protocol.value, stage.value).inc()
@@ -117,6 +151,78 @@ class ProxyMetrics:
         self.cancel_calls.labels(adapter, result.value).inc()
         if seconds is not None:
             self.disconnect_to_cancel.observe(seconds)
+
+
+class _PerCall:
+    """The per-call updates not yet in the metrics, as plain numbers: made and flushed on the
+    event loop's thread, so no lock."""
+
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self._metrics = metrics
+        self.inflight = dict.fromkeys(CallProtocol, 0)  # calls admitted less calls released
+        self.finished: dict[tuple[CallProtocol, Outcome], int] = {}
+        self._inflight_of = {p: metrics.inflight.labels(p.value) for p in CallProtocol}
+        self._requests: dict[tuple[CallProtocol, Outcome], Counter] = {}  # made when first used
+        ttfb = metrics.upstream_ttfb
+        # Observations go to their bucket here and are added to the histogram's own bucket and
+        # sum values when flushed, as ``Histogram.observe`` adds one (its attributes are not
+        # public: without them, each is observed when flushed; tests/pure checks the two agree).
+        self._batched = all(hasattr(ttfb, part) for part in HISTOGRAM_PARTS)
+        self._bounds: list[float] = list(getattr(ttfb, "_upper_bounds", ()))
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+        self._observed: list[float] = []  # without the attributes
+
+    def first_byte(self, seconds: float) -> None:
+        if self._batched:
+            self._counts[bisect_left(self._bounds, seconds)] += 1
+            self._sum += seconds
+        else:
+            self._observed.append(seconds)
+
+    def flush(self) -> None:
+        for protocol, delta in self.inflight.items():
+            if delta:
+                self.inflight[protocol] = 0
+                self._inflight_of[protocol].inc(delta)
+        finished, self.finished = self.finished, {}
+        for key, count in finished.items():
+            child = self._requests.get(key)
+            if child is None:
+                child = self._requests[key] = self._metrics.requests.labels(
+                    key[0].value, key[1].value
+                )
+            child.inc(count)
+        self._flush_first_bytes()
+
+    def _flush_first_bytes(self) -> None:
+        ttfb = self._metrics.upstream_ttfb
+        observed, self._observed = self._observed, []
+        for seconds in observed:
+            ttfb.observe(seconds)
+        if not any(self._counts):
+            return
+        counts, self._counts = self._counts, [0] * len(self._bounds)
+        total, self._sum = self._sum, 0.0
+        ttfb._sum.inc(total)
+        for bucket, count in zip(ttfb._buckets, counts, strict=True):
+            if count:
+                bucket.inc(count)
+
+
+class _FlushFirst:
+    """Registered before the metrics: a collection of the registry flushes the per-call updates
+    before it reads any metric. Exports nothing itself."""
+
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+    def collect(self) -> Iterable[Metric]:
+        self._metrics.flush()
+        return ()
 
 
 class SupervisorMetrics:

@@ -32,7 +32,7 @@ from proxy.cancel.choice import open_grpc_adapter, open_http_adapter
 from proxy.config import Config
 from proxy.grpc.relay import GrpcRelay
 from proxy.http.listener import HttpListener
-from proxy.metrics import ProxyMetrics
+from proxy.metrics import FLUSH_EVERY_S, ProxyMetrics
 from proxy.state import ServerState
 from proxy.vocabulary import CallProtocol
 
@@ -80,6 +80,7 @@ class Server:
         self.state: ServerState | None = None
         self.addresses: dict[str, str | None] = {}
         self._hurry = asyncio.Event()
+        self._flushing: asyncio.Task[None] | None = None
         self._watchdog = LoopWatchdog(
             0.0,
             log_after=config.loop_stall_log,
@@ -105,6 +106,7 @@ class Server:
         )
         self.state = ServerState(config, self.metrics, canceller)
         self._watchdog.start()
+        self._flushing = asyncio.get_running_loop().create_task(self._flush_metrics())
         self.addresses = dict.fromkeys(READY_KEYS)
         for factory in self._factories:
             listener = factory(self.state)
@@ -138,7 +140,17 @@ class Server:
             await listener.close()
         await state.canceller.close()
         await self._watchdog.stop()
+        if self._flushing is not None:
+            self._flushing.cancel()
+        self.metrics.flush()  # a worker's files hold every call before it exits
         log.info("stopped")
+
+    async def _flush_metrics(self) -> None:
+        """The per-call metric updates written every ``FLUSH_EVERY_S`` (``proxy.metrics``): a
+        ``--workers`` worker's metrics files are read without it collecting."""
+        while True:
+            await asyncio.sleep(FLUSH_EVERY_S)
+            self.metrics.flush()
 
     def hurry(self) -> None:
         """End the drain now: calls still in flight are cancelled with reason ``shutdown``."""

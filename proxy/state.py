@@ -116,14 +116,15 @@ class ServerState:
             raise Overloaded(f"more than {limit} concurrent streams")
         self._calls.add(call)
         self._idle.clear()
-        self.metrics.inflight_of[call.protocol].inc()
+        self.metrics.admitted(call.protocol)
 
     def release(self, call: Call) -> None:
         if call in self._calls:
             self._calls.discard(call)
-            self.metrics.inflight_of[call.protocol].dec()
+            self.metrics.released(call.protocol)
         if not self._calls:
             self._idle.set()
+            self.metrics.quiet()
 
     async def wait_idle(self, within: float) -> bool:
         """True when no call is in flight within ``within`` seconds."""

@@ -153,7 +153,7 @@ class _Exchange:
     def _first_byte(self, sent: float) -> None:
         if self._call.upstream_ttfb is None:
             self._call.upstream_ttfb = time.monotonic() - sent
-            self._state.metrics.upstream_ttfb.observe(self._call.upstream_ttfb)
+            self._state.metrics.first_byte(self._call.upstream_ttfb)
 
 
 class GrpcRelay:
@@ -242,8 +242,8 @@ class GrpcRelay:
         try:
             await self._relay(ending, method, metadata, ids, requests, context)
         finally:
+            ending.finish()  # counted before released: a flush when idle has it (proxy.metrics)
             self._state.release(call)
-            ending.finish()
 
     def _refuse(self, call: Call, context: Any, exc: BadRequestId | Overloaded) -> None:
         if isinstance(exc, BadRequestId):

@@ -266,7 +266,7 @@ class HttpRelay:
             raise
         try:
             call.upstream_ttfb = time.monotonic() - sent
-            self._state.metrics.upstream_ttfb.observe(call.upstream_ttfb)
+            self._state.metrics.first_byte(call.upstream_ttfb)
             response = await self._respond(ex, upstream)
         except (asyncio.CancelledError, TimeoutError, ClientGone):
             raise  # a cancel follows: the upstream is closed once it is answered
