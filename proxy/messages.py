@@ -150,6 +150,7 @@ class Request:
         "method",
         "raw_path",
         "remote",
+        "task",
         "version",
     )
 
@@ -177,6 +178,7 @@ class Request:
         self.chunked = chunked
         self.remote = connection.remote
         self.content = RequestBody(connection)
+        self.task: asyncio.Task[None] | None = None  # what handles it, once its turn came
         self._path: str | None = None
 
     @property

@@ -1,16 +1,15 @@
 """The calls in flight and the draining flag: state owned by one ``ServerState`` per process.
 
-Every listener registers each call it relays (``admit``), names what ending it means
-(``Call.stop``: how to interrupt it with a reason), and releases it when it is done. Shutdown
-uses the same registry: stop admitting, wait until nothing is in flight or the drain timeout
-passes, then stop what is left with reason ``shutdown``.
+Every listener registers each call it relays (``admit``), names the task that handles it
+(``Call.task``: ``Call.stop`` interrupts it with a reason), and releases it when it is done.
+Shutdown uses the same registry: stop admitting, wait until nothing is in flight or the drain
+timeout passes, then stop what is left with reason ``shutdown``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +44,15 @@ class Call:
     stopped_at: float | None = None  # when the hang-up (or limit, or shutdown) was seen
     cancel_result: CancelResult | None = None
     cancel_answered_at: float | None = None
-    stop: Callable[[Reason], None] | None = None  # interrupts the call (set by its listener)
+    task: asyncio.Task[Any] | None = None  # what handles the call (set by its listener)
     detached: bool = False  # meant to outlive its client: no cancel call (proxy.responses)
+
+    def stop(self, reason: Reason) -> None:
+        """Interrupt the call for ``reason`` (both listeners: its task cancelled). The first stop
+        records its reason; a later one does nothing, the call is ending."""
+        if self.reason is None and self.task is not None:
+            self.reason = reason
+            self.task.cancel()
 
     def record(self) -> dict[str, object]:
         """The structured log fields for this call."""
@@ -73,18 +79,6 @@ class Call:
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
         }
-
-
-def interrupter(call: Call, task: asyncio.Task[Any]) -> Callable[[Reason], None]:
-    """``Call.stop`` for ``call`` handled by ``task`` (both listeners use it): the first stop
-    records its reason and cancels the task; a later one does nothing, the call is ending."""
-
-    def stop(reason: Reason) -> None:
-        if call.reason is None:
-            call.reason = reason
-            task.cancel()
-
-    return stop
 
 
 def _ms(start: float | None, end: float | None) -> float | None:
@@ -139,7 +133,7 @@ class ServerState:
         """Interrupt every call in flight with ``reason``; returns how many were stopped."""
         stopped = 0
         for call in list(self._calls):
-            if call.stop is not None:
+            if call.task is not None:
                 call.stop(reason)
                 stopped += 1
         return stopped

@@ -49,7 +49,7 @@ from proxy.grpc.peer import Liveness, PeerWatch, can_tell_disconnects
 from proxy.grpc.status import StatusWatch
 from proxy.lifecycle import CallEnding, log_call
 from proxy.request_ids import RequestIds, choose_request_ids
-from proxy.state import Call, ServerState, interrupter
+from proxy.state import Call, ServerState
 from proxy.vocabulary import CallProtocol, Outcome, Stage
 
 log = logging.getLogger("hangup.proxy.grpc")
@@ -236,9 +236,7 @@ class GrpcRelay:
             ending.finish()
             return
         call.request_id, call.client_request_id = ids.upstream, ids.client
-        task = asyncio.current_task()
-        assert task is not None
-        call.stop = interrupter(call, task)
+        call.task = asyncio.current_task()
         try:
             await self._relay(ending, method, metadata, ids, requests, context)
         finally:

@@ -258,7 +258,7 @@ class HttpConnection(asyncio.Protocol):
     def _start(self, request: Request) -> None:
         self.handling = request
         self._wrote = False
-        self._task = self._loop.create_task(self._serve(request))
+        self._task = request.task = self._loop.create_task(self._serve(request))
 
     async def _serve(self, request: Request) -> None:
         try:

@@ -60,7 +60,7 @@ from proxy.http.tagging import TAG_LIMIT, tag_body
 from proxy.lifecycle import CallEnding, log_call
 from proxy.messages import Answer, ClientConnection, Request, Stream, error_answer
 from proxy.request_ids import REQUEST_ID, request_ids_for
-from proxy.state import Call, ServerState, interrupter
+from proxy.state import Call, ServerState
 from proxy.triton.bridge import TritonBridge, Upstream
 from proxy.upstream.client import Client, UpstreamCall
 from proxy.upstream.connection import Body, Response
@@ -123,6 +123,14 @@ class _Exchange:
         self.upstream_call: UpstreamCall | None = None
         self.bridged: Upstream | None = None  # the gRPC call, when the Triton bridge answers
 
+    def close_upstream(self) -> None:
+        """Drop the upstream call (the bridge's gRPC call, cancelled); nothing if its answer
+        was released."""
+        if self.bridged is not None:
+            self.bridged.cancel()
+        if self.upstream_call is not None:
+            self.upstream_call.close()
+
 
 class HttpRelay:
     """The request handler: one instance per listener, shared by every connection."""
@@ -157,9 +165,7 @@ class HttpRelay:
             log=log_call,
         )
         ex = _Exchange(request, call, ending)
-        task = asyncio.current_task()
-        assert task is not None
-        call.stop = interrupter(call, task)
+        call.task = request.task
         try:
             self._state.admit(call)
         except Overloaded as exc:
@@ -194,7 +200,7 @@ class HttpRelay:
             raise
         finally:
             self._relaying.pop(request.connection, None)
-            ending.close_upstream(lambda: self._close_upstream(ex))
+            ending.close_upstream(ex.close_upstream)
             ending.finish()
             self._state.release(call)
 
@@ -209,15 +215,6 @@ class HttpRelay:
         ex = self._relaying.pop(connection, None)
         if ex is not None:
             ex.ending.stop(ex.call.reason or Reason.CLIENT_DISCONNECT)
-
-    @staticmethod
-    def _close_upstream(ex: _Exchange) -> None:
-        """Drop the upstream call (the bridge's gRPC call, cancelled); nothing if its answer
-        was released."""
-        if ex.bridged is not None:
-            ex.bridged.cancel()
-        if ex.upstream_call is not None:
-            ex.upstream_call.close()
 
     async def _relay(self, ex: _Exchange) -> Answer | Stream:
         request, call = ex.request, ex.call
