@@ -146,27 +146,31 @@ def request_head(
 ) -> tuple[bytes, bool]:
     """The request's head, and whether its body goes chunked."""
     lines = [f"{method} {target} HTTP/1.1"]
-    names = set()
     sized = isinstance(body, bytes)  # its length is written below, whatever the caller says
+    host = length = False
     for name, value in headers:
-        lowered = name.lower()
-        if sized and lowered == "content-length":
-            continue
-        names.add(lowered)
+        size = len(name)  # a name is lowered only when its length is one of the two looked for
+        if size == 14 and name.lower() == "content-length":
+            if sized:
+                continue
+            length = True
+        elif size == 4 and name.lower() == "host":
+            host = True
         lines.append(f"{name}: {value}")
-    if "host" not in names:
+    if not host:
         lines.append(f"Host: {netloc}")
-    chunked = body is not None and not isinstance(body, bytes) and "content-length" not in names
+    chunked = body is not None and not sized and not length
     if isinstance(body, bytes):
         lines.append(f"Content-Length: {len(body)}")
     elif chunked:
         lines.append("Transfer-Encoding: chunked")
-    elif body is None and method in {"POST", "PUT", "PATCH"} and "content-length" not in names:
+    elif body is None and method in {"POST", "PUT", "PATCH"} and not length:
         lines.append("Content-Length: 0")
-    text = "\r\n".join(lines) + "\r\n\r\n"
-    breaks = len(lines) + 1  # the head's own: one scan each for more, not one per field
+    lines.append("\r\n")
+    text = "\r\n".join(lines)
+    breaks = len(lines)  # the head's own: one scan each for more, not one per field
     if text.count("\n") != breaks or text.count("\r") != breaks:
-        bad = next(line for line in lines if "\r" in line or "\n" in line)
+        bad = next(line for line in lines[:-1] if "\r" in line or "\n" in line)
         raise ValueError(f"{bad.partition(':')[0][:64]!r}: line breaks are not allowed")
     return text.encode("utf-8", "surrogateescape"), chunked
 
