@@ -264,7 +264,9 @@ class HttpRelay:
         try:
             call.upstream_ttfb = time.monotonic() - sent
             self._state.metrics.first_byte(call.upstream_ttfb)
-            response = await self._respond(ex, upstream)
+            response = self._respond(ex, upstream)
+            if request.method != "HEAD" and upstream.status >= 200:  # a body: relayed as it comes
+                await upstream.stream_to(_ClientSink(request, response, call))
         except (asyncio.CancelledError, TimeoutError, ClientGone):
             raise  # a cancel follows: the upstream is closed once it is answered
         except BaseException:
@@ -379,7 +381,9 @@ class HttpRelay:
             ex.body_error = exc
             raise
 
-    async def _respond(self, ex: _Exchange, upstream: Response) -> Stream:
+    def _respond(self, ex: _Exchange, upstream: Response) -> Stream:
+        """The client's response to ``upstream``'s, its head fixed (it leaves with the body's
+        first bytes)."""
         request, call = ex.request, ex.call
         assert call.request_id is not None
         fields = client_response_head(upstream.fields, request_id=call.request_id)
@@ -391,9 +395,6 @@ class HttpRelay:
         except ConnectionResetError as exc:
             raise ClientGone(f"the client left before the response began: {exc}") from exc
         ex.response, call.stage, call.status = response, Stage.STREAMING, upstream.status
-        if request.method == "HEAD" or upstream.status < 200:
-            return response
-        await upstream.stream_to(_ClientSink(request, response, call))
         return response
 
     def _prepared(self, ex: _Exchange) -> Stream | None:
