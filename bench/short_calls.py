@@ -11,8 +11,10 @@ connecting (a new connection per call; each client loop's calls on one kept-aliv
   with the checks that make the row valid (the relay used at least 0.9 of its quota and was
   throttled in at least half the periods; the load generator under 0.85 of a core);
 - **latency at half of saturation**: the loops start, on a fixed schedule, half as many calls a
-  second as the slower relay managed; p50 and p99 of each relay, and of the upstream called
-  directly at the same rate: what the relay adds.
+  second as the slower relay managed (``--paced``: another fraction); p50 and p99 of each relay,
+  and of the upstream called directly at the same rate: what the relay adds. A relay that uses
+  its whole quota at that rate (paced calls each cost more than calls at saturation) waits for
+  its next CFS period: its p99 is then the throttling's, whichever relay it is.
 
 Then the same two tables in front of a real Triton (``tests/support/triton_server``; its venv as
 ``make test`` installs it, else skipped saying why; ``--no-triton``): the same body to the
@@ -65,6 +67,7 @@ class Load:
     window: float
     warmup: float
     path: str = "/infer"
+    paced: float = 0.5  # the latency rows' rate, as a fraction of the slower relay's saturation
 
 
 def _client(
@@ -152,7 +155,7 @@ async def table(
             saturation.append(row)
             print(f"{title} | saturation | round {r + 1} | {_saturation_line(row)}", flush=True)
     slowest = min(_median(saturation, relay.name, "calls_per_s") for relay in relays)
-    rate = round(slowest / 2, 1)
+    rate = round(slowest * load.paced, 1)
     latencies: list[dict[str, Any]] = []
     for r in range(rounds):
         targets: list[tuple[str, str, Relay | None]] = [(upstream, "direct", None)]
@@ -170,6 +173,7 @@ async def table(
         "relays": [relay.name for relay in relays],
         "saturation": saturation,
         "rate": rate,
+        "paced": load.paced,
         "latency": latencies,
     }
 
@@ -216,7 +220,8 @@ def report(args: argparse.Namespace, tables: list[dict[str, Any]]) -> str:
             ratio = _median(sat, hangup, "cpu_us_per_call") / _median(sat, envoy, "cpu_us_per_call")
             out += ["", f"CPU per call, {hangup} against {envoy}: **{ratio:.2f}x**"]
         lat = t["latency"]
-        out += ["", f"At {t['rate']:g} calls/s (half of the slower relay's saturation), ms:", "",
+        at = f"{t['rate']:g} calls/s ({t.get('paced', 0.5):g} of the slower relay's saturation)"
+        out += ["", f"At {at}, ms:", "",
                 "| target | p50 (median of rounds) | p99 (median) | added p50 | added p99 | "
                 "used of quota, each round |", "|---|---:|---:|---:|---:|---|"]  # fmt: skip
         direct50, direct99 = _median(lat, "direct", "p50_ms"), _median(lat, "direct", "p99_ms")
@@ -267,7 +272,8 @@ async def _triton_tables(
             relays.append(envoy_relay(stack, 1, server.http, work, 1))
         with limited(controller, relays, args.core, args.weight, args.period_us):
             for title, keep in MODES.items():
-                load = Load(keep, args.concurrency, args.window, args.warmup, _TRITON_PATH)
+                load = Load(keep, args.concurrency, args.window, args.warmup, _TRITON_PATH,
+                            args.paced)  # fmt: skip
                 tables.append(
                     await table(f"Triton, {title}", relays, server.http, load, args.rounds, group)
                 )
@@ -285,7 +291,7 @@ async def run(args: argparse.Namespace, controller: Controller) -> list[dict[str
         for pid in pids:
             group.add(pid)
         for title, keep in MODES.items():
-            load = Load(keep, args.concurrency, args.window, args.warmup)
+            load = Load(keep, args.concurrency, args.window, args.warmup, paced=args.paced)
             tables.append(await table(title, relays, upstream, load, args.rounds, group))
     if args.triton:
         tables += await _triton_tables(args, controller, work)
@@ -309,6 +315,8 @@ def _arguments() -> argparse.Namespace:
     add("--sources", type=int, default=2, help="upstream processes")
     add("--weight", type=int, default=8, help="CPU weight of the relays' and the load's groups")
     add("--period-us", type=int, default=PERIOD_US, help="the CFS period of every quota")
+    add("--paced", type=float, default=0.5,
+        help="the latency rows' rate, as a fraction of the slower relay's saturation")  # fmt: skip
     add("--no-envoy", dest="envoy", action="store_false")
     add("--no-triton", dest="triton", action="store_false", help="skip the Triton tables")
     return parser.parse_args()
