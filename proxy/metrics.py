@@ -8,8 +8,9 @@ What every call updates (calls in flight, calls finished, the upstream's first b
 in plain numbers and written to the metrics in batches (:class:`_PerCall`): each
 prometheus_client update takes a lock and a chain of calls, and the four a call made were 7 % of
 a short call's CPU. A collection (a scrape, ``get_sample_value``) writes what is pending first,
-so a one-process proxy exports every call up to the scrape; ``Server`` also flushes every
-``FLUSH_EVERY_S`` seconds, which is what a ``--workers`` worker's metrics files lag by.
+so a one-process proxy exports every call up to the scrape. A ``--workers`` worker's metrics
+files are read without it collecting: it writes them every ``FLUSH_EVERY_S`` seconds (``Server``)
+and whenever no call is in flight (:meth:`ProxyMetrics.quiet`).
 """
 
 from __future__ import annotations

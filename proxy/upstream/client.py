@@ -4,8 +4,11 @@ cancel calls alike (each user has its own instance, so its own pool).
 How a call goes: :meth:`Client.request` takes an idle connection (or opens one), writes the
 request at once and awaits the answer's head; :meth:`Client.send_now` writes it on an idle
 connection before it returns (no turn of the event loop: a hang-up's cancel leaves in the
-callback that saw the hang-up) or says there is none. The answer's body then goes to a sink as
-it arrives, or is read whole (:class:`proxy.upstream.connection.Response`).
+callback that saw the hang-up) or says there is none; :meth:`Client.start` (the relay's) writes
+it too and returns an :class:`UpstreamCall`, whose head the caller awaits with nothing between it
+and the connection, and which goes on, whatever happens to the caller, until it is closed. The
+answer's body then goes to a sink as it arrives, or is read whole
+(:class:`proxy.upstream.connection.Response`).
 
 The pool. Idle connections are reused last in, first out, at most ``max_idle``; one the server
 closes leaves the pool at once (the connection sees the close); with ``idle_ttl`` set, one idle
@@ -208,6 +211,7 @@ class Client:
         try:
             call.sent_on(connection)
         except StaleConnection:
+            connection.abandon()
             call.resend()
         return call
 
