@@ -32,6 +32,7 @@ import enum
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from aiohttp import web
@@ -126,8 +127,9 @@ class _Handler(web.RequestHandler):
         if isinstance(exc, HttpProcessingError):
             peer = self.transport.get_extra_info("peername") if self.transport else None
             where = peer[0] if isinstance(peer, tuple) else "?"
-            what = " ".join(line.strip() for line in exc.message.splitlines() if line.strip())
-            log.warning("bad request from %s: %s", where, what or type(exc).__name__)
+            log.warning(
+                "bad request from %s: %s", where, _one_line(exc.message) or type(exc).__name__
+            )
             return
         super().log_exception(*args, **kw)
 
@@ -138,7 +140,9 @@ class _Handler(web.RequestHandler):
         exc: BaseException | None = None,
         message: str | None = None,
     ) -> web.StreamResponse:
-        """aiohttp's own answer to a request it could not parse, under our ``Server`` name.
+        """The answer to a request aiohttp could not parse (or a handler that failed), as JSON
+        in the OpenAI error shape every other error of the server has (aiohttp writes plain
+        text), under our ``Server`` name; the connection closes after it.
 
         A handler that failed only because its client left while it wrote (the transport is
         closing) is not an error of the server's: the request ended as a disconnect, and there
@@ -147,9 +151,23 @@ class _Handler(web.RequestHandler):
         transport = self.transport
         if isinstance(exc, ConnectionResetError) and (transport is None or transport.is_closing()):
             raise ConnectionError("the client left while its answer was written") from exc
-        response = super().handle_error(request, status, exc, message)
+        plain = super().handle_error(request, status, exc, message)  # logs; refuses if sent
+        if isinstance(exc, HttpProcessingError):
+            what = _one_line(exc.message) or type(exc).__name__
+        else:
+            what = _one_line(plain.text if isinstance(plain, web.Response) else None)
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        error = {"message": what or HTTPStatus(status).phrase, "type": kind, "param": None,
+                 "code": status}  # fmt: skip
+        response = web.json_response({"error": error}, status=status)
         response.headers["Server"] = self.server_header
+        response.force_close()
         return response
+
+
+def _one_line(text: str | None) -> str:
+    """aiohttp's multi-line error message on one line."""
+    return " ".join(line.strip() for line in (text or "").splitlines() if line.strip())
 
 
 class LimitedServer(web.Server):

@@ -34,16 +34,26 @@ def test_both_processes_write_one_log_line_shape(tmp_path: Path) -> None:
 
 
 def test_a_request_the_gateway_cannot_parse_is_one_warning_line(tmp_path: Path) -> None:
-    """A request aiohttp cannot parse is the client's fault: answered 400, and logged as one
-    warning naming it, a JSON record like every other line (aiohttp logged it as an error with a
-    traceback, through Python's last-resort handler: lines of plain text between the records)."""
+    """A request aiohttp cannot parse is the client's fault: answered 400 in the JSON error
+    shape of every other answer (aiohttp writes plain text) naming what was wrong, and logged as
+    one warning naming it, a JSON record like every other line (aiohttp logged it as an error
+    with a traceback, through Python's last-resort handler: lines of plain text between the
+    records)."""
     with spawn("gateway_server", ["--http-port", "0", "--grpc-port", "0"], tmp_path / "g") as gw:
         host, port = gw.listeners["http"].rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=10) as conn:
             conn.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Bad: v\x00\r\n\r\n")
-            assert conn.recv(65536).split(b"\r\n", 1)[0].endswith(b" 400 Bad Request")
+            answer = b""
+            while chunk := conn.recv(65536):  # the connection closes after the answer
+                answer += chunk
         assert gw.terminate() == 0
         lines = records(gw.log())  # every line: a record
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b"\r\n", 1)[0].endswith(b" 400 Bad Request"), head
+    assert b"content-type: application/json" in head.lower(), head
+    error = json.loads(body)["error"]
+    assert error["code"] == 400 and error["type"] == "invalid_request_error", error
+    assert "header" in error["message"].lower(), error
     bad = [r for r in lines if r["msg"].startswith("bad request from 127.0.0.1")]
     assert len(bad) == 1 and bad[0]["level"] == "warning", lines
     assert "header" in bad[0]["msg"].lower() and "exc" not in bad[0], bad
