@@ -135,7 +135,7 @@ async def test_no_resend_for_a_call_whose_caller_stopped_waiting() -> None:
     stopped waiting for the head (a client that hung up, its cancel on the way): sending the
     request again would start upstream work that nobody will read or cancel."""
     bodies: list[bytes] = []
-    second = asyncio.Event()
+    second, caller_left = asyncio.Event(), asyncio.Event()
 
     async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         while True:
@@ -144,7 +144,7 @@ async def test_no_resend_for_a_call_whose_caller_stopped_waiting() -> None:
                 w.write(ok(b"first"))
                 continue
             second.set()
-            await asyncio.sleep(0.2)  # the caller stops waiting meanwhile
+            await caller_left.wait()
             return  # closed without an answer, as an idle timeout meeting the request does
 
     async with RawServer(script) as server:
@@ -156,7 +156,8 @@ async def test_no_resend_for_a_call_whose_caller_stopped_waiting() -> None:
         async with asyncio.timeout(5):
             await second.wait()
         call.head.cancel()
-        await asyncio.sleep(QUIET_S)
+        caller_left.set()
+        await asyncio.sleep(QUIET_S)  # no resend within it
         call.close()
         await upstream.close()
     assert bodies == [b"one", b"two"]
