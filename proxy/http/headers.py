@@ -36,24 +36,6 @@ _REQUEST_ID = REQUEST_ID.lower()
 _DROP_UPSTREAM = frozenset({"expect", _REQUEST_ID, CLIENT_REQUEST_ID.lower()})
 
 
-def connection_scoped(headers: Iterable[tuple[str, str]]) -> frozenset[str]:
-    """Lower-cased names of every hop-by-hop field, those named in ``Connection`` included."""
-    named = {
-        token.strip().lower()
-        for name, value in headers
-        if name.lower() == "connection"
-        for token in value.split(",")
-        if token.strip()
-    }
-    return HOP_BY_HOP | named
-
-
-def strip_hop_by_hop(headers: Iterable[tuple[str, str]]) -> Headers:
-    items = list(headers)
-    scoped = connection_scoped(items)
-    return [(name, value) for name, value in items if name.lower() not in scoped]
-
-
 class ClientHead(NamedTuple):
     """What one pass over a client request's header fields finds (made for every call)."""
 
