@@ -15,7 +15,9 @@ streaming completions of 400 tokens through ``bench.scaling_load``, in one run:
 Prints events/s and the serving processes' CPU µs per event (supervisors apart), a line per row
 and round. Run as root where cgroup CPU quotas can be written:
 ``.venv/bin/python -m bench.api_process_cost`` (about two minutes); elsewhere it says so and
-exits 0.
+exits 0. ``--real-cores`` (a machine with more cores than the processes and their load): each
+serving process pinned to a physical core of its own instead of a quota, the load generators
+on the other cores (:class:`bench.cgroups.RealCores`).
 """
 
 from __future__ import annotations
@@ -28,24 +30,31 @@ import subprocess
 import sys
 import time
 
-from bench.cgroups import Controller, CpuGroup, NoCpuController, cpu_controller
+from bench.cgroups import Controller, CpuGroup, NoCpuController, RealCores, cpu_controller
 from bench.scaling_relays import SIM, _pids
 from bench.stats import cpu_of
 from tests.support.processes import REPO, spawn
 
 
 def _gateway(
-    stack: contextlib.ExitStack, controller: Controller, processes: int, args: argparse.Namespace
+    stack: contextlib.ExitStack,
+    controller: Controller | RealCores,
+    processes: int,
+    args: argparse.Namespace,
+    first: int = 0,
 ) -> tuple[str, list[int]]:
-    """A gateway with ``processes`` API processes, each serving process in a quota'd group:
-    (its address, the serving processes)."""
+    """A gateway with ``processes`` API processes, each serving process in a quota'd group
+    (real cores: on the ``first``-th core and on): (its address, the serving processes)."""
     argv = [*SIM, "--sim-step-base", str(args.sim_step), "--http-port", "0", "--grpc-port", "0",
             "--workers", str(processes), "--api-processes", str(processes)]  # fmt: skip
     work = REPO / ".demo" / "bench-api-process-cost" / f"gateway-{time.monotonic_ns()}"
     proc = stack.enter_context(spawn("gateway_server", argv, work))
     groups, _ = _pids(proc)
-    for pids in groups:
-        group = CpuGroup(controller, f"hangup-apc-{os.getpid()}-{pids[0]}", args.core, weight=4)
+    for i, pids in enumerate(groups):
+        if isinstance(controller, RealCores):
+            group: CpuGroup = controller.group(first + i)
+        else:
+            group = CpuGroup(controller, f"hangup-apc-{os.getpid()}-{pids[0]}", args.core, weight=4)
         stack.callback(group.remove)
         for pid in pids:
             group.add(pid)
@@ -82,16 +91,23 @@ def main() -> None:
     parser.add_argument("--sim-step", type=float, default=0.001)
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--real-cores", action="store_true", help="a pinned core each, no quota")
     args = parser.parse_args()
     try:
-        controller = cpu_controller()
+        if args.real_cores:
+            cores = RealCores(args.processes)
+            os.sched_setaffinity(0, cores.load_cpus)  # the load generators start from here
+            controller: Controller | RealCores = cores
+        else:
+            controller = cpu_controller()
     except NoCpuController as exc:
         print(f"not measured: {exc}")
         return
+    print(controller.describe(), flush=True)
     n, s = args.processes, args.streams
     with contextlib.ExitStack() as stack:
         one = _gateway(stack, controller, 1, args)
-        independent = [_gateway(stack, controller, 1, args) for _ in range(n)]
+        independent = [_gateway(stack, controller, 1, args, i) for i in range(n)]
         shared = _gateway(stack, controller, n, args)
         rows = [
             (f"one process, {s} streams", [(one[0], s)], one[1]),
@@ -105,7 +121,8 @@ def main() -> None:
                 events, cpu = _window(loads, pids, args.window)
                 per_event = 1e6 * cpu / max(1, events)
                 print(f"{name}: {events / args.window:,.0f} events/s, "
-                      f"{per_event:.1f} µs of CPU per event", flush=True)  # fmt: skip
+                      f"{per_event:.1f} µs of CPU per event, "
+                      f"{cpu / args.window:.2f} cores busy", flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

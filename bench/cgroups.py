@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,10 @@ class Controller:
 
     version: int
     root: Path
+    home: Path | None = None  # v2: this process's own group, where a removed group's processes go
+
+    def describe(self) -> str:
+        return f"cgroup v{self.version} at {self.root}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +127,7 @@ def cpu_controller(
         if kind == "cgroup2":
             root, why = _v2_root(point, self_cgroup)
             if root is not None:
-                return Controller(2, root)
+                return Controller(2, root, _v2_home(point, self_cgroup))
             reasons.append(why)
     if not found:
         reasons.append("no cgroup file system is mounted")
@@ -187,13 +192,104 @@ class CpuGroup:
         )
 
     def remove(self) -> None:
-        """Move the processes still here to the parent group, then delete this one."""
-        parent = self.path.parent / "cgroup.procs"
+        """Move the processes still here to the parent group (v2: to this process's own, as a
+        v2 group with children may hold none), then delete this one."""
+        target = (self.controller.home or self.path.parent) / "cgroup.procs"
         for pid in self.pids():
             with contextlib.suppress(ProcessLookupError):
-                parent.write_text(str(pid))
+                target.write_text(str(pid))
         try:
             self.path.rmdir()
         except OSError as exc:
             if exc.errno != errno.ENOENT:
                 raise
+
+
+class CoreGroup(CpuGroup):
+    """A simulated core that is a real one (:class:`RealCores`): no cgroup and no quota, the
+    processes added pinned to ``cpus`` (every thread; ``None``: left where they are). A process
+    of one busy thread then uses at most one core; nothing is throttled, so :meth:`stat` reads
+    zeros, and whether a core was the limit is read from the CPU the process used."""
+
+    def __init__(self, cpus: frozenset[int] | None) -> None:  # no cgroup: CpuGroup's state unset
+        self.cpus = cpus
+        self.cores = None if cpus is None else float(len(cpus))
+        self._pids: list[int] = []
+
+    def add(self, pid: int) -> None:
+        self._pids.append(pid)
+        if self.cpus is None:
+            return
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(task), self.cpus)
+
+    def pids(self) -> list[int]:
+        return list(self._pids)
+
+    def stat(self) -> CpuStat:
+        return CpuStat(0, 0, 0.0)
+
+    def remove(self) -> None:
+        self._pids.clear()
+
+
+def _physical_core(cpu: int) -> tuple[str, str]:
+    """(package, core) of a logical CPU, or (its own number, "") where sysfs does not say."""
+    topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+    try:
+        return (
+            (topology / "physical_package_id").read_text().strip(),
+            (topology / "core_id").read_text().strip(),
+        )
+    except OSError:
+        return str(cpu), ""
+
+
+class RealCores:
+    """Whole cores instead of quotas, for a machine with more cores than the processes measured
+    and their load (a 16-core machine; ``bench.scaling --real-cores``): ``relays`` logical CPUs,
+    each on a physical core of its own and none on CPU 0's, for the measured processes
+    (:meth:`group`); the others this process may use for the load (:meth:`load`), leaving the
+    measured cores' hyperthread siblings idle where at least four CPUs remain without them.
+
+    Raises :class:`NoCpuController` where there are not enough cores for that and two more.
+    ``allowed`` and ``core_of`` (a CPU's physical core) are the machine's unless given."""
+
+    def __init__(
+        self,
+        relays: int,
+        allowed: Iterable[int] | None = None,
+        core_of: Callable[[int], tuple[str, str]] = _physical_core,
+    ) -> None:
+        cpus = sorted(os.sched_getaffinity(0) if allowed is None else allowed)
+        taken = {core_of(cpus[0])}
+        mine: list[int] = []
+        for cpu in cpus[1:]:
+            core = core_of(cpu)
+            if core not in taken and len(mine) < relays:
+                taken.add(core)
+                mine.append(cpu)
+        rest = [cpu for cpu in cpus if cpu not in mine]
+        if len(mine) < relays or len(rest) < 2:
+            raise NoCpuController(
+                f"{relays} whole cores and two CPUs for the load are needed; this process may "
+                f"use {len(cpus)} CPUs on {len({core_of(c) for c in cpus})} physical cores"
+            )
+        measured = {core_of(cpu) for cpu in mine}
+        apart = [cpu for cpu in rest if core_of(cpu) not in measured]
+        self.relay_cpus = mine
+        self.load_cpus = frozenset(apart if len(apart) >= 4 else rest)
+
+    def group(self, index: int, threads: int = 1) -> CoreGroup:
+        """The ``index``-th relay group's cores (``threads`` of them)."""
+        return CoreGroup(frozenset(self.relay_cpus[index * threads : (index + 1) * threads]))
+
+    def load(self) -> CoreGroup:
+        return CoreGroup(self.load_cpus)
+
+    def describe(self) -> str:
+        return (
+            f"real cores, no quota: measured processes on CPUs {self.relay_cpus} (a physical "
+            f"core each), the load on CPUs {sorted(self.load_cpus)}"
+        )

@@ -29,7 +29,10 @@ process (``max/min``), from :mod:`bench.spread`.
 Run: ``.venv/bin/python -m bench.scaling --out DIR`` (writes ``DIR/report.md`` and
 ``DIR/rows.json``; about 10 minutes with the defaults, 13 with ``--one-process``). On a machine
 without a writable cgroup CPU controller it says so and exits 0 having measured nothing.
-``--many-core`` picks defaults for a machine with 16 cores or more (see docs/benchmarks.md).
+``--many-core`` picks defaults for a machine with 16 cores or more (see docs/benchmarks.md);
+``--real-cores`` makes each simulated core a whole real one there (each relaying process pinned
+to a physical core of its own, no quota, no unconstrained rows; for a machine whose cgroups
+cannot be written or do not throttle, :class:`bench.cgroups.RealCores`).
 
 This module measures the rows and tables and holds the command line; the relays are started and
 given their quotas in :mod:`bench.scaling_relays`.
@@ -55,6 +58,7 @@ from bench.cgroups import (
     CpuGroup,
     CpuStat,
     NoCpuController,
+    RealCores,
     cpu_controller,
 )
 from bench.proxy_workers import sources
@@ -171,7 +175,7 @@ async def measure(relay: Relay, setup: Setup) -> dict[str, object]:
         "writes": (after.io[1] - before.io[1]) / max(1, events),
         "client_sleeps": sleeps / max(1, events),
         "used": used,
-        "throttled": [s.throttled / max(1, s.periods) for s in stats],
+        "throttled": [s.throttled / s.periods for s in stats if s.periods],  # none: real cores
         "load": load,
         "calls": [per_pid[p] for p in sorted(per_pid)],
         "unseen": unseen,
@@ -270,22 +274,28 @@ def _arguments() -> argparse.Namespace:
     add("--keep-alive", action="store_true", help="each client loop's calls on one connection")
     add("--no-envoy", dest="envoy", action="store_false")
     add("--only", choices=["proxy", "gateway"], default=None)
+    add("--real-cores", action="store_true", help="a whole pinned core per process, no quota")
     parser.set_defaults(**_defaults(sys.argv))
     return parser.parse_args()
 
 
 @contextlib.contextmanager
-def load_group(controller: Controller, weight: int) -> Iterator[CpuGroup]:
+def load_group(controller: Controller | RealCores, weight: int) -> Iterator[CpuGroup]:
     """The load generator's group: no quota, ``weight`` as the relays' (so that on a busy
-    shared machine it keeps up with them)."""
-    group = CpuGroup(controller, f"hangup-bench-{os.getpid()}-load", None, weight=weight)
+    shared machine it keeps up with them); on real cores, the cores the relays do not use."""
+    if isinstance(controller, RealCores):
+        group: CpuGroup = controller.load()
+    else:
+        group = CpuGroup(controller, f"hangup-bench-{os.getpid()}-load", None, weight=weight)
     try:
         yield group
     finally:
         group.remove()
 
 
-async def run_tables(args: argparse.Namespace, controller: Controller) -> list[dict[str, object]]:
+async def run_tables(
+    args: argparse.Namespace, controller: Controller | RealCores
+) -> list[dict[str, object]]:
     work = REPO / ".demo" / "bench-scaling"
     rows: list[dict[str, object]] = []
     print(HEADER, flush=True)
@@ -320,11 +330,15 @@ async def run_tables(args: argparse.Namespace, controller: Controller) -> list[d
 async def main() -> None:
     args = _arguments()
     try:
-        controller = cpu_controller()
+        if args.real_cores:
+            args.core = 1.0
+            controller: Controller | RealCores = RealCores(max(args.cores))
+        else:
+            controller = cpu_controller()
     except NoCpuController as exc:
         print(f"bench.scaling skipped: {exc}", flush=True)
         return
-    print(f"{os.cpu_count()} cores; cgroup v{controller.version} at {controller.root}", flush=True)
+    print(f"{os.cpu_count()} cores; {controller.describe()}", flush=True)
     rows = await run_tables(args, controller)
     write_report(args, controller, rows)
 

@@ -1,7 +1,8 @@
 """The relays that ``bench.scaling`` measures, and their simulated cores: hangup's proxy
 (``--workers N``) beside Envoy (``--concurrency N``), and the gateway (``--api-processes N``) on
 the simulated engine, each started for one table; every relaying process group then gets a
-cgroup of its own with a CPU quota (:mod:`bench.cgroups`), removed when the table is done.
+cgroup of its own with a CPU quota (:mod:`bench.cgroups`), removed when the table is done (or,
+with ``--real-cores``, a whole core of its own: :class:`bench.cgroups.RealCores`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.cgroups import PERIOD_US, Controller, CpuGroup
+from bench.cgroups import PERIOD_US, Controller, CpuGroup, RealCores
 from tests.support.envoy import envoy_binary, running_envoy
 from tests.support.processes import Process, children, descendants, spawn
 
@@ -55,12 +56,17 @@ class Relay:
         return self.name
 
 
-def place(controller: Controller, relay: Relay, cores: float | None) -> None:
-    """Give each of ``relay``'s process groups a cgroup with ``cores`` of quota."""
+def place(controller: Controller | RealCores, relay: Relay, cores: float | None) -> None:
+    """Give each of ``relay``'s process groups a cgroup with ``cores`` of quota (real cores:
+    ``relay.threads`` whole cores of its own)."""
     relay.cores = cores
-    for pids in relay.groups:
+    for i, pids in enumerate(relay.groups):
         name = f"hangup-bench-{os.getpid()}-{time.monotonic_ns()}"
-        group = CpuGroup(controller, name, cores, relay.period_us, weight=relay.weight)
+        if isinstance(controller, RealCores):
+            group: CpuGroup = controller.group(i, relay.threads)
+            relay.cores = group.cores
+        else:
+            group = CpuGroup(controller, name, cores, relay.period_us, weight=relay.weight)
         relay.limits.append(group)
         for pid in pids:
             group.add(pid)
@@ -102,20 +108,22 @@ def envoy_relay(
 
 @contextlib.contextmanager
 def proxies(
-    args: argparse.Namespace, controller: Controller, work: Path, upstream: str
+    args: argparse.Namespace, controller: Controller | RealCores, work: Path, upstream: str
 ) -> Iterator[list[Relay]]:
     """hangup --workers N and Envoy --concurrency N for every N, quota'd, then each with the
-    most N and no quota."""
+    most N and no quota (not on real cores, where a process is limited by its own thread)."""
     top = max(args.cores)
     with contextlib.ExitStack() as stack:
         relays = [proxy_relay(stack, n, upstream, work) for n in args.cores]
         relays += _big(args, lambda: proxy_relay(stack, 1, upstream, work))
-        relays.append(proxy_relay(stack, top, upstream, work))
-        relays[-1].free = True
+        free = [] if args.real_cores else [top]
+        for n in free:
+            relays.append(proxy_relay(stack, n, upstream, work))
+            relays[-1].free = True
         if args.envoy and envoy_binary().exists():
             relays += [envoy_relay(stack, n, upstream, work, i)
-                       for i, n in enumerate([*args.cores, top])]  # fmt: skip
-            relays[-1].free = True
+                       for i, n in enumerate([*args.cores, *free])]  # fmt: skip
+            relays[-1].free = bool(free)
         elif args.envoy:
             print(f"no Envoy at {envoy_binary()}: Envoy rows skipped", flush=True)
         with limited(controller, relays, args.core, args.weight, args.period_us):
@@ -156,20 +164,28 @@ def _big(args: argparse.Namespace, start: Callable[[], Relay]) -> list[Relay]:
 
 
 @contextlib.contextmanager
-def gateways(args: argparse.Namespace, controller: Controller, work: Path) -> Iterator[list[Relay]]:
-    """hangup --api-processes N for every N, quota'd, then the most N with no quota."""
+def gateways(
+    args: argparse.Namespace, controller: Controller | RealCores, work: Path
+) -> Iterator[list[Relay]]:
+    """hangup --api-processes N for every N, quota'd, then the most N with no quota (not on
+    real cores)."""
     with contextlib.ExitStack() as stack:
         relays = [_gateway(stack, n, args, work) for n in args.cores]
         relays += _big(args, lambda: _gateway(stack, 1, args, work))
-        relays.append(_gateway(stack, max(args.cores), args, work))
-        relays[-1].free = True
+        if not args.real_cores:
+            relays.append(_gateway(stack, max(args.cores), args, work))
+            relays[-1].free = True
         with limited(controller, relays, args.core, args.weight, args.period_us):
             yield relays
 
 
 @contextlib.contextmanager
 def limited(
-    controller: Controller, relays: list[Relay], core: float, weight: int, period_us: int
+    controller: Controller | RealCores,
+    relays: list[Relay],
+    core: float,
+    weight: int,
+    period_us: int,
 ) -> Iterator[None]:
     """A quota for every relay's group but the free ones' (in groups too: their throttling is
     read the same way); groups removed on the way out."""

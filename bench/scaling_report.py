@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from bench.cgroups import Controller
+from bench.cgroups import Controller, RealCores
 
 USED = 0.9  # of its quota a process must use for a row to count
 THROTTLED = 0.5  # of the periods in which it must have been throttled
@@ -93,13 +93,13 @@ def line(row: dict[str, object]) -> str:
 
 
 def write_report(
-    args: argparse.Namespace, controller: Controller, rows: list[dict[str, object]]
+    args: argparse.Namespace, controller: Controller | RealCores, rows: list[dict[str, object]]
 ) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "rows.json").write_text(json.dumps(rows, indent=1))
     head = (
-        f"# bench.scaling\n\n{os.cpu_count()} cores; cgroup v{controller.version} at "
-        f"{controller.root}; one simulated core = {args.core:g} of a real core; "
+        f"# bench.scaling\n\n{os.cpu_count()} cores; {controller.describe()}; one simulated "
+        f"core = {args.core:g} of a real core; "
         f"{args.events} events per call, a new connection per call; {args.window:g} s per "
         f"row after {args.warmup:g} s; {args.clients} client process(es), {args.sources} "
         f"source process(es)\n\ncommand: `{' '.join(sys.argv)}`\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cgroups import NoCpuController, cpu_controller
+from bench.cgroups import NoCpuController, RealCores, cpu_controller
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,3 +51,27 @@ def test_the_offline_wheel_list_has_every_runtime_dependency() -> None:
     lines = (REPO / "bench" / "scaling-requirements.txt").read_text().splitlines()
     listed = {_name(line) for line in lines if line.strip() and not line.startswith("#")}
     assert {_name(dep) for dep in project["dependencies"]} <= listed
+
+
+def _smt(cpu: int) -> tuple[str, str]:
+    """Eight physical cores, two hyperthreads each: CPU n and n + 8 share core n % 8."""
+    return "0", str(cpu % 8)
+
+
+def test_real_cores_give_each_measured_process_a_physical_core_away_from_the_load() -> None:
+    cores = RealCores(4, range(16), _smt)
+    assert len({_smt(cpu) for cpu in cores.relay_cpus}) == 4
+    assert _smt(0) not in {_smt(cpu) for cpu in cores.relay_cpus}
+    measured = {_smt(cpu) for cpu in cores.relay_cpus}
+    assert cores.load_cpus and not {_smt(cpu) for cpu in cores.load_cpus} & measured
+    assert cores.load_cpus | set(cores.relay_cpus) <= set(range(16))
+
+
+def test_real_cores_share_the_siblings_with_the_load_when_little_is_left() -> None:
+    cores = RealCores(3, range(8), lambda cpu: ("0", str(cpu % 4)))
+    assert sorted(cores.load_cpus) == sorted(set(range(8)) - set(cores.relay_cpus))
+
+
+def test_too_few_cores_for_real_cores_is_refused_saying_so() -> None:
+    with pytest.raises(NoCpuController, match="4 whole cores"):
+        RealCores(4, range(4), lambda cpu: ("0", str(cpu)))
