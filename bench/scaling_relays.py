@@ -123,7 +123,8 @@ def proxies(
         if args.envoy and envoy_binary().exists():
             relays += [envoy_relay(stack, n, upstream, work, i)
                        for i, n in enumerate([*args.cores, *free])]  # fmt: skip
-            relays[-1].free = bool(free)
+            if free:
+                relays[-1].free = True
         elif args.envoy:
             print(f"no Envoy at {envoy_binary()}: Envoy rows skipped", flush=True)
         with limited(controller, relays, args.core, args.weight, args.period_us):
