@@ -168,12 +168,15 @@ def running_triton(
     models: Path = MODELS,
     fill: dict[str, str] | None = None,
     ready_s: float = READY_S,
+    env: dict[str, str] | None = None,
 ) -> Iterator[TritonServer]:
-    """Triton serving the models of ``models`` (``fill`` fills in their configurations)."""
+    """Triton serving the models of ``models`` (``fill`` fills in their configurations; ``env``
+    added to its environment)."""
     records = tmp / "records"
     records.mkdir(parents=True)
     repository = _repository(tmp, records, models, fill or {})
     backends = _backends(tmp, found)
+    environment = {**os.environ, **found.env, **(env or {})}
     for attempt in range(BIND_ATTEMPTS):
         http, grpc, metrics = _free_ports(3)
         log_path = tmp / f"triton-{attempt}.log"
@@ -185,7 +188,7 @@ def running_triton(
                  "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc),
                  "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics),
                  "--exit-timeout-secs", "5"],
-                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **found.env},
+                stdout=out, stderr=subprocess.STDOUT, env=environment,
                 process_group=0,  # its own group (not session): the stubs end with it
             )  # fmt: skip
         server = TritonServer(popen, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}",

@@ -45,7 +45,10 @@ def triton_with_vllm(tmp: Path, model: Path) -> Iterator[TritonServer]:
         raise LookupError(found)
     fill = {"SITE_PACKAGES": sysconfig.get_path("purelib"),
             "ENGINE_ARGS": json.dumps(engine_args(model))}  # fmt: skip
-    with running_triton(tmp, found, MODELS, fill, ready_s=START_S) as server:
+    # A cache of vLLM's own, empty: the model loads as on a machine that never ran vLLM
+    # (its registry then inspects the model in a process of its own; ~/.cache hid that once).
+    cold = {"VLLM_CACHE_ROOT": str(tmp / "vllm-cache")}
+    with running_triton(tmp, found, MODELS, fill, ready_s=START_S, env=cold) as server:
         yield server
 
 

@@ -10,8 +10,10 @@ reports them), so a test sees from outside that a cancelled request left the eng
 What running vLLM in Triton's stub needs, each found here: the stub's Python starts isolated (it
 ignores ``LANG`` and ``PYTHONPATH``), so the C locale is UTF-8'd before torch is imported (torch
 fails reading its files otherwise), and vLLM comes from the project's virtualenv, put first on
-``sys.path``; numpy is the stub's own (1.26, imported before this file runs: with numpy 2.3 the
-stub crashed on the first BYTES input)."""
+``sys.path`` and on ``PYTHONPATH`` for the processes vLLM starts with the stub's interpreter (the
+model registry inspects a model's class in one when its cache has no entry yet: on a fresh
+machine Triton failed to load the model without it); numpy is the stub's own (1.26, imported
+before this file runs: with numpy 2.3 the stub crashed on the first BYTES input)."""
 
 from __future__ import annotations
 
@@ -102,7 +104,10 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         self.records = record_dir(args)
         parameters = json.loads(args["model_config"])["parameters"]
-        sys.path.insert(0, parameters["site_packages"]["string_value"])
+        site_packages = parameters["site_packages"]["string_value"]
+        sys.path.insert(0, site_packages)
+        inherited = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [site_packages, inherited]))
         from vllm import SamplingParams
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.sampling_params import RequestOutputKind
