@@ -128,10 +128,11 @@ class GenerationService:
         try:
             call = self.registry.open(call_id, model, protocol)
             await self._claim(call_id, partial(self.registry.close, call, remember=False))
-        except CancelledBeforeArrival as exc:
-            self.metrics.requests.labels(model, protocol.value, Outcome.CANCELLED.value).inc()
-            self.metrics.cancellations.labels(model, exc.reason.value, Phase.QUEUED.value).inc()
-            _log_end(call_id, call_id, model, protocol, Outcome.CANCELLED, exc.reason, Phase.QUEUED)
+        except CancelledBeforeArrival as exc:  # here or at the id's home
+            self._cancelled_before_running(call_id, model, protocol, exc.reason)
+            raise
+        except asyncio.CancelledError:  # the client hung up while the id's home answered
+            self._cancelled_before_running(call_id, model, protocol, call.hangup_reason)
             raise
         try:
             yield call
@@ -141,12 +142,33 @@ class GenerationService:
 
     async def _claim(self, request_id: str, undo: Callable[[], None]) -> None:
         """Claim an id opened here gateway-wide; ``undo`` the local open when refused (a
-        duplicate elsewhere, or a cancel that came first)."""
+        duplicate elsewhere, or a cancel that came first) or when the caller is cancelled
+        meanwhile (its client hung up): then the home may hold the claim, and is told the id
+        ended, so neither this process nor the home keeps it in flight."""
         try:
             await self.directory.claim(request_id)
         except GatewayError:
             undo()
             raise
+        except BaseException:
+            undo()
+            self.directory.release(request_id, 0)
+            raise
+
+    def _cancelled_before_running(
+        self,
+        call_id: str,
+        model: str,
+        protocol: Protocol,
+        reason: Reason,
+        request_id: str | None = None,
+    ) -> None:
+        """Count and log a call (or its request ``request_id``, an alias) that ended,
+        cancelled, before it reached an engine."""
+        self.metrics.requests.labels(model, protocol.value, Outcome.CANCELLED.value).inc()
+        self.metrics.cancellations.labels(model, reason.value, Phase.QUEUED.value).inc()
+        _log_end(request_id or call_id, call_id, model, protocol, Outcome.CANCELLED, reason,
+                 Phase.QUEUED)  # fmt: skip
 
     def check_prompt(self, prompt: str | tuple[int, ...], params: SamplingParams) -> None:
         """Raise InvalidRequest when ``prompt`` plus ``max_tokens`` exceeds the context length."""
@@ -260,6 +282,11 @@ class GenerationService:
             if alias is not None:
                 undo = partial(self.registry.detach, call, request, remember=False)
                 await self._claim(alias, undo)
+        except asyncio.CancelledError:  # the client went away while the alias's home answered
+            placement.give_back()
+            reason = call.hangup_reason
+            self._cancelled_before_running(call.call_id, call.model, call.protocol, reason, alias)
+            raise
         except GatewayError:
             placement.give_back()
             raise

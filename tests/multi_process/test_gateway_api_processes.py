@@ -1,14 +1,16 @@
 """``python -m gateway_server --workers 2 --api-processes 2`` behind ``python -m proxy --workers
 2``: both scaled, as separate processes on shared ports. Every hang-up is cancelled and counted
 once on each side, every token once; cancels sent straight to the gateway land on either
-process and reach their request; one scrape answers for the whole gateway; new connections go to
-the process holding fewer, and a stalled process holds none of them; a killed API process is
-started again and counted; SIGTERM drains every API process.
+process and reach their request; a hang-up while the id's home has not yet answered leaves the
+call in flight nowhere; one scrape answers for the whole gateway; new connections go to the
+process holding fewer, and a stalled process holds none of them; a killed API process is started
+again and counted; SIGTERM drains every API process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -20,6 +22,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway_server.siblings import home_of
+from gateway_server.siblings.processes import SLOT_ENV
 from tests.support.log_records import records
 from tests.support.metrics_files import unreadable_files
 from tests.support.processes import alive, children, environ_of, stopped
@@ -126,6 +130,36 @@ async def test_cancels_sent_to_either_process_reach_their_request(
     assert total(gateway, "hangup_gateway_cancellations_total", reason="explicit") == 24
     # 24 cancels over two processes: some landed on the process that did not run their request.
     assert total(gateway, "hangup_gateway_cancel_forward_seconds_count") >= 1
+
+
+async def test_a_hang_up_while_the_ids_home_answers_leaves_the_call_in_flight_nowhere(
+    stack: Stack, raw: RawClients
+) -> None:
+    """The process that takes a call asks the id's home (stopped here, as a long pause would)
+    whether the id is in flight elsewhere, and the client hangs up before the home answers: the
+    call is counted cancelled in the queued phase and held nowhere, neither by the process that
+    took it nor by the home once it runs again (the id is accepted again). Under load, with new
+    connections per call, such calls stayed listed as queued until the drain timed out."""
+    slots = {int(environ_of(pid)[SLOT_ENV]): pid for pid in children(stack.gateway.popen.pid)}
+    request_id = next(rid for i in itertools.count() if home_of(rid := f"homed-{i}", 2) == 1)
+    request = completion_request("/v1/completions", LONG, request_id=request_id)
+    with stopped(slots[1]):  # process 0 takes the connection and waits for the home (5 s at most)
+        _, writer = await raw.open(stack.gateway_url, request)
+        await asyncio.sleep(1.0)
+        writer.close()
+        await asyncio.sleep(0.5)  # the hang-up is handled before the home answers
+    async with aiohttp.ClientSession() as session:
+        await wait_until(lambda: _idle(session, stack), what="nothing in flight on the gateway")
+        gateway = await scrape_async(session, stack.gateway_url)
+        body = {"model": MODEL, "prompt": "short", "max_tokens": 3}
+        headers = {"X-Request-Id": request_id}
+        async with session.post(
+            stack.gateway_url + "/v1/completions", json=body, headers=headers
+        ) as resp:
+            assert resp.status == 200, await resp.text()
+    assert total(gateway, "hangup_gateway_cancellations_total", phase="queued") == 1
+    assert total(gateway, "hangup_gateway_cancellations_total", reason="client_disconnect") == 1
+    assert total(gateway, "hangup_gateway_requests_total", outcome="cancelled") == 1
 
 
 async def test_new_connections_go_to_the_process_holding_fewer(
