@@ -8,6 +8,8 @@ streaming completions of 400 tokens through ``bench.scaling_load``, in one run:
 - **one**: one gateway process (``--api-processes 1``) with ``--streams`` streams;
 - **independent**: ``--processes`` such gateways side by side, each with its own load of
   ``--streams`` streams (the machine as loaded as below, nothing shared between them);
+- **independent, one load**: the same gateways loaded by one load process over all of them, as
+  the API processes' row is (how many servers a client feeds moves a server's CPU per event);
 - **API processes**: one gateway with ``--api-processes N`` (N = ``--processes``) and N times the
   streams (the shared listener, the sibling channel, metrics in prometheus_client's multiprocess
   files).
@@ -17,7 +19,8 @@ and round. Run as root where cgroup CPU quotas can be written:
 ``.venv/bin/python -m bench.api_process_cost`` (about two minutes); elsewhere it says so and
 exits 0. ``--real-cores`` (a machine with more cores than the processes and their load): each
 serving process pinned to a physical core of its own instead of a quota, the load generators
-on the other cores (:class:`bench.cgroups.RealCores`).
+on the other cores (:class:`bench.cgroups.RealCores`). ``--no-quota``: no quota and no pinning,
+every process sharing the machine (with ``--sim-step 0`` each is busy all the time).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from tests.support.processes import REPO, spawn
 
 def _gateway(
     stack: contextlib.ExitStack,
-    controller: Controller | RealCores,
+    controller: Controller | RealCores | None,
     processes: int,
     args: argparse.Namespace,
     first: int = 0,
@@ -51,6 +54,8 @@ def _gateway(
     proc = stack.enter_context(spawn("gateway_server", argv, work))
     groups, _ = _pids(proc)
     for i, pids in enumerate(groups):
+        if controller is None:
+            continue
         if isinstance(controller, RealCores):
             group: CpuGroup = controller.group(first + i)
         else:
@@ -92,18 +97,25 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=5.0)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--real-cores", action="store_true", help="a pinned core each, no quota")
+    parser.add_argument("--no-quota", action="store_true", help="no quota, no pinning")
     args = parser.parse_args()
+    controller: Controller | RealCores | None = None
     try:
-        if args.real_cores:
+        if args.no_quota:
+            pass
+        elif args.real_cores:
             cores = RealCores(args.processes)
             os.sched_setaffinity(0, cores.load_cpus)  # the load generators start from here
-            controller: Controller | RealCores = cores
+            controller = cores
         else:
             controller = cpu_controller()
     except NoCpuController as exc:
         print(f"not measured: {exc}")
         return
-    print(controller.describe(), flush=True)
+    print(
+        controller.describe() if controller else "no quota: the processes share the machine",
+        flush=True,
+    )
     n, s = args.processes, args.streams
     with contextlib.ExitStack() as stack:
         one = _gateway(stack, controller, 1, args)
@@ -113,6 +125,9 @@ def main() -> None:
             (f"one process, {s} streams", [(one[0], s)], one[1]),
             (f"{n} independent gateways, {s} streams each",
              [(address, s) for address, _ in independent],
+             [pid for _, pids in independent for pid in pids]),
+            (f"{n} independent gateways, one load over all, {n * s} streams",
+             [(",".join(address for address, _ in independent), n * s)],
              [pid for _, pids in independent for pid in pids]),
             (f"{n} API processes, {n * s} streams", [(shared[0], n * s)], shared[1]),
         ]  # fmt: skip

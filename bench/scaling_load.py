@@ -1,8 +1,9 @@
 """The load of ``bench.scaling``: streaming calls, each on a new connection, in a process of its
 own (several run side by side where one core cannot drive the relay).
 
-``python -m bench.scaling_load --address HOST:PORT --kind sse|completions --concurrency C
---events E --start T0 --end T1 [--keep-alive]``: C loops, each making one call after another,
+``python -m bench.scaling_load --address HOST:PORT[,HOST:PORT...] --kind sse|completions
+--concurrency C --events E --start T0 --end T1 [--keep-alive]``: C loops (spread over the
+addresses in turn), each making one call after another,
 each call on a new connection (with ``--keep-alive``: each loop's calls on one connection, as a
 client with a connection pool makes them): ``sse`` asks an SSE source (through a relay) for E events
 (``GET /events?n=E``), ``completions`` asks a gateway for a streaming completion of E tokens.
@@ -146,13 +147,15 @@ async def _loop(address: tuple[str, int], payload: bytes, counts: _Counts, end: 
 
 
 async def load(args: argparse.Namespace) -> dict[str, object]:
-    host, port = args.address.rsplit(":", 1)
+    addresses = [
+        (host, int(port)) for host, port in (a.rsplit(":", 1) for a in args.address.split(","))
+    ]
     counts = _Counts()
-    payload = request(args.kind, host, args.events)
+    payload = request(args.kind, addresses[0][0], args.events)
     calls = _kept if args.keep_alive else _loop
     loops = [
-        asyncio.ensure_future(calls((host, int(port)), payload, counts, args.end))
-        for _ in range(args.concurrency)
+        asyncio.ensure_future(calls(addresses[i % len(addresses)], payload, counts, args.end))
+        for i in range(args.concurrency)
     ]
     await asyncio.sleep(max(0.0, args.start - time.monotonic()))  # the agreed moment
     events0, cpu0, sleeps0 = counts.events, time.process_time(), _sleeps()
@@ -171,7 +174,7 @@ async def load(args: argparse.Namespace) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--address", required=True)
+    parser.add_argument("--address", required=True, help="HOST:PORT, or several comma-separated")
     parser.add_argument("--kind", choices=["sse", "completions"], default="sse")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--events", type=int, default=400)
