@@ -1,7 +1,8 @@
 """The shared listener's rule, on a real socket in one process: a process holding more
 connections than a sibling leaves a new one to it, and takes it itself once that sibling took
-nothing for ``PATIENCE_S`` (it is stalled or busy); a process that cannot accept (out of
-descriptors) pauses instead of trying again at once."""
+nothing for ``PATIENCE_S`` (it is stalled or busy), a burst one at first, then twice as many each
+time the sibling still takes none; a process that cannot accept (out of descriptors) pauses
+instead of trying again at once."""
 
 from __future__ import annotations
 
@@ -71,6 +72,41 @@ async def test_a_busier_process_leaves_a_connection_to_a_sibling_then_takes_it(
         acceptor.stop()
     # Holding 3 against the sibling's 0, it waited for the sibling first, then took it itself.
     assert taken - opened >= PATIENCE_S
+
+
+async def test_a_burst_the_less_loaded_sibling_leaves_is_taken_one_then_twice_as_many(
+    listening: socket.socket, tmp_path: Path
+) -> None:
+    """A sibling busy for one long pass of its loop then still finds most of a burst waiting:
+    taking every waiting connection after the first wait left four busy gateway API processes
+    holding from 2 to 37 of 64 connections."""
+    host, port = listening.getsockname()[:2]
+    writers = [(await asyncio.open_connection(host, port))[1] for _ in range(8)]  # all queued
+    board = _stalled_sibling(tmp_path)
+    seen: list[int] = []  # connections accepted in all, as each connection is made
+    acceptor = BalancedAcceptor(
+        listening, board, 0, lambda: _Counting(board, seen), connections=lambda: 3
+    )
+    acceptor.start()
+    try:
+        await wait_until(lambda: len(seen) == 8, what="every connection taken")
+    finally:
+        acceptor.stop()
+        for writer in writers:
+            writer.close()
+    # Batches of 1, 2, 4, then the last one, each after a wait of PATIENCE_S in which the
+    # stalled sibling took nothing; all 8 at once after the first wait before.
+    assert seen == [1, 3, 3, 7, 7, 7, 7, 8]
+
+
+class _Counting(asyncio.Protocol):
+    def __init__(self, board: Board, seen: list[int]) -> None:
+        self._board = board
+        self._seen = seen
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._seen.append(self._board.read()[1])
+        transport.close()
 
 
 async def test_a_process_out_of_descriptors_pauses_before_accepting_again(
