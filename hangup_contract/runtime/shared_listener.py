@@ -19,9 +19,8 @@ A busy or stalled process delays a new connection by that much, never holds it, 
 is the limit connections go to the processes that have it; but a sibling busy for a moment
 (one long pass of its event loop) does not lose its share of a burst, as it did when the
 waiting child took up to 16 at once: four gateway API processes, each always busy, at 64 streams
-held from 2 to 40 connections each (now mostly 11 to 20). A child
-marks its slot absent when it stops accepting (a drain); the supervisor marks the slot of a
-child that exited.
+held from 2 to 40 connections each (now mostly 11 to 20). A child marks its slot absent when it
+stops accepting (a drain); the supervisor marks the slot of a child that exited.
 
 Only the HTTP listener is shared: grpcio binds its own sockets, so the gRPC ports stay with
 ``SO_REUSEPORT``.
