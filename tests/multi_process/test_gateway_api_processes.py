@@ -4,7 +4,8 @@ once on each side, every token once; cancels sent straight to the gateway land o
 process and reach their request; a hang-up while the id's home has not yet answered leaves the
 call in flight nowhere; one scrape answers for the whole gateway; new connections go to the
 process holding fewer, and a stalled process holds none of them; a killed API process is started
-again and counted; SIGTERM drains every API process.
+again and counted; SIGTERM drains every API process, and API processes whose supervisor was
+killed drain and exit.
 """
 
 from __future__ import annotations
@@ -248,3 +249,18 @@ async def test_sigterm_drains_every_api_process(stack: Stack, raw: RawClients) -
     # Every line of the stop is a JSON log record, as a log pipeline expects: no traceback of a
     # sibling connection cancelled on the way out (Python 3.11's streams log one).
     assert records(stack.gateway.log())
+
+
+async def test_api_processes_drain_and_exit_when_their_supervisor_is_killed(
+    stack: Stack, raw: RawClients
+) -> None:
+    streams = await asyncio.gather(*(_stream(raw, stack.gateway_url) for _ in range(4)))
+    processes = children(stack.gateway.popen.pid)
+    assert len(processes) == 2
+    stack.gateway.popen.kill()  # as the OOM killer would
+    stack.gateway.popen.wait()
+    await wait_until(lambda: not alive(processes), within=15, what="the API processes exited")
+    for reader, writer in streams:
+        assert b"[DONE]" not in await reader.read()  # ended by the drain, not left hanging
+        writer.close()
+    assert len(_log_lines(stack, "supervisor gone: draining")) == 2
