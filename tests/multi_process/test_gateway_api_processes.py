@@ -146,9 +146,17 @@ async def test_a_hang_up_while_the_ids_home_answers_leaves_the_call_in_flight_no
     request = completion_request("/v1/completions", LONG, request_id=request_id)
     with stopped(slots[1]):  # process 0 takes the connection and waits for the home (5 s at most)
         _, writer = await raw.open(stack.gateway_url, request)
+        # Nothing outside the processes shows the claim waiting; 1 s is far more than process 0
+        # needs to take the call and ask, and far less than the 5 s it waits for the home.
         await asyncio.sleep(1.0)
         writer.close()
-        await asyncio.sleep(0.5)  # the hang-up is handled before the home answers
+
+        def ended() -> bool:  # the hang-up handled while the home is still stopped
+            return any(
+                line["request_id"] == request_id for line in _log_lines(stack, "request_end")
+            )
+
+        await wait_until(ended, what="the call's end logged")
     async with aiohttp.ClientSession() as session:
         await wait_until(lambda: _idle(session, stack), what="nothing in flight on the gateway")
         gateway = await scrape_async(session, stack.gateway_url)
