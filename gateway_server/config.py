@@ -25,6 +25,9 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
+    grpc_process_ports: int | None = None
+    """Also serve gRPC on a port of each API process's own (see docs/operations.md): this
+    process's own port; given to the supervisor, the first of ``api_processes`` (0: ephemeral)."""
     engine: EngineName = EngineName.SIM
     model: str | None = None
     served_model_name: str | None = None
@@ -93,6 +96,13 @@ _OPTIONS = (
     Option("--host", str, "address the listeners bind to"),
     Option("--http-port", int, "HTTP listener port (0: ephemeral)"),
     Option("--grpc-port", int, "gRPC listener port (0: ephemeral)"),
+    Option(
+        "--grpc-process-ports",
+        int,
+        "also serve gRPC on PORT+k in API process k, a port of its own each, so that a client "
+        "spreading calls over them (the proxy given them all in --upstream-grpc) uses every "
+        "process (0: ephemeral ports; unset: none)",
+    ),
     Option("--engine", _engine_name, f"the workers' engine: {' or '.join(EngineName)}"),
     Option("--model", str, "model path or name (vllm)"),
     Option("--served-model-name", str, "the name clients use in 'model' fields"),
@@ -220,6 +230,13 @@ def validate(config: GatewayConfig) -> None:
         port = getattr(config, name)
         if not 0 <= port <= 65535:
             raise ConfigError(f"--{name.replace('_', '-')} must be between 0 and 65535")
+    first = config.grpc_process_ports
+    if first is not None and not (first == 0 or 1 <= first <= 65536 - config.api_processes):
+        raise ConfigError(
+            f"--grpc-process-ports={first}: the ports {first} to "
+            f"{first + config.api_processes - 1} (one per API process) must be between 1 and "
+            "65535 (0: ephemeral)"
+        )
     for name in (
         "drain_timeout",
         "header_timeout",

@@ -159,6 +159,8 @@ class GatewayServer:
         http = await self._start_http(self.service, self.responses)
         self._grpc = await start_grpc_server(self.service, cfg)
         self.listeners = {"http": http, "grpc": f"{cfg.host}:{self._grpc.port}"}
+        if self._grpc.process_port is not None:
+            self.listeners["grpc_processes"] = f"{cfg.host}:{self._grpc.process_port}"
         if freeze_heap:
             freeze_startup_heap()
         if cfg.ready_file is not None:

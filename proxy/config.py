@@ -24,6 +24,7 @@ from hangup_contract.runtime.options import (
     optional_size,
     parse_bool,
 )
+from proxy.upstream.grpc_target import parse_upstream_grpc
 
 ENV_PREFIX = "HANGUP_PROXY_"
 
@@ -120,7 +121,12 @@ _OPTIONS = (
     Option("--grpc-port", int, "gRPC listener port (0: ephemeral)"),
     Option("--admin-port", int, "admin listener: /metrics, /healthz, /readyz"),
     Option("--upstream-http", str, "the upstream's HTTP base URL"),
-    Option("--upstream-grpc", str, "the upstream's gRPC host:port"),
+    Option(
+        "--upstream-grpc",
+        parse_upstream_grpc,
+        "the upstream's gRPC host:port, or several ip:port serving alike (calls spread over "
+        "them: a hangup gateway's --grpc-process-ports)",
+    ),
     Option("--cancel-adapter", AdapterName, "hangup, vllm, sglang, triton or none (docs/proxy.md)"),
     Option("--cancel-url", str, "base URL for cancel calls (default: --upstream-http)"),
     Option("--cancel-token-file", Path, "file holding the cancel API's bearer token"),

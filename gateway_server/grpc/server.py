@@ -45,6 +45,8 @@ class GrpcServerHandle:
     server: Any
     health: Any
     port: int
+    process_port: int | None = None
+    """This process's own gRPC port (``--grpc-process-ports``), if it has one."""
 
     async def stop_accepting(self) -> None:
         """Report NOT_SERVING to health checks (load balancers stop sending new calls)."""
@@ -56,7 +58,8 @@ class GrpcServerHandle:
 
 
 async def start_grpc_server(service: GenerationService, config: GatewayConfig) -> GrpcServerHandle:
-    """Bind ``config.host:config.grpc_port`` and serve. Raises OSError when it cannot bind."""
+    """Bind ``config.host:config.grpc_port`` (and this process's own port, if it has one) and
+    serve. Raises OSError when it cannot bind."""
     server = grpc.aio.server(
         options=_OPTIONS + grpc_server_options(config.connection_limits),
         interceptors=[InvalidMessagesAreInvalidArgument()],
@@ -75,7 +78,12 @@ async def start_grpc_server(service: GenerationService, config: GatewayConfig) -
     port = server.add_insecure_port(f"{config.host}:{config.grpc_port}")
     if port == 0:
         raise OSError(f"cannot bind the gRPC listener to {config.host}:{config.grpc_port}")
+    own = config.grpc_process_ports
+    if own is not None and (own := server.add_insecure_port(f"{config.host}:{own}")) == 0:
+        raise OSError(
+            f"cannot bind this process's gRPC port {config.host}:{config.grpc_process_ports}"
+        )
     await server.start()
     for name in ("", *_SERVICES):
         await checks.set(name, health_pb2.HealthCheckResponse.SERVING)
-    return GrpcServerHandle(server, checks, port)
+    return GrpcServerHandle(server, checks, port, own)

@@ -7,8 +7,12 @@ supervisor's socket, shared by every API process, from which a process takes a c
 it holds no more than the least loaded of the others
 (:mod:`hangup_contract.runtime.shared_listener`: connections follow load, and a process that
 stalls or dies holds or resets none that it had not taken); its gRPC listener binds the port its
-siblings bind (``SO_REUSEPORT``: the kernel spreads new connections). A request runs on a worker
-of the process that accepted it. How cancels, duplicate ids,
+siblings bind (``SO_REUSEPORT``: the kernel spreads new connections, but a gRPC client keeps
+one HTTP/2 connection for all its calls, so one client's calls all reach one process). With
+``--grpc-process-ports`` each process also serves gRPC on a port of its own, reserved by the
+supervisor for the gateway's life (a restarted process binds it again): a client that spreads
+its calls over all of them (the proxy, given them all in ``--upstream-grpc``) uses every
+process. A request runs on a worker of the process that accepted it. How cancels, duplicate ids,
 ``GET /v2/requests`` and ``/metrics`` work across processes: :mod:`gateway_server.siblings`.
 
 The supervisor serves nothing. It
@@ -31,6 +35,7 @@ The supervisor serves nothing. It
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -41,7 +46,7 @@ from pathlib import Path
 
 from gateway_server.config import GatewayConfig
 from hangup_contract.runtime.shared_listener import SharedListener
-from hangup_contract.runtime.supervision import Children, listening
+from hangup_contract.runtime.supervision import Children, listening, reserve_port
 
 log = logging.getLogger("hangup.gateway.processes")
 
@@ -84,6 +89,7 @@ class Supervisor:
         self._argv = list(argv)
         self._dir = Path(tempfile.mkdtemp(prefix="hangup-gateway-"))
         self._ports = (0, 0)
+        self._own_grpc: list[int] = []  # API process k's own gRPC port (--grpc-process-ports)
         self._restarted: set[int] = set()
         self._http: SharedListener | None = None
         self.children = Children(
@@ -115,6 +121,8 @@ class Supervisor:
             "--ready-file",
             str(ready),
         ]
+        if self._own_grpc:
+            argv += ["--grpc-process-ports", str(self._own_grpc[slot])]
         return argv, env
 
     def _exited(self, slot: int, pid: int, code: int | None) -> None:
@@ -128,14 +136,26 @@ class Supervisor:
 
     async def serve(self, stop: asyncio.Event, hurry: asyncio.Event) -> None:
         config = self.config
-        with listening(config.host, config.http_port, config.grpc_port, self.children) as ports:
+        with (
+            listening(config.host, config.http_port, config.grpc_port, self.children) as ports,
+            contextlib.ExitStack() as own,
+        ):
             http = self._http = ports.http
             self._ports = (http.port, ports.grpc)
+            if (first := config.grpc_process_ports) is not None:  # reserved for every restart
+                for slot in range(config.api_processes):
+                    port = 0 if first == 0 else first + slot
+                    sock = own.enter_context(reserve_port(config.host, port))
+                    self._own_grpc.append(sock.getsockname()[1])
             try:
                 addresses = {
                     "http": f"{config.host}:{self._ports[0]}",
                     "grpc": f"{config.host}:{self._ports[1]}",
                 }
+                if self._own_grpc:
+                    addresses["grpc_processes"] = ",".join(
+                        f"{config.host}:{port}" for port in self._own_grpc
+                    )
                 await self.children.serve(
                     stop,
                     hurry,

@@ -24,6 +24,7 @@ import grpc
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.vocabulary import CancelState, Reason
 from proxy.errors import CancelAttemptFailed
+from proxy.upstream.grpc_target import upstream_channel
 from proxy.vocabulary import CancelResult
 
 log = logging.getLogger("hangup.proxy.cancel")
@@ -52,9 +53,7 @@ class GrpcCancelAdapter:
             (("authorization", f"Bearer {token}"),) if token else ()
         )
         self._timeout = attempt_timeout
-        self._channel = grpc.aio.insecure_channel(
-            target, options=[("grpc.use_local_subchannel_pool", 1)]
-        )
+        self._channel = upstream_channel(target, [("grpc.use_local_subchannel_pool", 1)])
         self._cancel = self._channel.unary_unary(
             CANCEL_METHOD,
             request_serializer=cancellation_pb2.CancelRequest.SerializeToString,

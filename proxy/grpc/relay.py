@@ -50,6 +50,7 @@ from proxy.grpc.status import StatusWatch
 from proxy.lifecycle import CallEnding, log_call
 from proxy.request_ids import RequestIds, choose_request_ids
 from proxy.state import Call, ServerState
+from proxy.upstream.grpc_target import upstream_channel
 from proxy.vocabulary import CallProtocol, Outcome, Stage
 
 log = logging.getLogger("hangup.proxy.grpc")
@@ -180,7 +181,7 @@ class GrpcRelay:
     async def start(self) -> str:
         """Bind and serve; returns ``host:port``. Raises ``OSError`` when it cannot bind."""
         config = self._config
-        self._channel = grpc.aio.insecure_channel(config.upstream_grpc, options=_UNLIMITED_MESSAGES)
+        self._channel = upstream_channel(config.upstream_grpc, _UNLIMITED_MESSAGES)
         limit = config.max_body_size
         # gRPC itself refuses a larger request message with RESOURCE_EXHAUSTED.
         server = grpc.aio.server(

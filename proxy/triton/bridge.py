@@ -36,6 +36,7 @@ from proxy.state import Call
 from proxy.triton.codec import GenerateError, answer, encode, generate_request, parse_body
 from proxy.triton.infer import HEADER_LENGTH, infer_answer, infer_request
 from proxy.triton.models import SERVICE, Models
+from proxy.upstream.grpc_target import upstream_channel
 from proxy.vocabulary import Stage
 
 PATH = re.compile(
@@ -72,7 +73,7 @@ class Upstream:
 
 class TritonBridge:
     def __init__(self, target: str) -> None:
-        self._channel = grpc.aio.insecure_channel(target)
+        self._channel = upstream_channel(target)
         self.models = Models(self._channel)
         self._infer = self._channel.unary_unary(
             SERVICE + "ModelInfer",

@@ -114,7 +114,8 @@ def test_only_the_proxy_is_exposed(renders: dict[str, Release], name: str) -> No
             flag(by_name["proxy"], "upstream-http")
             == f"http://127.0.0.1:{flag(gateway, 'http-port')}"
         )
-        assert flag(by_name["proxy"], "upstream-grpc") == f"127.0.0.1:{flag(gateway, 'grpc-port')}"
+        grpc = flag(by_name["proxy"], "upstream-grpc") or ""
+        assert all(address.startswith("127.0.0.1:") for address in grpc.split(","))
 
 
 def test_worker_roles_reach_the_gateway_as_it_parses_them(renders: dict[str, Release]) -> None:
@@ -437,8 +438,15 @@ def test_proxy_workers_follow_its_cpu_limit_unless_set(
 def test_gateway_api_processes_are_passed_and_bounded_by_its_workers(
     renders: dict[str, Release], helm: HelmEngine
 ) -> None:
-    assert flag(containers(renders["default-values.yaml"])["gateway"], "api-processes") == "1"
-    assert flag(containers(renders["full-values.yaml"])["gateway"], "api-processes") == "2"
+    one, two = containers(renders["default-values.yaml"]), containers(renders["full-values.yaml"])
+    assert flag(one["gateway"], "api-processes") == "1"
+    assert flag(one["gateway"], "grpc-process-ports") is None
+    assert flag(one["proxy"], "upstream-grpc") == "127.0.0.1:8001"
+    # Two API processes: each serves gRPC on a port of its own, and the proxy spreads its gRPC
+    # calls over both (its one connection to the shared port would reach one process).
+    assert flag(two["gateway"], "api-processes") == "2"
+    assert flag(two["gateway"], "grpc-process-ports") == "8100"
+    assert flag(two["proxy"], "upstream-grpc") == "127.0.0.1:8100,127.0.0.1:8101"
     release = helm.render({"gateway": {"workers": 2, "apiProcesses": 3}})
     assert not release.ok
     assert "gateway.apiProcesses=3 is more than gateway.workers=2" in release.error

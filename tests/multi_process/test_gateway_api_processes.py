@@ -3,8 +3,9 @@
 once on each side, every token once; cancels sent straight to the gateway land on either
 process and reach their request; a hang-up while the id's home has not yet answered leaves the
 call in flight nowhere; one scrape answers for the whole gateway; new connections go to the
-process holding fewer, and a stalled process holds none of them; a killed API process is started
-again and counted; SIGTERM drains every API process, and API processes whose supervisor was
+process holding fewer, and a stalled process holds none of them; the proxy's gRPC calls reach
+every process (each one's own port); a killed API process is started again, on the same own gRPC
+port, and counted; SIGTERM drains every API process, and API processes whose supervisor was
 killed drain and exit.
 """
 
@@ -21,10 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import grpc
 import pytest
 
 from gateway_server.siblings import home_of
 from gateway_server.siblings.processes import SLOT_ENV
+from hangup_contract.protos import inference_pb2 as pb
+from tests.support.grpc_fuzz import infer_request
 from tests.support.log_records import records
 from tests.support.metrics_files import unreadable_files
 from tests.support.processes import alive, children, environ_of, stopped
@@ -44,7 +48,7 @@ from tests.support.waiting import wait_until
 # 32 slots per worker (one per process): a process holds no more connections than the other
 # unless that one stalls, but a stream without a slot would never send its first token.
 GATEWAY = ["--sim-slots", "32", "--sim-step-base", "0.02", "--workers", "2",
-           "--api-processes", "2", "--drain-timeout", "1"]  # fmt: skip
+           "--api-processes", "2", "--grpc-process-ports", "0", "--drain-timeout", "1"]  # fmt: skip
 LONG = {"model": MODEL, "prompt": "long", "max_tokens": 3000, "stream": True}
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -192,6 +196,35 @@ async def test_a_stalled_api_process_holds_no_new_connection(stack: Stack) -> No
     assert seen == [200] * 16  # with SO_REUSEPORT about half waited for the stalled process
 
 
+async def _grpc_calls(stack: Stack, count: int) -> Counter[int]:
+    """``count`` unary gRPC calls through the proxy, 8 at a time: which API process ran each."""
+    before = len(_log_lines(stack, "request_end"))
+    async with grpc.aio.insecure_channel(stack.proxy.listeners["grpc"]) as channel:
+        infer = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=pb.ModelInferRequest.SerializeToString,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
+        for first in range(0, count, 8):
+            batch = range(first, min(count, first + 8))
+            await asyncio.gather(*(infer(infer_request(stream=False), timeout=10) for _ in batch))
+    ended: list[dict[str, Any]] = []
+    async with asyncio.timeout(10):  # each call's line is written as it ends, after its answer
+        while len(ended) < count:
+            ended = _log_lines(stack, "request_end")[before:]
+            await asyncio.sleep(0.02)
+    return Counter(line["api_process"] for line in ended)
+
+
+async def test_grpc_calls_through_the_proxy_reach_every_api_process(stack: Stack) -> None:
+    """The proxy's one gRPC connection to the shared port would carry every call to the one
+    process that accepted it; given each process's own port it spreads its calls over them."""
+    assert len(stack.gateway.listeners["grpc_processes"].split(",")) == 2
+    served = await _grpc_calls(stack, 40)
+    assert sorted(served) == [0, 1], served
+    assert min(served.values()) >= 15, served  # taken in turn: 20 each, bar the first few
+
+
 async def test_a_killed_api_process_is_started_again_and_counted(
     stack: Stack, raw: RawClients
 ) -> None:
@@ -199,6 +232,7 @@ async def test_a_killed_api_process_is_started_again_and_counted(
     async with aiohttp.ClientSession(connector=fresh) as session:
         streams = await asyncio.gather(*(_stream(raw, stack.gateway_url) for _ in range(8)))
         victim = children(stack.gateway.popen.pid)[0]
+        slot = int(environ_of(victim)[SLOT_ENV])
         pages = (stack.gateway_url + "/metrics", stack.gateway_url + "/metrics/pool")
         async with scraping(session, *pages) as scrapes:  # as Prometheus and the EPP do
             os.kill(victim, signal.SIGKILL)
@@ -212,6 +246,12 @@ async def test_a_killed_api_process_is_started_again_and_counted(
         await asyncio.gather(*(_complete(session, stack.proxy_url) for _ in range(20)))
         async with session.get(stack.gateway_url + "/v2/health/ready") as resp:
             assert resp.status == 200
+    # It serves gRPC on its own port again (the supervisor kept it), and the proxy uses it again.
+
+    async def reached() -> bool:
+        return slot in await _grpc_calls(stack, 4)
+
+    await wait_until(reached, within=20, what=f"a gRPC call through the proxy on process {slot}")
     exited = [json.loads(line) for line in stack.gateway.log().splitlines()
               if "API process exited" in line]  # fmt: skip
     assert len(exited) == 1 and exited[0]["pid"] == victim and exited[0]["exit"] == -9

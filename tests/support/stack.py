@@ -49,9 +49,11 @@ def running_stack(
     common = ["--cancel-token-file", str(token)]
     gw_args = ["--engine", "sim", "--http-port", "0", "--grpc-port", "0", *common, *gateway_args]
     with spawn("gateway_server", gw_args, tmp / "gateway") as gateway:
+        # API processes with ports of their own (--grpc-process-ports): the proxy spreads over them
+        grpc = gateway.listeners.get("grpc_processes") or gateway.listeners["grpc"]
         args = [
             "--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
-            "--upstream-http", gateway.url("http"), "--upstream-grpc", gateway.listeners["grpc"],
+            "--upstream-http", gateway.url("http"), "--upstream-grpc", grpc,
             *common, *proxy_args,
         ]  # fmt: skip
         with spawn("proxy", args, tmp / "proxy") as proxy:

@@ -33,6 +33,9 @@ exec:
     {{- fail (printf "gateway.apiProcesses=%d is more than gateway.workers=%d: each API process runs its own engine workers" (int $g.apiProcesses) (int $g.workers)) }}
     {{- end }}
     - --api-processes={{ $g.apiProcesses }}
+    {{- if gt (int $g.apiProcesses) 1 }}
+    - --grpc-process-ports={{ $g.grpcProcessPorts }}
+    {{- end }}
     {{- with $g.workerRoles }}
     - --worker-roles={{ . }}
     {{- end }}

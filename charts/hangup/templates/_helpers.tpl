@@ -73,9 +73,18 @@ app.kubernetes.io/part-of: hangup
 {{- end }}
 {{- end }}
 
+{{/* The gateway's gRPC address; with several API processes, each one's own port: the proxy
+     spreads its calls over them (one connection to the shared port reaches one process). */}}
 {{- define "hangup.upstreamGrpc" -}}
-{{- if .Values.gateway.enabled }}
-{{- printf "127.0.0.1:%d" (int .Values.gateway.grpcPort) }}
+{{- $g := .Values.gateway }}
+{{- if and $g.enabled (gt (int $g.apiProcesses) 1) }}
+{{- $ports := list }}
+{{- range $k := until (int $g.apiProcesses) }}
+{{- $ports = append $ports (printf "127.0.0.1:%d" (add (int $g.grpcProcessPorts) $k)) }}
+{{- end }}
+{{- join "," $ports }}
+{{- else if $g.enabled }}
+{{- printf "127.0.0.1:%d" (int $g.grpcPort) }}
 {{- else }}
 {{- .Values.modelServer.upstreamGrpc }}
 {{- end }}
