@@ -109,6 +109,10 @@ class GenerationService:
         """Taking new requests: a worker is alive and the gateway is not draining."""
         return self.pool.ready and not self.draining
 
+    def fresh_call_id(self) -> str:
+        """An id for a call that came without one (see ``CallDirectory.fresh_id``)."""
+        return self.directory.fresh_id()
+
     def check_model(self, name: str) -> None:
         if name != self.model.name:
             raise ModelNotFound(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import grpc
@@ -88,11 +88,11 @@ def metadata_value(context: Any, key: str) -> str | None:
     return None
 
 
-def call_id(context: Any, fresh: str) -> str:
-    """The caller's ``x-request-id``, or ``fresh``. Raises InvalidRequest for a malformed id."""
+def call_id(context: Any, fresh: Callable[[], str]) -> str:
+    """The caller's ``x-request-id``, or ``fresh()``. Raises InvalidRequest for a malformed id."""
     given = metadata_value(context, REQUEST_ID_KEY)
     if given is None:
-        return fresh
+        return fresh()
     if not request_ids.is_valid(given):
         raise InvalidRequest(f"{REQUEST_ID_KEY} must be {request_ids.RULE}")
     return given

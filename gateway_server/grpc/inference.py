@@ -36,7 +36,6 @@ from gateway_server.registry import Call
 from gateway_server.requests import cancelled_message
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
-from hangup_contract import request_id as request_ids
 from hangup_contract.protos import inference_pb2 as pb
 
 SERVICE_NAME = "inference.GRPCInferenceService"
@@ -143,7 +142,7 @@ class InferenceServicer:
 
     @_statuses(generation=True, request_type=pb.ModelInferRequest)
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> Any:
-        call_name = call_id(context, request_ids.new_request_id())
+        call_name = call_id(context, self.service.fresh_call_id)
         text, params = prepare(self.service, request)
         async with self.service.call(call_name, request.model_name, Protocol.KSERVE_GRPC) as call:
             whole = await generate_guarded(call, context, self._complete(call, text, params))
@@ -159,7 +158,7 @@ class InferenceServicer:
 
     @_statuses(generation=True)
     async def model_stream_infer(self, requests: AsyncIterator[bytes], context: Any) -> None:
-        call_name = call_id(context, request_ids.new_request_id())
+        call_name = call_id(context, self.service.fresh_call_id)
         model = self.service.model.name
         async with self.service.call(call_name, model, Protocol.KSERVE_GRPC) as call:
             await context.send_initial_metadata(((REQUEST_ID_KEY, call_name),))

@@ -25,11 +25,12 @@ MODEL = web.RequestKey("model", str)
 
 
 def request_id(request: web.Request) -> str:
-    """The caller's ``X-Request-Id``, or a fresh 128-bit random id. Raises InvalidRequest for
-    one that breaks the contract's rule."""
+    """The caller's ``X-Request-Id``, or a fresh 128-bit random id (the service's: with API
+    processes, one whose home is this process). Raises InvalidRequest for one that breaks the
+    contract's rule."""
     given = request.headers.get(REQUEST_ID_HEADER)
     if given is None:
-        return request_ids.new_request_id()
+        return request.app[SERVICE].fresh_call_id()
     if not request_ids.is_valid(given):
         raise InvalidRequest(f"{REQUEST_ID_HEADER} must be {request_ids.RULE}")
     return given

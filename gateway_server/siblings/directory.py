@@ -24,6 +24,7 @@ from gateway_server.errors import (
 from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.registry import CallRegistry, Remembered, not_found
 from gateway_server.siblings.channel import Channel, Message, Op, SiblingUnreachable
+from hangup_contract import request_id as request_ids
 from hangup_contract.cancel import CancelAnswer
 from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import CancelState, Reason
@@ -101,6 +102,15 @@ class SiblingDirectory:
 
     def home(self, request_id: str) -> int:
         return home_of(request_id, self.count)
+
+    def fresh_id(self) -> str:
+        """A fresh random id whose home is this process: its claim and release stay here (no
+        round trip to a sibling, none held up by a sibling that is busy or stalled), and a
+        cancel of it asks its home, which runs it. One in ``count`` ids qualifies."""
+        while True:
+            request_id = request_ids.new_request_id()
+            if home_of(request_id, self.count) == self.slot:
+                return request_id
 
     async def greet(self) -> None:
         """Say hello (the channel listens already): siblings forget this slot's previous life

@@ -21,12 +21,18 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
 from gateway_server.registry import CallRegistry
+from hangup_contract import request_id as request_ids
 from hangup_contract.cancel import CancelAnswer
 from hangup_contract.vocabulary import Reason
 
 
 class CallDirectory(Protocol):
     """Request ids gateway-wide, as the service sees them."""
+
+    def fresh_id(self) -> str:
+        """A fresh id for a call that came without one (no other caller knows it: it can be
+        neither a duplicate nor cancelled before it arrives)."""
+        ...
 
     async def claim(self, request_id: str) -> None:
         """Claim ``request_id`` (already open in this process's registry) gateway-wide.
@@ -77,6 +83,9 @@ class LocalDirectory:
 
     def __init__(self, registry: CallRegistry) -> None:
         self._registry = registry
+
+    def fresh_id(self) -> str:
+        return request_ids.new_request_id()
 
     async def claim(self, request_id: str) -> None:
         return None

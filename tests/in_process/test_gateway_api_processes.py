@@ -52,6 +52,27 @@ async def read_events(resp: aiohttp.ClientResponse) -> list[str]:
     return [line.decode()[6:].strip() async for line in resp.content if line.startswith(b"data: ")]
 
 
+async def test_an_id_the_gateway_makes_has_its_home_where_the_call_runs(
+    three: list[Gateway],
+) -> None:
+    """A call that came without an id gets one whose home is the process running it: no claim at
+    a sibling before it starts; a cancel landing elsewhere takes one hop, to the home that runs
+    it."""
+    body = {"model": MODEL, "prompt": "x", "max_tokens": LONG, "stream": True}
+    for owner, gw in enumerate(three):
+        resp = await gw.session.post(f"{gw.url}/v1/completions", json=body)
+        assert resp.status == 200, await resp.text()
+        await resp.content.readline()  # decoding
+        rid = resp.headers["X-Request-Id"]
+        assert home_of(rid, 3) == owner, rid
+        via = three[(owner + 1) % 3]
+        forwarded = via.metric("hangup_gateway_cancel_forward_seconds_count") or 0
+        status, answer = await via.cancel(rid, "explicit")
+        assert status == 200 and answer["state"] == "cancelled", answer
+        assert via.metric("hangup_gateway_cancel_forward_seconds_count") == forwarded + 1
+        assert json.loads((await read_events(resp))[-1])["error"]["type"] == "cancelled"
+
+
 async def test_a_cancel_reaches_its_request_from_every_process(three: list[Gateway]) -> None:
     owner, elsewhere, home = three
     for via, name in ((owner, "owner"), (home, "home"), (elsewhere, "two-hops")):

@@ -196,6 +196,20 @@ async def test_a_stalled_api_process_holds_no_new_connection(stack: Stack) -> No
     assert seen == [200] * 16  # with SO_REUSEPORT about half waited for the stalled process
 
 
+async def test_calls_without_an_id_are_not_held_by_a_stalled_sibling(stack: Stack) -> None:
+    """The id the gateway makes for a call has its home where the call runs: no claim waits on
+    a sibling (one that stalls would hold it for the claim's 5 s timeout)."""
+    body = {"model": MODEL, "prompt": "short", "max_tokens": 3}
+    fresh = aiohttp.TCPConnector(force_close=True)
+    timeout = aiohttp.ClientTimeout(total=2.5)
+    async with aiohttp.ClientSession(connector=fresh, timeout=timeout) as session:
+        with stopped(children(stack.gateway.popen.pid)[0]):
+            for _ in range(8):
+                async with session.post(stack.gateway_url + "/v1/completions", json=body) as resp:
+                    assert resp.status == 200, await resp.text()
+                    await resp.read()
+
+
 async def _grpc_calls(stack: Stack, count: int) -> Counter[int]:
     """``count`` unary gRPC calls through the proxy, 8 at a time: which API process ran each."""
     before = len(_log_lines(stack, "request_end"))

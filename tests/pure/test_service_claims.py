@@ -40,6 +40,9 @@ class _UnansweringHome:
         self.asked = asyncio.Event()
         self.released: list[tuple[str, int]] = []
 
+    def fresh_id(self) -> str:
+        raise AssertionError("every call in these tests has its id")
+
     async def claim(self, request_id: str) -> None:
         if request_id in self.silent:
             self.asked.set()

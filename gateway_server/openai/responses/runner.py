@@ -27,7 +27,6 @@ from gateway_server.openai.responses.store import ResponseRecord, ResponseStore
 from gateway_server.registry import Call
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
-from hangup_contract import request_id as request_ids
 from hangup_contract.vocabulary import Reason
 
 log = logging.getLogger("hangup.gateway")
@@ -82,7 +81,7 @@ class ResponsesRunner:
     async def start_background(self, job: ResponsesJob) -> ResponseRecord:
         """Start a background response as a task of its own; return its record once its call
         holds its id. Raises what opening the call raises (the gateway drains)."""
-        record = new_record(job, request_ids.new_request_id())
+        record = new_record(job, self.service.fresh_call_id())
         self.store.start(record)
         opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         record.task = asyncio.create_task(self._work(record, job, opened))
