@@ -5,7 +5,8 @@ the call directory and ``/metrics`` a process uses), :mod:`.processes` (the supe
 workers each process runs), and, here and in the other modules, what several of them share.
 
 Each API process serves the shared HTTP and gRPC ports (HTTP connections go to the process
-holding fewest, :mod:`hangup_contract.runtime.shared_listener`; the kernel spreads gRPC ones) and
+holding fewest, :mod:`hangup_contract.runtime.shared_listener`; the kernel spreads gRPC ones, and
+with ``--grpc-process-ports`` each also serves a gRPC port of its own, :mod:`.processes`) and
 runs the requests it accepts on its own engine workers; its
 :class:`~gateway_server.registry.CallRegistry` holds them. What must hold across processes, the
 cancel contract, rests on one rule:
@@ -18,6 +19,9 @@ came first). So:
   id locally, then claims it at its home. The home refuses a duplicate in flight anywhere
   (409) or spends a tombstone (the request is refused as cancelled before it arrived, wherever
   it landed). When the call ends, the owner tells the home (one message, no answer awaited).
+  An id the gateway makes (a call that came without one) is drawn so that its home is the
+  process running it: nobody else knows it, so there is nothing to check elsewhere, and its
+  claim and release never leave the process.
 - *cancel* accepted by process C: if C runs the id, it cancels it (no hop). Otherwise C asks
   the home (hop 1); the home cancels it if it runs it, else asks the owner (hop 2) and passes
   the owner's answer back (``cancelled`` with phase and tokens). An id that ended answers

@@ -2,11 +2,11 @@
 2``: both scaled, as separate processes on shared ports. Every hang-up is cancelled and counted
 once on each side, every token once; cancels sent straight to the gateway land on either
 process and reach their request; a hang-up while the id's home has not yet answered leaves the
-call in flight nowhere; one scrape answers for the whole gateway; new connections go to the
-process holding fewer, and a stalled process holds none of them; the proxy's gRPC calls reach
-every process (each one's own port); a killed API process is started again, on the same own gRPC
-port, and counted; SIGTERM drains every API process, and API processes whose supervisor was
-killed drain and exit.
+call in flight nowhere, and a call without an id is not held by a stalled sibling; one scrape
+answers for the whole gateway; new connections go to the process holding fewer, and a stalled
+process holds none of them; the proxy's gRPC calls reach every process (each one's own port); a
+killed API process is started again, on the same own gRPC port, and counted; SIGTERM drains
+every API process, and API processes whose supervisor was killed drain and exit.
 """
 
 from __future__ import annotations
