@@ -145,7 +145,13 @@ class Supervisor:
             if (first := config.grpc_process_ports) is not None:  # reserved for every restart
                 for slot in range(config.api_processes):
                     port = 0 if first == 0 else first + slot
-                    sock = own.enter_context(reserve_port(config.host, port))
+                    try:
+                        sock = own.enter_context(reserve_port(config.host, port))
+                    except OSError as exc:
+                        raise OSError(
+                            f"--grpc-process-ports: API process {slot}'s gRPC port "
+                            f"{config.host}:{port}: {exc.strerror or exc}"
+                        ) from exc
                     self._own_grpc.append(sock.getsockname()[1])
             try:
                 addresses = {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -48,6 +49,21 @@ def test_bad_configuration_exits_with_a_clear_message(args: list[str], message: 
     )  # fmt: skip
     assert done.returncode != 0
     assert message in done.stderr
+
+
+def test_an_api_processs_own_grpc_port_taken_is_named_before_anything_serves() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["--http-port", "0", "--grpc-port", "0", "--workers", "2", "--api-processes", "2",
+                "--grpc-process-ports", str(port)]  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "gateway_server", *args], env=child_env(), cwd=REPO,
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode != 0
+    assert f"API process 0's gRPC port 127.0.0.1:{port}: Address already in use" in done.stderr
 
 
 def test_a_missing_grpc_package_stops_the_gateway_instead_of_serving_without_grpc() -> None:
