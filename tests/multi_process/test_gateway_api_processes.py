@@ -222,12 +222,13 @@ async def _grpc_calls(stack: Stack, count: int) -> Counter[int]:
         for first in range(0, count, 8):
             batch = range(first, min(count, first + 8))
             await asyncio.gather(*(infer(infer_request(stream=False), timeout=10) for _ in batch))
-    ended: list[dict[str, Any]] = []
-    async with asyncio.timeout(10):  # each call's line is written as it ends, after its answer
-        while len(ended) < count:
-            ended = _log_lines(stack, "request_end")[before:]
-            await asyncio.sleep(0.02)
-    return Counter(line["api_process"] for line in ended)
+
+    def ended() -> list[dict[str, Any]]:  # each call's line is written as it ends, after its answer
+        lines = _log_lines(stack, "request_end")[before:]
+        return lines if len(lines) >= count else []
+
+    lines = await wait_until(ended, what=f"{count} request_end lines")
+    return Counter(line["api_process"] for line in lines)
 
 
 async def test_grpc_calls_through_the_proxy_reach_every_api_process(stack: Stack) -> None:
