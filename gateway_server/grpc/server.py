@@ -78,11 +78,13 @@ async def start_grpc_server(service: GenerationService, config: GatewayConfig) -
     port = server.add_insecure_port(f"{config.host}:{config.grpc_port}")
     if port == 0:
         raise OSError(f"cannot bind the gRPC listener to {config.host}:{config.grpc_port}")
-    own = config.grpc_process_ports
-    if own is not None and (own := server.add_insecure_port(f"{config.host}:{own}")) == 0:
-        raise OSError(
-            f"cannot bind this process's gRPC port {config.host}:{config.grpc_process_ports}"
-        )
+    own = None
+    if config.grpc_process_ports is not None:
+        own = server.add_insecure_port(f"{config.host}:{config.grpc_process_ports}")
+        if own == 0:
+            raise OSError(
+                f"cannot bind this process's gRPC port {config.host}:{config.grpc_process_ports}"
+            )
     await server.start()
     for name in ("", *_SERVICES):
         await checks.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -19,11 +19,14 @@ import grpc
 
 
 def parse_upstream_grpc(text: str) -> str:
-    """``host:port``, or several comma-separated ``ip:port`` of one family (IPv6 in brackets);
-    the same text, spaces removed. Raises ValueError naming the bad part."""
+    """``host:port`` (or one gRPC target with its scheme, such as ``unix:/path``), or several
+    comma-separated ``ip:port`` of one family (IPv6 in brackets); the same text, spaces removed.
+    Raises ValueError naming the bad part."""
     addresses = [a.strip() for a in text.split(",") if a.strip()]
     if not addresses:
         raise ValueError("expected host:port")
+    if len(addresses) == 1 and addresses[0].split(":", 1)[0] in _SCHEMES:
+        return addresses[0]  # grpc resolves it
     families = set()
     for address in addresses:
         host, _, port = address.rpartition(":")
@@ -52,6 +55,9 @@ def upstream_channel(upstream: str, options: Sequence[tuple[str, Any]] = ()) -> 
     scheme = "ipv6" if upstream.startswith("[") else "ipv4"
     return grpc.aio.insecure_channel(f"{scheme}:{upstream}", options=[*options, *_SPREAD])
 
+
+_SCHEMES = {"dns", "unix", "unix-abstract", "vsock", "ipv4", "ipv6"}
+"""Target schemes grpc resolves itself (its naming doc), for one address."""
 
 _SPREAD = [
     ("grpc.lb_policy_name", "round_robin"),

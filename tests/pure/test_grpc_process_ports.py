@@ -37,6 +37,8 @@ def test_the_gateway_refuses_ports_out_of_range(argv: list[str], message: str) -
     ("given", "kept"),
     [
         ("gateway:8001", "gateway:8001"),  # one address: a name is fine
+        ("unix:/run/gateway.sock", "unix:/run/gateway.sock"),  # and so is a target grpc resolves
+        ("dns:///gateway:8001", "dns:///gateway:8001"),
         ("127.0.0.1:8100, 127.0.0.1:8101", "127.0.0.1:8100,127.0.0.1:8101"),
         ("[::1]:8100,[::1]:8101", "[::1]:8100,[::1]:8101"),
     ],
