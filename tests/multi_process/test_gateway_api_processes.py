@@ -28,7 +28,7 @@ import pytest
 from gateway_server.siblings import home_of
 from gateway_server.siblings.processes import SLOT_ENV
 from hangup_contract.protos import inference_pb2 as pb
-from tests.support.grpc_fuzz import infer_request
+from tests.support.grpc_fuzz import INFERENCE, infer_request
 from tests.support.log_records import records
 from tests.support.metrics_files import unreadable_files
 from tests.support.processes import alive, children, environ_of, stopped
@@ -215,7 +215,7 @@ async def _grpc_calls(stack: Stack, count: int) -> Counter[int]:
     before = len(_log_lines(stack, "request_end"))
     async with grpc.aio.insecure_channel(stack.proxy.listeners["grpc"]) as channel:
         infer = channel.unary_unary(
-            "/inference.GRPCInferenceService/ModelInfer",
+            INFERENCE + "ModelInfer",
             request_serializer=pb.ModelInferRequest.SerializeToString,
             response_deserializer=pb.ModelInferResponse.FromString,
         )
