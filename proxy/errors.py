@@ -8,8 +8,7 @@ carries the HTTP status and outcome of a call it ends.
     │   ├── BodyTooLarge             413
     │   ├── BodyTimeout              408  no body bytes for --body-timeout
     │   ├── ExpectationFailed        417  an Expect other than 100-continue
-    │   ├── BadRequestId             400
-    │   └── BadTarget                400  a request target that is not a path (origin-form)
+    │   └── BadRequestId             400
     ├── ClientGone                   499    cancelled  the client left: nothing more can be sent
     ├── ProxyTimeout                 504    cancelled  the call ran past --max-request-duration
     ├── Overloaded                   503    rejected   --max-concurrent-streams reached, or draining
@@ -67,10 +66,6 @@ class ExpectationFailed(ClientError):
 
 
 class BadRequestId(ClientError):
-    status = 400
-
-
-class BadTarget(ClientError):
     status = 400
 
 

@@ -14,6 +14,13 @@ called first, then the handler's task is cancelled: that is how a hang-up is see
 (``proxy.http.relay``). A FIN alone closes the connection too (docs/proxy.md, "Half-closed
 connections").
 
+What reaches the handler is a head the upstream can read one way only: what llhttp refuses
+(conflicting framing, bad bytes) is answered 400, and so is what llhttp takes but a sidecar must
+not relay (``proxy.http.head_rules``: ``CONNECT``, a target that is not a path or carries a
+fragment, ``Host`` missing or repeated, other versions and transfer codings). Trailer fields
+(after a chunked body's last chunk) are counted against the limits and dropped: llhttp calls
+back for them as for header fields, and they must never join the request's fields.
+
 The limits (``hangup_contract.runtime.connections``, the same as every listener's): a request
 line longer than ``max_header_size`` is answered 414, a header field longer or more than
 ``max_headers`` of them 431, anything llhttp cannot parse 400, each with a one-line warning;
@@ -40,6 +47,7 @@ from hangup_contract.runtime.connections import (
     OnClose,
 )
 from proxy.errors import BadBody
+from proxy.http.head_rules import refusal
 from proxy.messages import Answer, Request, Stream
 
 SERVER_LOGGER = "hangup.proxy.http.server"
@@ -60,10 +68,6 @@ class _Refused(Exception):
         self.message = message
 
 
-def _version(parser: httptools.HttpRequestParser) -> tuple[int, int]:
-    return (1, 1) if parser.get_http_version() == "1.1" else (1, 0)
-
-
 class HttpConnection(asyncio.Protocol):
     """One client connection: parses its requests and runs the handler for each in turn."""
 
@@ -81,6 +85,10 @@ class HttpConnection(asyncio.Protocol):
         self.partial = False  # bytes of a request head have arrived, the head is not complete
         self._url = b""
         self._fields: list[tuple[str, str]] = []
+        self._hosts: list[bytes] = []  # the head's Host values (head_rules)
+        self._codings: list[bytes] = []  # ... and its Transfer-Encoding values
+        self._trailing = False  # the head is complete: fields now are trailer fields
+        self._trailers = 0  # ... counted against the limits, never kept
         self._length: int | None = None
         self._chunked = False
         self._parsing: Request | None = None  # the request whose body is arriving
@@ -197,6 +205,7 @@ class HttpConnection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._url, self._fields, self._length, self._chunked = b"", [], None, False
+        self._hosts, self._codings, self._trailing, self._trailers = [], [], False, 0
         self.partial = True
         self.head_started = self._loop.time()
 
@@ -211,24 +220,39 @@ class HttpConnection(asyncio.Protocol):
         if len(name) + len(value) > server.max_header_size:
             field = name[:64].decode("latin-1")
             raise _Refused(431, f"header {field!r} is longer than {server.max_header_size} bytes")
-        if len(self._fields) >= server.max_headers:
+        if len(self._fields) + self._trailers >= server.max_headers:
             raise _Refused(431, f"more than {server.max_headers} header fields")
+        if self._trailing:
+            # A trailer field (after a chunked body's last chunk; llhttp calls back for those
+            # too): never merged into the head (RFC 9110 section 6.5.1), so it cannot say what
+            # a front door stripped from the head. Dropped, as Envoy does by default.
+            self._trailers += 1
+            return
         size = len(name)
-        if size == 14 and name.lower() == b"content-length":
+        if size == 4 and name.lower() == b"host":
+            self._hosts.append(value)
+        elif size == 14 and name.lower() == b"content-length":
             self._length = int(value)  # digits only: llhttp has checked them
         elif size == 17 and name.lower() == b"transfer-encoding":
             self._chunked = True  # llhttp refuses what it cannot frame
+            self._codings.append(value)
         self._fields.append(
             (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
         )
 
     def on_headers_complete(self) -> None:
         parser = self._parser
+        self._trailing = True
+        method = parser.get_method()
+        version = parser.get_http_version()
+        refused = refusal(method, self._url, version, self._hosts, self._codings)
+        if refused is not None:
+            raise _Refused(*refused)
         request = Request(
             self,
-            parser.get_method().decode("ascii", "replace"),
+            method.decode("ascii", "replace"),
             self._url.decode("utf-8", "surrogateescape"),
-            _version(parser),
+            (1, 1) if version == "1.1" else (1, 0),
             self._fields,
             keep_alive=parser.should_keep_alive() and not parser.should_upgrade(),
             content_length=self._length,

@@ -43,7 +43,6 @@ from proxy.cancel.choice import body_tagger
 from proxy.config import AdapterName
 from proxy.errors import (
     BadBody,
-    BadTarget,
     BodyTimeout,
     BodyTooLarge,
     ClientGone,
@@ -218,8 +217,6 @@ class HttpRelay:
 
     async def _relay(self, ex: _Exchange) -> Answer | Stream:
         request, call = ex.request, ex.call
-        if not request.raw_path.startswith("/"):  # absolute-form or "*": not for a sidecar
-            raise BadTarget(f"the request target must be a path, not {request.raw_path[:100]!r}")
         head = upstream_request_headers(
             request.headers, client_addr=request.remote, scheme=request.scheme
         )
@@ -406,7 +403,7 @@ class HttpRelay:
         call = ex.call
         call.outcome = call.outcome if call.outcome is Outcome.CANCELLED else exc.outcome
         call.error = exc.message
-        if ex.response is not None:
+        if ex.response is not None and ex.response.sent:
             return self._prepared(ex)
         call.status = exc.status
         response = error_answer(exc.status, exc.message)
