@@ -336,6 +336,11 @@ class Stream:
         """Close the connection after this answer."""
         self.closes = True
 
+    @property
+    def sent(self) -> bool:
+        """Its head has been written to the client (another answer can no longer be)."""
+        return self.started and not self._pending
+
     def start(self, request: Request) -> None:
         """Fix the head (sent with the first chunk). Raises ``ConnectionResetError`` when the
         client has already left."""

@@ -15,7 +15,12 @@ One exchange per connection at a time, no pipelining. Framing. Requests: bytes w
 the caller names, else chunked; a ``Host`` field unless the caller gives one. Responses: framed
 by ``Content-Length``, chunked encoding, or the end of the connection; interim 1xx answers are
 skipped; an answer to ``HEAD`` has no body (and its connection is not reused: the parser cannot
-be told to expect none).
+be told to expect none). What the upstream must not send is refused (``UpstreamBroken``, the
+connection dropped): bytes past the end of an answer (a second answer, a 204's body: they would
+be read as the next call's answer), a transfer coding besides ``chunked``, a ``101`` (the proxy
+never asks to switch), a head and trailer over 64 KiB. Trailer fields are dropped, never merged
+into the head; a 204's ``Content-Length`` is dropped. ``CONNECT`` is never sent (``ValueError``):
+its answer would turn the connection into a tunnel.
 
 A connection that ends before any byte of its answer raises ``StaleConnection`` (the server
 closed it as the request went out: :mod:`proxy.upstream.client` resends once); other errors
@@ -33,9 +38,12 @@ import httptools
 from proxy.errors import StaleConnection, UpstreamBroken
 
 _PENDING_LIMIT = 64 * 1024  # body bytes held before a sink is attached (then reading pauses)
+_HEAD_LIMIT = 64 * 1024  # an answer's status line and fields (Envoy's default limit is 60 KiB)
 _NO_BODY = frozenset({204, 304})
-_FRAMING = (b"content-length", b"transfer-encoding")
-_FRAMING_SIZES = (14, 17)
+
+
+class _Refused(Exception):
+    """An answer the connection will not relay (raised in a parser callback: parsing stops)."""
 
 
 class Pool(Protocol):
@@ -144,7 +152,10 @@ class Collected:
 def request_head(
     method: str, target: str, netloc: str, headers: list[tuple[str, str]], body: Body
 ) -> tuple[bytes, bool]:
-    """The request's head, and whether its body goes chunked."""
+    """The request's head, and whether its body goes chunked. ``ValueError`` for ``CONNECT``
+    (the proxy does not tunnel) and for a field with a line break."""
+    if method == "CONNECT":
+        raise ValueError("CONNECT is never sent: a connection that tunnels cannot be reused")
     lines = [f"{method} {target} HTTP/1.1"]
     sized = isinstance(body, bytes)  # its length is written below, whatever the caller says
     host = length = False
@@ -196,6 +207,8 @@ class Connection(asyncio.Protocol):
         self._status_text = b""
         self._fields: list[tuple[bytes, bytes]] = []
         self._framed = False  # a Content-Length or Transfer-Encoding field came
+        self._codings: list[bytes] = []  # the Transfer-Encoding values
+        self._head_size = 0
         self._delimited_by_close = False
         self._headers_done = False
         self._complete = False
@@ -355,8 +368,10 @@ class Connection(asyncio.Protocol):
             self._flush()
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._batch = None
-            self._fail(UpstreamBroken(f"upstream {self.name} answered what is not HTTP/1.1: {exc}"))
-            self.abandon()
+            cause = exc.__context__
+            why = str(cause) if isinstance(cause, _Refused) else f"what is not HTTP/1.1: {exc}"
+            self._fail(UpstreamBroken(f"upstream {self.name} answered {why}"))
+            self.abandon()  # an answer that ended before stays whole; the connection goes
 
     def eof_received(self) -> bool:
         if self._headers_done and self._delimited_by_close:
@@ -388,23 +403,52 @@ class Connection(asyncio.Protocol):
 
     # --- httptools callbacks ------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self._headers_done:  # a second answer to one request: the upstream is confused
+            raise _Refused("bytes past the end of its answer")
+
     def on_status(self, status: bytes) -> None:
         self._status_text += status
+        self._count(len(status))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._fields.append((name, value))
-        if len(name) in _FRAMING_SIZES and name.lower() in _FRAMING:
+        if self._headers_done:  # a trailer field: never one of the head's (RFC 9110 6.5.1)
+            self._count(len(name) + len(value))
+            return
+        self._count(len(name) + len(value))
+        size = len(name)
+        if size == 14 and name.lower() == b"content-length":
             self._framed = True
+        elif size == 17 and name.lower() == b"transfer-encoding":
+            self._framed = True
+            self._codings.append(value)
+        self._fields.append((name, value))
+
+    def _count(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > _HEAD_LIMIT:
+            raise _Refused(f"an answer head (with its trailer) over {_HEAD_LIMIT} bytes")
 
     def on_headers_complete(self) -> None:
         status = self._parser.get_status_code()
         if 100 <= status < 200 and status != 101:  # interim: the real answer follows
             self._status_text, self._fields, self._framed = b"", [], False
+            self._codings, self._head_size = [], 0
             return
+        if status == 101:  # the proxy never relays an Upgrade: nothing asked for a switch
+            raise _Refused("a switch of protocols (101) that no request asked for")
+        codings = self._codings
+        if codings and (len(codings) > 1 or codings[0].strip().lower() != b"chunked"):
+            # the chunks are decoded and the body relayed: a coding besides would reach the
+            # client unsaid
+            shown = b", ".join(codings).decode("latin-1")
+            raise _Refused(f"transfer coding {shown!r}: only chunked is relayed")
         self._headers_done = True
-        no_body = self._head_only or status in _NO_BODY or status == 101
+        no_body = self._head_only or status in _NO_BODY
         self._delimited_by_close = not self._framed and not no_body
         status_text = self._status_text.decode("latin-1")
+        if status == 204 and self._framed:  # a 204 has no body, and says no length (RFC 9110)
+            self._fields = [(n, v) for n, v in self._fields if n.lower() != b"content-length"]
         response = Response(self, status, status_text, self._fields)
         if no_body:
             self._complete = True

@@ -223,6 +223,75 @@ async def test_a_broken_or_unreadable_answer_is_an_error(answer: bytes) -> None:
         await upstream.close()
 
 
+async def test_bytes_past_an_answers_end_drop_its_connection() -> None:
+    """An upstream that writes more than its answer in one write (a second answer, a 204's
+    body): those bytes once joined the answer's head fields, and the connection went back to
+    the pool with them half parsed, so the next call read them as its own answer."""
+    bogus = b"HTTP/1.1 200 OK\r\nX-Bogus: 1\r\nContent-Length: 7\r\n\r\n"
+
+    answers = [ok(b"first") + bogus]  # one write: parsed in the answer's read
+
+    async def extra(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answers.pop() if answers else ok(b"second"))
+        while True:
+            await read_request(reader)
+            writer.write(ok(b"second"))
+
+    async with RawServer(extra) as server:
+        upstream = Client(server.url, connect_timeout=5)
+        first = await upstream.request("GET", "/", [], None)
+        assert await first.read(100) == b"first"
+        first.release()
+        assert await get(upstream) == b"second"
+        await upstream.close()
+    assert ("X-Bogus", "1") not in first.headers
+    assert server.connections == 2
+
+
+async def test_an_answers_trailer_fields_are_not_head_fields() -> None:
+    async def trailered(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"2\r\nok\r\n0\r\nX-Trailer: 1\r\n\r\n")  # fmt: skip
+        await reader.read()
+
+    async with RawServer(trailered) as server:
+        upstream = Client(server.url, connect_timeout=5)
+        response = await upstream.request("GET", "/", [], None)
+        assert await response.read(100) == b"ok"
+        response.release()
+        await upstream.close()
+    assert response.headers == [("Transfer-Encoding", "chunked")]
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+         "transfer coding 'gzip, chunked'"),
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
+         "switch of protocols"),
+        (b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 70_000 + b"\r\nContent-Length: 0\r\n\r\n",
+         "over 65536 bytes"),
+    ],
+    ids=["gzip-chunked", "unasked-101", "huge-head"],
+)  # fmt: skip
+async def test_an_answer_the_proxy_cannot_relay_faithfully_is_an_error(
+    answer: bytes, why: str
+) -> None:
+    async def scripted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(answer)
+        await reader.read()
+
+    async with RawServer(scripted) as server:
+        upstream = Client(server.url, connect_timeout=5)
+        with pytest.raises(UpstreamBroken, match=re.escape(why)):
+            await get(upstream)
+        await upstream.close()
+
+
 async def test_streamed_request_bodies_are_framed_as_declared_or_chunked() -> None:
     seen: list[tuple[bytes, bytes]] = []
 
