@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion10, HttpVersion11, web
 from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import Counter
 
@@ -307,8 +307,8 @@ class LimitedAppRunner(web.AppRunner):
     async def _make_server(self) -> web.Server:
         plain = await super()._make_server()
         return LimitedServer(
-            plain.request_handler,
-            request_factory=plain.request_factory,
+            _refusing_versions(plain.request_handler, self._server_header),
+            request_factory=_versions_noted(plain.request_factory),
             handler_cancellation=plain.handler_cancellation,
             limits=self._limits,
             on_close=self._on_close_cb,
@@ -316,6 +316,46 @@ class LimitedAppRunner(web.AppRunner):
             server_header=self._server_header,
             **plain._kwargs,
         )
+
+
+_VERSIONS = (HttpVersion10, HttpVersion11)
+_REFUSED_VERSION = "hangup.refused_version"
+
+
+def _versions_noted(factory: Any) -> Any:
+    """aiohttp takes request lines of any version (``HTTP/2.0``, or none: HTTP/0.9) and answers
+    in that version: a status line an HTTP/1.1 client cannot read. A request of another version
+    than 1.0 and 1.1 is made as HTTP/1.1 that closes its connection, with its version noted for
+    :func:`_refusing_versions` to answer 505."""
+
+    def make(message: Any, payload: Any, protocol: Any, writer: Any, task: Any) -> Any:
+        if message.version in _VERSIONS:
+            return factory(message, payload, protocol, writer, task)
+        as_sent = message.version
+        message = message._replace(version=HttpVersion11, should_close=True)
+        request = factory(message, payload, protocol, writer, task)
+        request[_REFUSED_VERSION] = as_sent
+        return request
+
+    return make
+
+
+def _refusing_versions(
+    handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]], server_header: str
+) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        version = request.get(_REFUSED_VERSION)
+        if version is None:
+            return await handler(request)
+        message = f"HTTP version {version[0]}.{version[1]} is not supported: HTTP/1.1 or HTTP/1.0"
+        error = {"message": message, "type": "invalid_request_error", "param": None,
+                 "code": 505}  # fmt: skip
+        response = web.json_response({"error": error}, status=505)
+        response.headers["Server"] = server_header
+        response.force_close()
+        return response
+
+    return handle
 
 
 def grpc_server_options(limits: ConnectionLimits) -> list[tuple[str, int]]:
