@@ -38,6 +38,7 @@ static_resources:
           preserve_external_request_id: true
           stream_idle_timeout: 0s
           request_timeout: 0s
+HCM_EXTRA
           route_config:
             virtual_hosts:
             - name: all
@@ -45,6 +46,7 @@ static_resources:
               routes:
               - match: {prefix: "/"}
                 route: {cluster: upstream, timeout: 0s, idle_timeout: 0s}
+ROUTE_EXTRA
           http_filters:
           - name: envoy.filters.http.router
             typed_config:
@@ -54,6 +56,7 @@ static_resources:
     type: STATIC
     lb_policy: LB_POLICY
     connect_timeout: 5s
+CLUSTER_EXTRA
     circuit_breakers:
       thresholds: [{max_connections: 100000, max_pending_requests: 100000, max_requests: 100000}]
     load_assignment:
@@ -63,6 +66,14 @@ static_resources:
 ENDPOINTS
 """
 ENDPOINT = "        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: PORT}}}"
+# Request trailers relayed both ways (Envoy drops them by default), HTTP/1.0 accepted (426 by
+# default): what the framing battery compares against.
+HCM_HTTP1 = "          http_protocol_options: {enable_trailers: true, accept_http_10: true}"
+CLUSTER_HTTP1 = """    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config:
+          http_protocol_options: {enable_trailers: true}"""
 HCM_TYPE = (
     "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
     ".HttpConnectionManager"
@@ -94,15 +105,23 @@ def envoy_binary() -> Path:
 def running_envoy(
     upstream_ports: int | Sequence[int], work: Path, timeout: float = 60.0,
     concurrency: int = 1, lb_policy: str = "ROUND_ROBIN", base_id: int | None = None,
+    trailers: bool = False, strip_request_headers: Sequence[str] = (),
 ) -> Iterator[Envoy]:  # fmt: skip
     """``base_id``: Envoy's shared-memory id, unique among the Envoys running at once (by
-    default the first upstream port plus ``concurrency``)."""
+    default the first upstream port plus ``concurrency``). ``trailers``: request trailers are
+    relayed to the upstream and HTTP/1.0 is accepted (a front door that lets a client send
+    what hangup must not merge). ``strip_request_headers``: removed from every request's head
+    (a front door that owns those fields)."""
     ports = [upstream_ports] if isinstance(upstream_ports, int) else list(upstream_ports)
     work.mkdir(parents=True, exist_ok=True)
     config = work / "envoy.yaml"
     endpoints = "\n".join(ENDPOINT.replace("PORT", str(port)) for port in ports)
+    strip = ", ".join(f'"{name}"' for name in strip_request_headers)
+    route = f"                request_headers_to_remove: [{strip}]" if strip else ""
     config.write_text(CONFIG.replace("ENDPOINTS", endpoints).replace("LB_POLICY", lb_policy)
-                      .replace("HCM_TYPE", HCM_TYPE))  # fmt: skip
+                      .replace("HCM_TYPE", HCM_TYPE).replace("ROUTE_EXTRA", route)
+                      .replace("HCM_EXTRA", HCM_HTTP1 if trailers else "")
+                      .replace("CLUSTER_EXTRA", CLUSTER_HTTP1 if trailers else ""))  # fmt: skip
     admin_file = work / "envoy-admin.txt"
     admin_file.unlink(missing_ok=True)
     command = [

@@ -54,6 +54,17 @@ class UpstreamConnection:
         return self.closed or not self.mid_request
 
 
+async def ended(tasks: set[asyncio.Task[None]]) -> None:
+    """Wait for the tasks serving connections that were just aborted (each ends on its own when
+    its reads fail); cancel any still running after 5 s. Cancelling them first would leave
+    asyncio's stream callback logging each one's CancelledError."""
+    if tasks:
+        _, pending = await asyncio.wait(set(tasks), timeout=5)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
 def _head_bytes(raw: bytes, start: int) -> bytes:
     end = raw.find(b"\r\n\r\n", start)
     return raw[start : end + 4] if end >= 0 else raw[start:]
@@ -101,9 +112,7 @@ class RecordingUpstream:
         self._server.close()
         for writer in self._writers:
             writer.transport.abort()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await ended(self._tasks)
         await self._server.wait_closed()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -1,0 +1,156 @@
+"""The differential framing battery (``tests/support/framing_battery.py``, issue 48): 121 raw
+requests (CL/TE conflicts and obfuscations, chunk syntax, trailers, header syntax, request-line
+forms, Host, Expect, pipelining, HTTP/1.0, limits) through hangup's proxy and through Envoy, each
+to an upstream that logs every byte and reads it with h11; the same requests straight at the
+gateway and at the proxy's admin listener; 24 broken or hostile upstream answers through the
+proxy and Envoy. A deliberately naive relay proves that the battery sees a smuggle.
+
+Everything runs once (about 30 s); each test reads one part of what was seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.envoy import running_envoy
+from tests.support.framing_battery import Result, differences_table
+from tests.support.framing_cases import REQUESTS, RESPONSES
+from tests.support.framing_stack import Seen, run_battery
+from tests.support.processes import spawn
+from tests.support.recording_upstream import RecordingUpstream
+
+pytestmark = pytest.mark.slow
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "proxy.md"
+
+
+@pytest.fixture(scope="module")
+def seen(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Seen]:
+    yield asyncio.run(run_battery(tmp_path_factory.mktemp("framing")))
+
+
+def _findings(results: list[Result]) -> list[tuple[str, list[str]]]:
+    return [(r.name, r.findings) for r in results if r.findings]
+
+
+def test_the_battery_sees_a_naive_relay_smuggle_a_request_on_cl_te(seen: Seen) -> None:
+    """The self-test: a relay that frames by Content-Length alone forwards CL+TE as it came,
+    and the upstream, reading Transfer-Encoding first as RFC 9112 says, reads the hidden
+    request. If the battery could not see this, its silence about the others would mean
+    nothing."""
+    naive = {r.name: r for r in seen.requests["naive"]}
+    findings = " ".join(naive["cl-te"].findings)
+    assert "the upstream read a request the client hid: GET b'/smuggled'" in findings
+    assert "a head framed two ways reached the upstream" in findings
+    assert "a head framed two ways" in " ".join(naive["te-cl"].findings)
+
+
+def test_nothing_the_proxy_relays_is_smuggled(seen: Seen) -> None:
+    assert _findings(seen.requests["hangup"]) == []
+
+
+def test_the_proxy_answers_each_request_as_specified(seen: Seen) -> None:
+    """Each case's ``hangup`` word: relayed, or the status the proxy answered, per request."""
+    wrong = [
+        (case.name, case.hangup, result.verdict)
+        for case, result in zip(REQUESTS, seen.requests["hangup"], strict=True)
+        if result.verdict != case.hangup
+    ]
+    assert wrong == []
+
+
+def test_envoy_the_reference_shows_no_smuggle_either(seen: Seen) -> None:
+    """A finding through Envoy would more likely be the battery misreading than Envoy
+    smuggling: it is checked so that the battery's rules stay honest."""
+    assert _findings(seen.requests["envoy"]) == []
+    assert _findings(seen.responses["envoy"]) == []
+
+
+def test_the_gateway_and_the_admin_listener_stay_in_step(seen: Seen) -> None:
+    """Servers with nothing behind them: no 5xx, a well-formed status line for every answer
+    (aiohttp answered 'HTTP/2.0 404' to an HTTP/2.0 request line), never more answers than
+    requests, and a fresh call answered after every case."""
+    assert _findings(seen.requests["gateway"]) == []
+    assert _findings(seen.requests["admin"]) == []
+
+
+def test_upstream_answers_reach_the_client_framed_one_way_and_in_step(seen: Seen) -> None:
+    """Bytes past an answer's end, trailers, two lengths, codings: the client gets one answer
+    framed one way (or a 502, or a cut), and the next call gets its own."""
+    assert _findings(seen.responses["hangup"]) == []
+    wrong = [
+        (case.name, case.hangup, result.verdict)
+        for case, result in zip(RESPONSES, seen.responses["hangup"], strict=True)
+        if result.verdict != case.hangup
+    ]
+    assert wrong == []
+
+
+def test_docs_list_every_difference_from_envoy(seen: Seen) -> None:
+    """docs/proxy.md's table is the battery's own: a row per case where the proxy and Envoy
+    answer differently, no more, no fewer."""
+    text = DOCS.read_text()
+    table = text.split("<!-- framing-differences -->")[1]
+    documented = {
+        tuple(cell.strip().strip("`") for cell in row.split("|")[1:4])
+        for row in table.splitlines()
+        if re.match(r"\| `", row)
+    }
+    measured = {row[:3] for row in differences_table(seen.requests, seen.responses)}
+    assert measured - documented == set(), "differences missing from docs/proxy.md"
+    assert documented - measured == set(), "rows in docs/proxy.md no longer measured"
+
+
+TRAILERED = (
+    b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer from-head\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n"
+    b"Authorization: Bearer from-trailer\r\n\r\n"
+)
+
+
+async def _post(address: str) -> bytes:
+    host, port = address.rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(TRAILERED)
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    finally:
+        writer.close()
+
+
+async def test_a_front_door_that_strips_a_header_and_forwards_trailers_cannot_get_it_upstream(
+    tmp_path: Path,
+) -> None:
+    """Envoy configured as a front door that owns ``Authorization`` (stripped from every head)
+    and forwards request trailers: straight to an upstream, the trailer's ``Authorization``
+    arrives as a trailer (so the front door does let it through); with hangup's proxy between,
+    it reaches the upstream nowhere (on 27a1715 it arrived in the head, 3 times of 3)."""
+    calls = 20
+    async with RecordingUpstream() as direct, RecordingUpstream() as behind:
+        args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
+                "--cancel-adapter", "none", "--upstream-http", behind.url]  # fmt: skip
+        with (
+            spawn("proxy", args, tmp_path / "proxy") as proxy,
+            running_envoy(direct.port, tmp_path / "direct", trailers=True,
+                          strip_request_headers=["authorization"]) as plain,
+            running_envoy(int(proxy.listeners["http"].rsplit(":", 1)[1]), tmp_path / "front",
+                          trailers=True, strip_request_headers=["authorization"]) as front,
+        ):  # fmt: skip
+            for _ in range(calls):
+                assert (await _post(plain.address)).startswith(b"HTTP/1.1 200")
+                assert (await _post(front.address)).startswith(b"HTTP/1.1 200")
+    assert len(direct.log) == len(behind.log) == calls
+    for parsed in direct.log:
+        assert parsed.field_values(b"authorization") == []
+        assert (b"authorization", b"Bearer from-trailer") in [
+            (n.lower(), v) for n, v in parsed.trailers
+        ]
+    for parsed in behind.log:
+        assert parsed.body == b"hello" and parsed.complete
+        assert b"from-trailer" not in parsed.head and parsed.trailers == []
+        assert parsed.field_values(b"authorization") == []
