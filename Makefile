@@ -109,6 +109,7 @@ bench: $(VENV)/.installed-base $(TRITON_VENV)/.installed
 	$(PY) -m bench.grpc_relay
 	$(PY) -m bench.scale_out --scrape-cost
 	$(PY) -m bench.triton_hangup
+	$(PY) -m bench.framing
 
 # AIPerf lives in a virtualenv of its own: it brings ~140 packages hangup does not need.
 AIPERF_VENV ?= .venv-aiperf
