@@ -31,9 +31,12 @@ from dataclasses import dataclass, field
 from tests.support.framing_cases import REQUESTS, RESPONSES, Case, ResponseCase
 from tests.support.recording_upstream import SEEN, Parsed, RecordingUpstream, ended
 
-IDLE_S = 1.0  # no byte for this long: the target is waiting for more (verdict "wait")
+# The clocks only ever make a case wait for what does not come; none decides a verdict of a
+# target that answers, however loaded the machine (a busy CI runner takes a second at times).
+IDLE_S = 3.0  # no byte for this long: the target is waiting for more (verdict "wait")
 GRACE_S = 0.05  # how long to look for an answer too many once every request has one
-SETTLE_S = 3.0  # the time a relay has to end what its client left behind
+SETTLE_S = 10.0  # the time a relay has to end what its client left behind
+PROBE_S = 10.0  # the time a fresh call has to get its answer
 _STATUS = re.compile(rb"HTTP/1\.[01] (\d{3})(?: [^\r\n]*)?")
 
 
@@ -149,9 +152,11 @@ async def _chunks(reader: asyncio.StreamReader) -> bytes:
 
 
 async def _converse(
-    address: str, writes: tuple[bytes, ...], expected: int, findings: list[str]
-) -> tuple[list[Answer], str]:
-    """Write ``writes`` (a pause of ``GRACE_S`` between two), read every answer; then close."""
+    address: str, writes: tuple[bytes, ...], expected: int, findings: list[str],
+    idle: float = IDLE_S,
+) -> tuple[list[Answer], str]:  # fmt: skip
+    """Write ``writes`` (a pause of ``GRACE_S`` between two), read every answer (until none
+    comes for ``idle`` s, or ``GRACE_S`` once ``expected`` have come); then close."""
     host, port = address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
     answers: list[Answer] = []
@@ -164,7 +169,7 @@ async def _converse(
         with contextlib.suppress(ConnectionError):
             await writer.drain()
         while True:
-            within = GRACE_S if len(answers) >= expected else IDLE_S
+            within = GRACE_S if len(answers) >= expected else idle
             try:
                 answer = await _read_answer(reader, within)
             except TimeoutError:
@@ -235,7 +240,7 @@ async def _probe(target: Target, n: int) -> str | None:
     path = b"/probe/%d" % n
     request = target.probe or b"GET " + path + b" HTTP/1.1\r\nHost: up\r\n\r\n"
     findings: list[str] = []
-    answers, _ = await _converse(target.address, (request,), 1, findings)
+    answers, _ = await _converse(target.address, (request,), 1, findings, PROBE_S)
     if findings or not answers:
         return f"the next call got no answer: {findings}"
     answer = answers[0]
