@@ -9,6 +9,7 @@ carries the HTTP status and outcome of a call it ends.
     │   ├── BodyTimeout              408  no body bytes for --body-timeout
     │   ├── ExpectationFailed        417  an Expect other than 100-continue
     │   └── BadRequestId             400
+    ├── CancelledById                499    cancelled  a cancel by id on the proxy's own API
     ├── ClientGone                   499    cancelled  the client left: nothing more can be sent
     ├── ProxyTimeout                 504    cancelled  the call ran past --max-request-duration
     ├── Overloaded                   503    rejected   --max-concurrent-streams reached, or draining
@@ -36,6 +37,7 @@ class ProxyError(Exception):
 
     status = 500
     outcome = Outcome.UPSTREAM_ERROR
+    kind = "proxy_error"  # the error's "type" in its JSON answer
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -67,6 +69,15 @@ class ExpectationFailed(ClientError):
 
 class BadRequestId(ClientError):
     status = 400
+
+
+class CancelledById(ProxyError):
+    """Cancelled by id (``proxy.http.cancel_api``) before its answer began, or before it
+    arrived: answered as the gateway answers a cancelled call."""
+
+    status = 499
+    outcome = Outcome.CANCELLED
+    kind = "cancelled"
 
 
 class ClientGone(ProxyError):

@@ -36,8 +36,9 @@ from proxy.vocabulary import Outcome
 
 CALL_LOGGER = "hangup.proxy.call"
 
-PROXY_STOPPED = frozenset({Reason.SHUTDOWN, Reason.PROXY_TIMEOUT})
-"""Reasons the proxy ends a call for itself (not counted as client disconnects)."""
+PROXY_STOPPED = frozenset({Reason.SHUTDOWN, Reason.PROXY_TIMEOUT, Reason.EXPLICIT})
+"""Reasons a call ends that are not its client's hang-up (not counted as client disconnects):
+the proxy's own (a limit, shutdown) and a cancel by id on its API (an operator's, an edge's)."""
 
 
 class CallEnding:

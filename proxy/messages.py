@@ -397,9 +397,10 @@ class Stream:
         self.finish()
 
 
-def error_answer(status: int, message: str) -> Answer:
-    """An error the proxy answers itself: JSON, OpenAI-style, naming the proxy."""
-    body = {"error": {"message": message, "type": "proxy_error", "code": status}}
+def error_answer(status: int, message: str, kind: str = "proxy_error") -> Answer:
+    """An error the proxy answers itself: JSON, OpenAI-style (``kind`` its type), naming the
+    proxy."""
+    body = {"error": {"message": message, "type": kind, "code": status}}
     return Answer(
         status,
         json.dumps(body).encode(),

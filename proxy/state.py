@@ -17,6 +17,7 @@ from hangup_contract.vocabulary import Reason
 from proxy.cancel.canceller import Canceller
 from proxy.config import Config
 from proxy.errors import Overloaded
+from proxy.held import HeldCalls
 from proxy.metrics import ProxyMetrics
 from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
 
@@ -92,6 +93,8 @@ class ServerState:
         self.config = config
         self.metrics = metrics
         self.canceller = canceller
+        # The calls by id, for the proxy's own cancel by id: kept only when it is on (a token).
+        self.held = HeldCalls(config.tombstone_ttl) if config.cancel_token is not None else None
         self.draining = False
         self._calls: set[Call] = set()
         self._idle = asyncio.Event()
@@ -113,6 +116,8 @@ class ServerState:
         self.metrics.admitted(call.protocol)
 
     def release(self, call: Call) -> None:
+        if self.held is not None:
+            self.held.release(call)
         if call in self._calls:
             self._calls.discard(call)
             self.metrics.released(call.protocol)

@@ -40,19 +40,24 @@ from hangup_contract.runtime.connections import BodyStalled
 from hangup_contract.vocabulary import Reason
 from proxy import responses
 from proxy.cancel.choice import body_tagger
+from proxy.cancel.seams import CancelTask
 from proxy.config import AdapterName
 from proxy.errors import (
     BadBody,
     BodyTimeout,
     BodyTooLarge,
+    CancelledById,
     ClientGone,
     ExpectationFailed,
     Overloaded,
     ProxyError,
     ProxyTimeout,
     UpstreamBroken,
+    UpstreamError,
     UpstreamUnavailable,
 )
+from proxy.held import cancel_target
+from proxy.http.cancel_api import CancelById
 from proxy.http.headers import add_ids, client_response_head, upstream_request_headers
 from proxy.http.scrape import scrape
 from proxy.http.tagging import TAG_LIMIT, tag_body
@@ -63,7 +68,7 @@ from proxy.state import Call, ServerState
 from proxy.triton.bridge import TritonBridge, Upstream
 from proxy.upstream.client import Client, UpstreamCall
 from proxy.upstream.connection import Body, Response
-from proxy.vocabulary import SERVER_HEADER, CallProtocol, Outcome, Stage
+from proxy.vocabulary import SERVER_HEADER, CallProtocol, CancelResult, Outcome, Stage
 
 log = logging.getLogger("hangup.proxy.http")
 
@@ -130,6 +135,14 @@ class _Exchange:
         if self.upstream_call is not None:
             self.upstream_call.close()
 
+    def abort_upstream(self) -> None:
+        """Drop the upstream call for a cancel by id, the relay still waiting on it: a head not
+        yet come fails (499), a body being relayed breaks off (the client's stream is cut)."""
+        if self.bridged is not None:
+            self.bridged.cancel()
+        if self.upstream_call is not None:
+            self.upstream_call.abort(CancelledById("request cancelled (explicit)"))
+
 
 class HttpRelay:
     """The request handler: one instance per listener, shared by every connection."""
@@ -145,6 +158,16 @@ class HttpRelay:
         # Calls whose upstream call is open, by their client connection.
         self._relaying: dict[ClientConnection, _Exchange] = {}
         self._submit = state.canceller.submitter(CallProtocol.HTTP)  # the same for every call
+        adapter = state.canceller.adapters[CallProtocol.HTTP]
+        self._cancels_upstream = adapter.calls_upstream and self._bridge is None
+        config = self._config
+        self._cancels: CancelById | None = None  # the proxy's own cancel by id, with a token
+        if state.held is not None and config.cancel_token is not None:
+            hangup = config.cancel_adapter is AdapterName.HANGUP and not config.cancel_pool
+            self._cancels = CancelById(
+                state.held, config.cancel_token, relay_unknown=hangup,
+                body_timeout=config.body_timeout,
+            )  # fmt: skip
 
     async def close(self) -> None:
         await self._upstream.close()
@@ -154,6 +177,12 @@ class HttpRelay:
     async def __call__(self, request: Request) -> Answer | Stream | None:
         if request.method == "GET" and request.path in self._config.scrape_paths:
             return await scrape(request, self._upstream, self._state.metrics)
+        if self._cancels is not None and request.method == "POST":
+            request_id = cancel_target(request.raw_path)
+            if request_id is not None:
+                answer = await self._cancels.answer(request, request_id)
+                if answer is not None:  # else an id not held: relayed to the gateway
+                    return answer
         call = Call(CallProtocol.HTTP, request.method, request.path_qs, request.remote)
         ending = CallEnding(
             call,
@@ -182,7 +211,7 @@ class HttpRelay:
             else:
                 async with deadline:
                     response = await self._relay(ex)
-            call.outcome = Outcome.COMPLETED
+            call.outcome = call.outcome or Outcome.COMPLETED  # cancelled by id: stays so
             return response
         except ClientGone:  # writing failed: the cancellation of the handler follows
             ending.stop(Reason.CLIENT_DISCONNECT)
@@ -203,6 +232,27 @@ class HttpRelay:
             ending.finish()
             self._state.release(call)
 
+    def _end_by_id(self, ex: _Exchange, reason: Reason) -> CancelTask | None:
+        """End a call cancelled by id (``proxy.http.cancel_api``) the way its adapter ends a
+        hang-up, its client kept: the adapter's cancel call, after which the upstream ends the
+        call and its end is relayed (a gateway answers 499, or ends the stream with an error
+        event); with no cancel call (``none``, ``vllm`` without its abort endpoint, the Triton
+        bridge's gRPC call), the upstream call closed, and the client gets 499, or its stream
+        cut. Before the upstream call is sent, nothing is: the relay refuses it (499)."""
+        ending = ex.ending
+        if ending.stopped:
+            return ending.cancel
+        cancel = ending.stop(reason)
+        if not ending.upstream_open:
+            return cancel
+        if not self._cancels_upstream or ex.bridged is not None or cancel is None:
+            ex.abort_upstream()
+        else:  # the upstream ends it; if its cancel fails, the proxy does
+            cancel.add_done_callback(
+                lambda task: None if _held_upstream(task) else ex.abort_upstream()
+            )
+        return cancel
+
     def connection_lost(self, connection: ClientConnection) -> None:
         """The client ``connection`` is gone: cancel its call upstream at once.
 
@@ -222,6 +272,10 @@ class HttpRelay:
         )
         ids = request_ids_for(head.request_id, trust_client=self._config.trust_client_request_id)
         call.request_id, call.client_request_id = ids.upstream, ids.client
+        held = self._state.held
+        if held is not None and held.hold(call, lambda reason: self._end_by_id(ex, reason)):
+            raise CancelledById(f"request {ids.client or ids.upstream} was cancelled by id "
+                                "before it arrived")  # fmt: skip
         limit = self._config.max_body_size
         if (
             limit is not None
@@ -233,6 +287,8 @@ class HttpRelay:
         add_ids(headers, ids)
         self._continue(request, head.expect)
         if self._bridge is not None and self._bridge.takes(request.method, request.path):
+            if ex.ending.stopped:
+                raise CancelledById("request cancelled (explicit)")
             return await self._bridged(ex, self._bridge)
         call.detached = responses.names_a_response(request.path)
         body: Body = None
@@ -242,6 +298,8 @@ class HttpRelay:
                 body, headers = await self._read_body(ex, headers, ids.upstream, tags=tags)
             elif (body := self._arrived(ex)) is None:
                 body = self._body(ex)  # streamed up as it arrives
+        if ex.ending.stopped:  # cancelled by id while its body was read: nothing goes up
+            raise CancelledById("request cancelled (explicit)")
         sent = time.monotonic()
         # The upstream call is an object of its own (written now on an idle connection), so a
         # hang-up that cancels this handler leaves it open until the explicit cancel has been
@@ -401,12 +459,14 @@ class HttpRelay:
 
     def _error(self, ex: _Exchange, exc: ProxyError) -> Answer | Stream | None:
         call = ex.call
+        if call.reason is Reason.EXPLICIT and isinstance(exc, UpstreamError):
+            exc = CancelledById("request cancelled (explicit)")  # its upstream closed for it
         call.outcome = call.outcome if call.outcome is Outcome.CANCELLED else exc.outcome
         call.error = exc.message
         if ex.response is not None and ex.response.sent:
             return self._prepared(ex)
         call.status = exc.status
-        response = error_answer(exc.status, exc.message)
+        response = error_answer(exc.status, exc.message, exc.kind)
         if call.request_id is not None:
             response.headers[REQUEST_ID] = call.request_id
         if isinstance(exc, Overloaded):
@@ -417,3 +477,10 @@ class HttpRelay:
         if self._state.draining or unread or isinstance(exc, ProxyTimeout):
             response.force_close()
         return response
+
+
+def _held_upstream(task: CancelTask) -> bool:
+    """The upstream took the cancel (it held the call, or had ended it): it ends the call."""
+    if task.cancelled():
+        return False
+    return task.result() in (CancelResult.OK, CancelResult.FINISHED)

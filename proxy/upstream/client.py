@@ -127,6 +127,13 @@ class UpstreamCall:
         else:
             head.set_result(task.result())
 
+    def abort(self, error: BaseException) -> None:
+        """End the call for whoever awaits ``head``: it fails with ``error`` unless it came (so
+        nothing is sent again for it), then :meth:`close`."""
+        if not self.head.done():
+            self.head.set_exception(error)
+        self.close()
+
     def close(self) -> None:
         """Drop the call: its answer closed, unless it was released (its connection reused);
         a connection still waiting for a head, or being opened, dropped."""

@@ -1,0 +1,140 @@
+"""The calls this proxy holds, by id: what its own cancel by id finds (issue 49).
+
+Every relayed call is held under the id it was sent upstream with and, when the client gave
+another, the client's (``X-Request-Id`` as it came: the id an edge in front knows it by). When
+the call ends, its ids are remembered as finished for ``ttl`` seconds; a cancel for an id the
+proxy does not hold leaves a tombstone for as long, and a call that then arrives under that id is
+refused as cancelled before it arrived (the gateway's contract: a cancel that beats its call
+wins). Both memories are bounded (``limit`` ids each, the oldest forgotten first), so a client
+cannot grow them without end.
+
+No I/O here: ``proxy.http.relay`` answers the cancel API with what :meth:`HeldCalls.find` says.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Protocol
+from urllib.parse import unquote
+
+from hangup_contract.vocabulary import Reason
+from proxy.cancel.seams import CancelTask
+
+
+class Call(Protocol):
+    """What is held of a call (``proxy.state.Call`` is one): its ids."""
+
+    @property
+    def request_id(self) -> str | None: ...
+
+    @property
+    def client_request_id(self) -> str | None: ...
+
+
+Ender = Callable[[Reason], CancelTask | None]
+"""How one held call is ended by id, the way its adapter ends a hang-up (its listener's): the
+cancel made upstream, if one was."""
+
+
+class _Expiring:
+    """Ids remembered for ``ttl`` seconds, at most ``limit`` of them (the oldest go first)."""
+
+    def __init__(self, ttl: float, limit: int) -> None:
+        self._ttl, self._limit = ttl, limit
+        self._until: OrderedDict[str, float] = OrderedDict()
+
+    def add(self, key: str, now: float) -> None:
+        self._until[key] = now + self._ttl
+        self._until.move_to_end(key)
+        while len(self._until) > self._limit:
+            self._until.popitem(last=False)
+
+    def take(self, key: str, now: float) -> bool:
+        """Whether ``key`` is remembered (and forget it)."""
+        until = self._until.pop(key, None)
+        return until is not None and until > now
+
+    def __contains__(self, key: str) -> bool:
+        until = self._until.get(key)
+        return until is not None and until > time.monotonic()
+
+    def expire(self, now: float) -> None:
+        while self._until:
+            key, until = next(iter(self._until.items()))
+            if until > now:
+                return
+            del self._until[key]
+
+
+class HeldCalls:
+    """The proxy's calls by id, its recently finished ids, and its tombstones."""
+
+    def __init__(self, ttl: float = 60.0, limit: int = 65536) -> None:
+        self._live: dict[str, dict[Call, Ender]] = {}
+        self._finished = _Expiring(ttl, limit)
+        self._tombstones = _Expiring(ttl, limit)
+
+    @staticmethod
+    def _ids(call: Call) -> set[str]:
+        return {i for i in (call.request_id, call.client_request_id) if i is not None}
+
+    def hold(self, call: Call, ender: Ender) -> Reason | None:
+        """Hold ``call`` under its ids, ended by ``ender`` if cancelled by id; or, when a
+        tombstone names one of its ids, say so (the cancel's reason) and hold nothing."""
+        now = time.monotonic()
+        for key in self._ids(call):
+            if self._tombstones.take(key, now):
+                return Reason.EXPLICIT
+        for key in self._ids(call):
+            self._live.setdefault(key, {})[call] = ender
+        return None
+
+    def release(self, call: Call) -> None:
+        """``call`` ended: its ids are remembered as finished."""
+        now = time.monotonic()
+        for key in self._ids(call):
+            calls = self._live.get(key)
+            if calls is not None and calls.pop(call, None) is not None:
+                if not calls:
+                    del self._live[key]
+                self._finished.add(key, now)
+
+    def find(self, request_id: str) -> list[tuple[Call, Ender]]:
+        """The calls held under ``request_id`` (usually one), each with its ender."""
+        return list(self._live.get(request_id, {}).items())
+
+    def finished(self, request_id: str) -> bool:
+        return request_id in self._finished
+
+    def bury(self, request_id: str) -> None:
+        """A cancel for an id not held: refuse a call that arrives under it within the ttl."""
+        now = time.monotonic()
+        self._tombstones.expire(now)
+        self._finished.expire(now)
+        self._tombstones.add(request_id, now)
+
+
+_PREFIX, _SUFFIX = "/v2/requests/", "/cancel"
+
+
+def cancel_target(raw_path: str) -> str | None:
+    """The id a ``POST`` to ``raw_path`` cancels (``/v2/requests/{id}/cancel``, the id
+    percent-decoded: it may hold a ``/``), or None when it is another path."""
+    path = raw_path.partition("?")[0]
+    if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
+        return None
+    encoded = path[len(_PREFIX) : -len(_SUFFIX)]
+    if not encoded or "/" in encoded:
+        return None
+    return unquote(encoded, errors="surrogateescape")
+
+
+def authorized(header: str | None, token: str) -> bool:
+    """Whether ``Authorization`` carries ``Bearer <token>`` (compared in constant time)."""
+    scheme, _, value = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        value.strip().encode(), token.encode()
+    )
