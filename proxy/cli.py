@@ -14,8 +14,8 @@ from hangup_contract.runtime import logs
 from hangup_contract.runtime.options import ConfigError
 from hangup_contract.runtime.supervision import supervised_signals, watch_supervisor
 from proxy.config import build_config
-from proxy.server import Server
-from proxy.workers import Supervisor, supervisor_pid, worker_slot
+from proxy.server import Server, WorkerOf
+from proxy.workers import Supervisor, supervisor_pid, worker_of, worker_slot
 
 
 async def _run(server: Server) -> None:
@@ -55,8 +55,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         # Relays nothing itself: no gc.freeze, and its event loop is idle.
         asyncio.run(_supervise(Supervisor(config, args)))
         return
+    worker = None
     if supervisor_pid() is not None:
         config = dataclasses.replace(config, reuse_port=True)
+        found = worker_of()
+        worker = WorkerOf(*found) if found is not None else None
     # What is loaded by now lives as long as the process (~44k objects, nearly all modules): out
     # of the collector's sight, a full collection no longer stops every relayed stream to walk
     # it (10-20 ms on two cores).
@@ -65,6 +68,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency where it builds
-        asyncio.run(_run(Server(config)))
+        asyncio.run(_run(Server(config, worker_of=worker)))
     else:
-        uvloop.run(_run(Server(config)))
+        uvloop.run(_run(Server(config, worker_of=worker)))

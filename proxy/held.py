@@ -8,11 +8,14 @@ refused as cancelled before it arrived (the gateway's contract: a cancel that be
 wins). Both memories are bounded (``limit`` ids each, the oldest forgotten first), so a client
 cannot grow them without end.
 
-No I/O here: ``proxy.http.relay`` answers the cancel API with what :meth:`HeldCalls.find` says.
+:meth:`HeldCalls.cancel` ends what is held under an id and says how it went; the cancel API
+(``proxy.http.cancel_api``) and, with ``--workers``, the other workers (``proxy.siblings``) ask
+it. No I/O here: a held call's ender (its listener's) makes the cancel call, if any.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from collections import OrderedDict
@@ -22,6 +25,7 @@ from urllib.parse import unquote
 
 from hangup_contract.vocabulary import Reason
 from proxy.cancel.seams import CancelTask
+from proxy.vocabulary import CancelResult
 
 
 class Call(Protocol):
@@ -76,6 +80,8 @@ class HeldCalls:
         self._live: dict[str, dict[Call, Ender]] = {}
         self._finished = _Expiring(ttl, limit)
         self._tombstones = _Expiring(ttl, limit)
+        self.on_spent: Callable[[str], None] = lambda request_id: None
+        """Told the id of a tombstone a call spent (the other workers drop theirs)."""
 
     @staticmethod
     def _ids(call: Call) -> set[str]:
@@ -87,6 +93,7 @@ class HeldCalls:
         now = time.monotonic()
         for key in self._ids(call):
             if self._tombstones.take(key, now):
+                self.on_spent(key)
                 return Reason.EXPLICIT
         for key in self._ids(call):
             self._live.setdefault(key, {})[call] = ender
@@ -106,8 +113,22 @@ class HeldCalls:
         """The calls held under ``request_id`` (usually one), each with its ender."""
         return list(self._live.get(request_id, {}).items())
 
-    def finished(self, request_id: str) -> bool:
-        return request_id in self._finished
+    async def cancel(self, request_id: str) -> str | None:
+        """End every call held under ``request_id`` (reason ``explicit``) and say how it went:
+        ``cancelled``, or ``finished`` when the upstream says each had already ended, or when
+        the id's call ended within the ttl; None when nothing is known of it here. Returns once
+        each call's cancel call, if one was made, has its answer."""
+        held = self.find(request_id)
+        if held:
+            cancels = [c for c in (end(Reason.EXPLICIT) for _, end in held) if c is not None]
+            results = await asyncio.gather(*cancels) if cancels else []
+            finished = bool(results) and all(r is CancelResult.FINISHED for r in results)
+            return "finished" if finished else "cancelled"
+        return "finished" if request_id in self._finished else None
+
+    def unbury(self, request_id: str) -> None:
+        """A call spent the id's tombstone elsewhere (another worker)."""
+        self._tombstones.take(request_id, time.monotonic())
 
     def bury(self, request_id: str) -> None:
         """A cancel for an id not held: refuse a call that arrives under it within the ttl."""

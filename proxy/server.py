@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry
@@ -33,6 +35,7 @@ from proxy.config import Config
 from proxy.grpc.relay import GrpcRelay
 from proxy.http.listener import HttpListener
 from proxy.metrics import FLUSH_EVERY_S, ProxyMetrics
+from proxy.siblings import Siblings, answerer
 from proxy.state import ServerState
 from proxy.vocabulary import CallProtocol
 
@@ -70,9 +73,25 @@ def listener_factories(config: Config) -> tuple[ListenerFactory, ...]:
     return WORKER_LISTENERS if config.reuse_port else DEFAULT_LISTENERS
 
 
+@dataclass(frozen=True)
+class WorkerOf:
+    """This process is worker ``slot`` of ``count`` (``proxy.workers``), its supervisor's
+    private directory ``directory``: where the workers find one another (``proxy.siblings``)."""
+
+    directory: Path
+    slot: int
+    count: int
+
+
 class Server:
-    def __init__(self, config: Config, listeners: Sequence[ListenerFactory] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        listeners: Sequence[ListenerFactory] | None = None,
+        worker_of: WorkerOf | None = None,
+    ) -> None:
         self.config = config
+        self._worker_of = worker_of
         self._factories = listener_factories(config) if listeners is None else listeners
         self.registry = CollectorRegistry()
         self.metrics = ProxyMetrics(self.registry)
@@ -105,6 +124,15 @@ class Server:
             concurrency=config.cancel_concurrency,
         )
         self.state = ServerState(config, self.metrics, canceller)
+        held, worker = self.state.held, self._worker_of
+        if held is not None and worker is not None and worker.count > 1:
+            siblings = Siblings(
+                worker.directory, worker.slot, worker.count, answerer(held),
+                wait=config.cancel_attempt_timeout,
+            )  # fmt: skip
+            await siblings.start()
+            held.on_spent = lambda request_id: siblings.tell("unbury", request_id)
+            self.state.siblings = siblings
         self._watchdog.start()
         self._flushing = asyncio.get_running_loop().create_task(self._flush_metrics())
         self.addresses = dict.fromkeys(READY_KEYS)
@@ -139,6 +167,8 @@ class Server:
         for listener in self._listeners:
             await listener.close()
         await state.canceller.close()
+        if state.siblings is not None:
+            await state.siblings.close()
         await self._watchdog.stop()
         if self._flushing is not None:
             self._flushing.cancel()

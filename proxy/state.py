@@ -19,6 +19,7 @@ from proxy.config import Config
 from proxy.errors import Overloaded
 from proxy.held import HeldCalls
 from proxy.metrics import ProxyMetrics
+from proxy.siblings import Siblings
 from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
 
 
@@ -95,6 +96,7 @@ class ServerState:
         self.canceller = canceller
         # The calls by id, for the proxy's own cancel by id: kept only when it is on (a token).
         self.held = HeldCalls(config.tombstone_ttl) if config.cancel_token is not None else None
+        self.siblings: Siblings | None = None  # with --workers: the other workers (Server sets)
         self.draining = False
         self._calls: set[Call] = set()
         self._idle = asyncio.Event()

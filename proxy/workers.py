@@ -6,9 +6,11 @@ connection while it holds no more than the least loaded of the others
 (:mod:`hangup_contract.runtime.shared_listener`: connections follow load, and a worker that
 stalls or dies holds or resets none that it had not taken); its gRPC listener binds the port its
 siblings bind (``SO_REUSEPORT``: the kernel spreads new connections). A call, its hang-up and
-its explicit cancel all live in the worker that accepted its connection: nothing about a call
-crosses processes, and limits (``--max-concurrent-streams``, ``--max-connections``,
-``--cancel-concurrency``) apply per worker.
+its explicit cancel all live in the worker that accepted its connection, and limits
+(``--max-concurrent-streams``, ``--max-connections``, ``--cancel-concurrency``) apply per
+worker. Only the proxy's own cancel by id crosses: the worker it lands on asks the others over
+Unix sockets in the supervisor's private directory (``proxy.siblings``; ``HANGUP_PROXY_WORKERS``
+in each worker's environment says how many there are).
 
 The supervisor relays nothing. It
 
@@ -58,6 +60,7 @@ from hangup_contract.runtime.supervision import Children, listening
 from proxy.admin import AdminSite
 from proxy.config import Config
 from proxy.metrics import SupervisorMetrics
+from proxy.siblings import COUNT_ENV
 
 log = logging.getLogger("hangup.proxy.workers")
 
@@ -81,6 +84,16 @@ def worker_slot() -> int | None:
     """Which worker this process is (0..N-1), when it is one."""
     value = os.environ.get(SLOT_ENV)
     return int(value) if value and supervisor_pid() is not None else None
+
+
+def worker_of() -> tuple[Path, int, int] | None:
+    """When this process is a worker: its supervisor's private directory, its slot and how
+    many workers there are (what ``proxy.server.WorkerOf`` holds)."""
+    slot = worker_slot()
+    directory, count = os.environ.get(METRICS_ENV), os.environ.get(COUNT_ENV)
+    if slot is None or not directory or not count:
+        return None
+    return Path(directory), slot, int(count)
 
 
 class _Summed(Collector):
@@ -153,6 +166,7 @@ class Supervisor:
             **os.environ,
             WORKER_ENV: str(os.getpid()),
             SLOT_ENV: str(slot),
+            COUNT_ENV: str(self.config.workers),
             METRICS_ENV: str(self._dir),
             **(self._http.child_env(slot) if self._http is not None else {}),
         }

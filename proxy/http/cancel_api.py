@@ -13,19 +13,19 @@ and no ``generated_tokens``: the proxy does not see the engine (the gateway's me
 do).
 
 The answer waits for the upstream cancel the adapter makes, if any (at most
-``--cancel-deadline``); ``finished`` when the upstream says every call had already ended.
+``--cancel-deadline``); ``finished`` when the upstream says every call had already ended. With
+``--workers``, an id this worker does not hold is asked of the others (``proxy.siblings``), and a
+tombstone is left in every worker.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 from hangup_contract.cancel import parse_request
-from hangup_contract.vocabulary import Reason
 from proxy.held import HeldCalls, authorized
 from proxy.messages import Answer, Request, error_answer
-from proxy.vocabulary import CancelResult
+from proxy.siblings import Siblings
 
 _BODY_LIMIT = 64 * 1024
 
@@ -39,9 +39,11 @@ class CancelById:
     """Answers the cancel API for ``held`` (the module docstring)."""
 
     def __init__(
-        self, held: HeldCalls, token: str, *, relay_unknown: bool, body_timeout: float
-    ) -> None:
+        self, held: HeldCalls, token: str, *, relay_unknown: bool, body_timeout: float,
+        siblings: Siblings | None = None,
+    ) -> None:  # fmt: skip
         self._held = held
+        self._siblings = siblings
         self._token = token
         self._relay_unknown = relay_unknown
         self._body_timeout = body_timeout
@@ -60,17 +62,18 @@ class CancelById:
             parse_request(body)  # checked as the gateway checks it; the proxy's reason is its own
         except ValueError as exc:
             return error_answer(400, str(exc))
-        held = self._held.find(request_id)
-        if held:
-            cancels = [c for c in (end(Reason.EXPLICIT) for _, end in held) if c is not None]
-            results = await asyncio.gather(*cancels) if cancels else []
-            finished = bool(results) and all(r is CancelResult.FINISHED for r in results)
-            return _state(request_id, "finished" if finished else "cancelled")
-        if self._held.finished(request_id):
-            return _state(request_id, "finished")
+        state = await self._held.cancel(request_id)
+        siblings = self._siblings
+        if state is None and siblings is not None:  # --workers: held by another?
+            answers = await siblings.ask("cancel", request_id)
+            state = next((s for s in ("cancelled", "finished") if s in answers), None)
+        if state is not None:
+            return _state(request_id, state)
         if self._relay_unknown:
             return None
         self._held.bury(request_id)
+        if siblings is not None:
+            siblings.tell("bury", request_id)
         return error_answer(404, f"no call {request_id!r} is held here")
 
     @staticmethod

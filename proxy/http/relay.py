@@ -166,7 +166,7 @@ class HttpRelay:
             hangup = config.cancel_adapter is AdapterName.HANGUP and not config.cancel_pool
             self._cancels = CancelById(
                 state.held, config.cancel_token, relay_unknown=hangup,
-                body_timeout=config.body_timeout,
+                body_timeout=config.body_timeout, siblings=state.siblings,
             )  # fmt: skip
 
     async def close(self) -> None:

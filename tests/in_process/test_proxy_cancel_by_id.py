@@ -10,13 +10,14 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from gateway_server.engine.sim.config import SimConfig
 from proxy.config import AdapterName
-from proxy.server import Server
+from proxy.server import Server, WorkerOf
 from tests.support.gateway import LONG, MODEL, running_gateway
 from tests.support.proxy_harness import http_url, metric, raw_request, running_proxy
 from tests.support.scripted_upstream import ScriptedUpstream
@@ -157,3 +158,49 @@ async def test_a_cancel_body_that_is_not_the_contracts_is_refused(
         url = f"{http_url(proxy)}/v2/requests/x/cancel"
         async with session.post(url, data=body, headers=AUTH) as resp:
             assert resp.status == 400
+
+
+@contextlib.asynccontextmanager
+async def two_workers(upstream: ScriptedUpstream, run_dir: Path) -> AsyncIterator[list[Server]]:
+    """Two workers of one proxy, as ``--workers 2`` runs them (here each on a port of its own,
+    so a test picks which one a call or a cancel lands on)."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(running_proxy(
+                upstream.url, WorkerOf(run_dir, slot, 2), cancel_adapter=NONE,
+                cancel_token=TOKEN,
+            ))
+            for slot in range(2)
+        ]  # fmt: skip
+
+
+async def test_with_workers_a_cancel_reaches_the_worker_that_holds_the_call(
+    upstream: ScriptedUpstream, session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    async with two_workers(upstream, tmp_path) as (holder, asked), held_stream(holder, "w-1"):
+        await upstream.held.wait()
+        assert await cancel(session, asked, "w-1") == (
+            200, {"request_id": "w-1", "state": "cancelled"}
+        )  # fmt: skip
+        await asyncio.wait_for(upstream.closed.wait(), 5)
+        assert await cancel(session, asked, "w-1") == (
+            200, {"request_id": "w-1", "state": "finished"}
+        )  # fmt: skip
+    assert metric(holder, "hangup_proxy_cancels_total", protocol="http", reason="explicit") == 1
+
+
+async def test_with_workers_a_cancel_that_beats_its_call_is_honoured_wherever_it_arrives(
+    upstream: ScriptedUpstream, session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    """The tombstone is left in every worker; the call spends it in the one it lands on, and
+    the others forget theirs (a later call under the id is served)."""
+    async with two_workers(upstream, tmp_path) as (one, other):
+        assert (await cancel(session, one, "early-2"))[0] == 404
+        headers = {"X-Request-Id": "early-2"}
+        async with session.post(http_url(other) + "/echo", json={}, headers=headers) as resp:
+            assert resp.status == 499
+        await wait_until(
+            lambda: "early-2" not in one.state.held._tombstones, 5, "the tombstone spent"
+        )  # fmt: skip
+        async with session.post(http_url(one) + "/echo", json={}, headers=headers) as resp:
+            assert resp.status == 200

@@ -25,6 +25,7 @@ from tests.support.scrape import scrape_async, scraping, total
 from tests.support.spread import answered_one_by_one, refused
 from tests.support.stack import (
     MODEL,
+    TOKEN,
     RawClients,
     Stack,
     completion_request,
@@ -85,6 +86,40 @@ async def test_two_workers_serve_as_one_proxy_and_cancel_every_hang_up(
     assert total(proxy, "hangup_proxy_inflight_requests") == 0
     assert total(proxy, "hangup_proxy_workers") == 2
     assert {line["worker"] for line in _call_lines(stack)} == {0, 1}  # the kernel used both
+
+
+async def test_a_cancel_by_id_on_the_shared_port_ends_the_call_whichever_worker_holds_it(
+    stack: Stack, raw: RawClients
+) -> None:
+    """Twelve streams spread over both workers, each named by the client's ``X-Request-Id``
+    (the proxy sends its own id upstream); each cancelled by that id on the shared port, which
+    lands on either worker: the holder's cancel call reaches the gateway every time (without
+    the workers asking one another, the other worker relayed the client's id to the gateway,
+    which never saw it: 404)."""
+    streams = []
+    for n in range(12):
+        request = completion_request("/v1/completions", LONG, request_id=f"job-{n}")
+        reader, _ = await raw.open(stack.proxy_url, request)
+        async with asyncio.timeout(10):
+            while not (await reader.readline()).startswith(b"data: {"):
+                pass
+        streams.append(reader)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as session:
+        for n in range(12):
+            url = f"{stack.proxy_url}/v2/requests/job-{n}/cancel"
+            async with session.post(url, headers=headers) as resp:
+                assert (resp.status, await resp.json()) == (
+                    200, {"request_id": f"job-{n}", "state": "cancelled"}
+                )  # fmt: skip
+        for reader in streams:
+            async with asyncio.timeout(10):
+                rest = await reader.readuntil(b"\r\n0\r\n\r\n")  # the stream's last chunk
+            assert b"request cancelled (explicit)" in rest and b"[DONE]" not in rest
+        await wait_until(lambda: _idle(session, stack), what="nothing in flight on the gateway")
+        gateway = await scrape_async(session, stack.gateway_url)
+    assert total(gateway, "hangup_gateway_cancellations_total", reason="explicit") == 12
+    assert {line["worker"] for line in _call_lines(stack)} == {0, 1}
 
 
 async def _idle(session: aiohttp.ClientSession, stack: Stack) -> bool:

@@ -1,8 +1,8 @@
 """Running the proxy in-process for adapter-level tests, on 127.0.0.1:0 in the test's event loop.
 
 ``running_proxy(upstream_url, **overrides)`` starts a real ``proxy.server.Server`` (HTTP and
-admin listeners) and yields it with its addresses; leaving the block drains and stops it.
-Metrics are read back from its own registry.
+admin listeners; with ``worker_of``, as one worker of several) and yields it with its addresses;
+leaving the block drains and stops it. Metrics are read back from its own registry.
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from proxy.config import Config
-from proxy.server import Server
+from proxy.server import Server, WorkerOf
 from tests.support.waiting import wait_until
 
 
 @contextlib.asynccontextmanager
-async def running_proxy(upstream_url: str, **overrides: Any) -> AsyncIterator[Server]:
+async def running_proxy(
+    upstream_url: str, worker_of: WorkerOf | None = None, **overrides: Any
+) -> AsyncIterator[Server]:
     settings: dict[str, Any] = {
         "http_port": 0,
         "grpc_port": 0,
@@ -28,7 +30,7 @@ async def running_proxy(upstream_url: str, **overrides: Any) -> AsyncIterator[Se
         "cancel_deadline": 5.0,
     }
     settings.update(overrides)
-    server = Server(Config(**settings))
+    server = Server(Config(**settings), worker_of=worker_of)
     await server.start()
     try:
         yield server
