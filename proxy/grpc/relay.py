@@ -43,7 +43,7 @@ import grpc
 
 from hangup_contract.runtime.connections import grpc_server_options
 from hangup_contract.vocabulary import Reason
-from proxy.errors import BadRequestId, ClientGone, Overloaded
+from proxy.errors import BadRequestId, CancelledById, ClientGone, Overloaded
 from proxy.grpc.metadata import Metadata, client_metadata, relayable, upstream_metadata
 from proxy.grpc.peer import Liveness, PeerWatch, can_tell_disconnects
 from proxy.grpc.status import StatusWatch
@@ -66,6 +66,8 @@ _LOCAL_ENDINGS = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.C
 _PROXY_STOPPED = {
     Reason.SHUTDOWN: (grpc.StatusCode.UNAVAILABLE, "the proxy is shutting down"),
     Reason.PROXY_TIMEOUT: (grpc.StatusCode.DEADLINE_EXCEEDED, "proxy timeout"),
+    # A cancel by id on the proxy's own API (proxy.http.cancel_api): as the gateway ends one.
+    Reason.EXPLICIT: (grpc.StatusCode.CANCELLED, "request cancelled (explicit)"),
 }
 
 
@@ -238,20 +240,30 @@ class GrpcRelay:
             return
         call.request_id, call.client_request_id = ids.upstream, ids.client
         call.task = asyncio.current_task()
+        held = self._state.held
         try:
+            # Held for the proxy's own cancel by id, which ends it as the proxy's own stops do
+            # (shutdown, --max-request-duration): the lifecycle's cancel, then CANCELLED.
+            if held is not None and held.hold(call, lambda reason: call.stop(reason)):
+                self._refuse(call, context, CancelledById("request cancelled before it arrived"))
+                return
             await self._relay(ending, method, metadata, ids, requests, context)
         finally:
             ending.finish()  # counted before released: a flush when idle has it (proxy.metrics)
             self._state.release(call)
 
-    def _refuse(self, call: Call, context: Any, exc: BadRequestId | Overloaded) -> None:
+    def _refuse(
+        self, call: Call, context: Any, exc: BadRequestId | Overloaded | CancelledById
+    ) -> None:
         if isinstance(exc, BadRequestId):
             code = grpc.StatusCode.INVALID_ARGUMENT
+        elif isinstance(exc, CancelledById):
+            code = grpc.StatusCode.CANCELLED
         elif self._state.draining:
             code = grpc.StatusCode.UNAVAILABLE
         else:
             code = grpc.StatusCode.RESOURCE_EXHAUSTED
-        call.outcome, call.error, call.status = Outcome.REJECTED, exc.message, code.value[0]
+        call.outcome, call.error, call.status = exc.outcome, exc.message, code.value[0]
         context.set_code(code)
         context.set_details(exc.message)
 

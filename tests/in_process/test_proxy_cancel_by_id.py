@@ -13,12 +13,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import grpc
 import pytest
 
 from gateway_server.engine.sim.config import SimConfig
 from proxy.config import AdapterName
 from proxy.server import Server, WorkerOf
 from tests.support.gateway import LONG, MODEL, running_gateway
+from tests.support.grpc_fuzz import INFERENCE, infer_request
 from tests.support.proxy_harness import http_url, metric, raw_request, running_proxy
 from tests.support.scripted_upstream import ScriptedUpstream
 from tests.support.waiting import wait_until
@@ -204,3 +206,32 @@ async def test_with_workers_a_cancel_that_beats_its_call_is_honoured_wherever_it
         )  # fmt: skip
         async with session.post(http_url(one) + "/echo", json={}, headers=headers) as resp:
             assert resp.status == 200
+
+
+async def test_a_grpc_stream_is_held_and_ended_by_a_cancel_by_id_too(
+    session: aiohttp.ClientSession,
+) -> None:
+    """A Triton client's ``ModelStreamInfer`` through the proxy's gRPC port, named by its
+    ``x-request-id``: the cancel by id on the HTTP port ends it as the proxy's own stops do
+    (the gateway's gRPC cancel for the id it went up with, then ``CANCELLED`` to the client)."""
+    async with (
+        running_gateway(sim=SimConfig(step_base_s=0.005), token=TOKEN) as gateway,
+        running_proxy(gateway.url, cancel_token=TOKEN,
+                      upstream_grpc=gateway.server.listeners["grpc"]) as proxy,
+        grpc.aio.insecure_channel(proxy.addresses["grpc"]) as channel,
+    ):  # fmt: skip
+        stream = channel.stream_stream(INFERENCE + "ModelStreamInfer")(
+            iter([infer_request("hi", max_tokens=LONG).SerializeToString()]),
+            metadata=(("x-request-id", "g-1"),),
+        )
+        await stream.read()  # the first response: generating
+        assert await cancel(session, proxy, "g-1") == (
+            200, {"request_id": "g-1", "state": "cancelled"}
+        )  # fmt: skip
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            while await stream.read() is not grpc.aio.EOF:
+                pass
+        assert ended.value.code() is grpc.StatusCode.CANCELLED
+        await wait_until(lambda: gateway.cancellations("explicit", "decode") == 1, 5, "cancel")
+        assert not await gateway.in_flight()
+        assert metric(proxy, "hangup_proxy_cancels_total", protocol="grpc", reason="explicit") == 1
