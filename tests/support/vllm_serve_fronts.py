@@ -17,6 +17,7 @@ from tests.support.scrape import Samples, scrape, total
 from tests.support.vllm_stack import ENGINE_ARGS, vllm_serve
 
 MODES = ("close", "abort")
+TOKEN = "sidecar-token"  # the proxies' own cancel by id is on, behind it
 
 
 @dataclass
@@ -49,10 +50,12 @@ def served_with_fronts(
 ) -> Iterator[S]:
     """``vllm serve`` on ``model`` (``env`` added to its environment) and a proxy per mode."""
     args = [*ENGINE_ARGS, "--enable-log-requests"]
+    token = tmp / "cancel-token"
+    token.write_text(TOKEN)
     with vllm_serve(model, tmp, args, dev_mode=True, env=env) as url:
         common = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
                   "--upstream-http", url, "--cancel-adapter", "vllm",
-                  "--trust-client-request-id"]  # fmt: skip
+                  "--trust-client-request-id", "--cancel-token-file", str(token)]  # fmt: skip
         with (
             spawn("proxy", common, tmp / "close") as close,
             spawn("proxy", [*common, "--vllm-abort-endpoint", "true"], tmp / "abort") as abort,

@@ -35,6 +35,9 @@ def triton_proxy(
         proc.terminate()
 
 
+BRIDGE_TOKEN = "bridge-token"
+
+
 def bridge_args(server: TritonServer) -> list[str]:
     """``hangup-proxy --cancel-adapter triton`` in front of ``server``, on ephemeral ports."""
     return ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
@@ -48,7 +51,11 @@ def triton_bridge(
 ) -> Iterator[Process]:
     """``hangup-proxy --cancel-adapter triton`` in front of Triton: HTTP generate and
     generate_stream carried over gRPC, so that a hang-up cancels the call."""
-    with spawn("proxy", bridge_args(triton), tmp_path_factory.mktemp("triton-bridge")) as proc:
+    tmp = tmp_path_factory.mktemp("triton-bridge")
+    token = tmp / "cancel-token"
+    token.write_text(BRIDGE_TOKEN)
+    args = [*bridge_args(triton), "--cancel-token-file", str(token)]  # its cancel by id on
+    with spawn("proxy", args, tmp) as proc:
         yield proc
         proc.terminate()
 

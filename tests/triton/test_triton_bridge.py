@@ -23,6 +23,7 @@ from tests.support.processes import Process
 from tests.support.scrape import metric_sum
 from tests.support.triton_io import hang_up_http
 from tests.support.triton_server import TritonServer
+from tests.triton.conftest import BRIDGE_TOKEN
 from tests.triton.test_triton_cancel import LONG, SEEN_WITHIN_S, ended, request_id
 
 pytestmark = pytest.mark.slow
@@ -227,6 +228,61 @@ async def test_an_http_hang_up_through_the_bridge_stops_the_model(
     assert end["at"] - gone < SEEN_WITHIN_S, end  # not after the silent phase, not never
     after = metric_sum(triton_bridge.url("admin"), "hangup_proxy_client_disconnects_total")
     assert after == before + 1
+
+
+async def _cancel_on_the_bridge(bridge: Process, request_id: str) -> float:
+    """The bridge's own cancel by id (its token); when it was answered."""
+    url = f"{bridge.url()}/v2/requests/{request_id}/cancel"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, headers={"Authorization": f"Bearer {BRIDGE_TOKEN}"}) as answer,
+    ):
+        assert (answer.status, await answer.json()) == (
+            200, {"request_id": request_id, "state": "cancelled"}
+        )  # fmt: skip
+    return time.time()
+
+
+async def test_a_cancel_by_id_on_the_bridge_stops_the_model_before_its_answer(
+    triton: TritonServer, triton_bridge: Process
+) -> None:
+    """Triton's HTTP frontend has no cancel by id (nor its gRPC one for a call it did not
+    start): the bridge's own (``/v2/requests/{id}/cancel``) cancels the gRPC call it holds under
+    the client's ``X-Request-Id``; the model stops as on a hang-up, the client gets 499."""
+    rid = request_id("by-id-infer")
+    body = {"id": rid, "inputs": [FP32], "parameters": {"steps": LONG}}
+    url = f"{triton_bridge.url()}/v2/models/slow/infer"
+    async with aiohttp.ClientSession() as session:
+        post = asyncio.ensure_future(session.post(url, json=body, headers={"X-Request-Id": rid}))
+        await ended(triton, "slow", rid, how="started")
+        cancelled_at = await _cancel_on_the_bridge(triton_bridge, rid)
+        async with await post as response:
+            assert response.status == 499
+            assert (await response.json())["error"]["type"] == "cancelled"
+    end = await ended(triton, "slow", rid)
+    assert end["how"] == "cancelled" and end["at"] - cancelled_at < SEEN_WITHIN_S, end
+
+
+async def test_a_cancel_by_id_on_the_bridge_stops_the_model_mid_stream(
+    triton: TritonServer, triton_bridge: Process
+) -> None:
+    prompt = request_id("by-id-stream")
+    body = {"text_input": prompt, "stream": True,
+            "sampling_parameters": json.dumps({"max_tokens": LONG})}  # fmt: skip
+    url = f"{triton_bridge.url()}/v2/models/streamer/generate_stream"
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(url, json=body, headers={"X-Request-Id": prompt}) as response,
+    ):
+        assert response.status == 200
+        await response.content.readline()  # an event came: the answer has begun
+        cancelled_at = await _cancel_on_the_bridge(triton_bridge, prompt)
+        # Cut: the connection closes without the last chunk (aiohttp says so either way).
+        with pytest.raises((aiohttp.ClientPayloadError, RuntimeError)):
+            async for _ in response.content.iter_any():
+                pass
+    end = await ended(triton, "streamer", prompt, by="prompt")
+    assert end["how"] == "cancelled" and end["at"] - cancelled_at < SEEN_WITHIN_S, end
 
 
 async def test_sixteen_http_streams_hung_up_at_once_each_stop_the_model(

@@ -13,6 +13,7 @@ disconnect), and the proxy's metrics. Responses calls: ``tests/vllm/test_vllm_se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import uuid
 from collections.abc import Iterator
@@ -137,6 +138,46 @@ async def test_every_hang_up_in_prefill_and_decode_is_aborted_in_vllm(
     assert cancelled - cancelled_before == len(after)
     calls = proxy_count(front, "hangup_proxy_cancel_calls_total", result="ok") - ok_before
     assert calls == (len(after) if mode == "abort" else 0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_cancel_by_id_on_the_sidecar_ends_the_call_in_vllm(
+    served: Served, mode: str, stream: bool
+) -> None:
+    """``vllm serve`` has no cancel by id on its public surface (its abort endpoint is a dev
+    mode's): the sidecar's own (``/v2/requests/{id}/cancel``, its token) ends a call it holds
+    the way the adapter ends a hang-up, and vLLM aborts it by that adapter's path; the client
+    gets 499, or its stream ends."""
+    await asyncio.to_thread(poll_until, served.idle, WAIT_S, "vLLM idle")
+    call_id = uuid.uuid4().hex
+    front = served.fronts[mode]
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2000, "stream": stream,
+            **IGNORE_EOS}  # fmt: skip
+    auth = {"Authorization": f"Bearer {serve_fronts.TOKEN}"}
+    async with aiohttp.ClientSession() as session:
+        post = asyncio.ensure_future(
+            session.post(front.url() + "/v1/completions", json=body,
+                         headers={"X-Request-Id": call_id})
+        )  # fmt: skip
+
+        def decoding() -> bool:
+            return total(served.samples(), "vllm:num_requests_running") > 0
+
+        await asyncio.to_thread(poll_until, decoding, WAIT_S, "the call running in vLLM")
+        url = f"{front.url()}/v2/requests/{call_id}/cancel"
+        async with session.post(url, headers=auth) as answer:
+            assert (answer.status, await answer.json()) == (
+                200, {"request_id": call_id, "state": "cancelled"}
+            )  # fmt: skip
+        async with await post as response:
+            if mode == "close" and not stream:
+                assert response.status == 499  # the sidecar's: nothing had been sent
+            with contextlib.suppress(aiohttp.ClientPayloadError):
+                await response.read()  # ended by vLLM (abort), or cut (close)
+    await asyncio.to_thread(poll_until, served.idle, WAIT_S, "vLLM idle again")
+    await asyncio.to_thread(poll_until, lambda: served.aborted(call_id), 10, "vLLM's abort log")
+    assert served.aborted_by_endpoint(call_id) is (mode == "abort"), call_id
 
 
 @pytest.mark.parametrize("mode", MODES)
