@@ -12,8 +12,8 @@ import socket
 
 from hangup_contract.runtime.connections import counted_in
 from hangup_contract.runtime.shared_listener import BalancedAcceptor
-from proxy.http.protocol import HttpServer
 from proxy.http.relay import HttpRelay
+from proxy.http.server import HttpServer
 from proxy.messages import error_answer
 from proxy.state import ServerState
 

@@ -1,5 +1,6 @@
-"""The proxy's HTTP/1.1 server: an asyncio protocol per client connection, parsed by httptools
-(llhttp, in C), and the server that holds every connection to the configured limits.
+"""The proxy's HTTP/1.1 server, one client connection: an asyncio protocol parsed by httptools
+(llhttp, in C). The server that holds every connection to the configured limits is
+``proxy.http.server`` (what a connection uses of it: :class:`ConnectionOwner`).
 
 Why not aiohttp's server (the proxy used it until issue 37): it builds a request object, a
 response object, a header multidict and a writer per call, and writes a response's head on its
@@ -21,31 +22,21 @@ fragment, ``Host`` missing or repeated, other versions and transfer codings). Tr
 (after a chunked body's last chunk) are counted against the limits and dropped: llhttp calls
 back for them as for header fields, and they must never join the request's fields.
 
-The limits (``hangup_contract.runtime.connections``, the same as every listener's): a request
-line longer than ``max_header_size`` is answered 414, a header field longer or more than
-``max_headers`` of them 431, anything llhttp cannot parse 400, each with a one-line warning;
-the header and idle clocks run while no request is handled, enforced by a sweep; connections past
-``max_connections`` are closed as they open. Every close for a limit is counted by reason.
+A request line longer than ``max_header_size`` is answered 414, a header field longer or more
+than ``max_headers`` of them 431, anything llhttp cannot parse 400, each with a one-line warning.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import Protocol, cast
 
 import httptools
 
-from hangup_contract.runtime.connections import (
-    SWEEP_S,
-    CloseReason,
-    ClosesNoted,
-    ConnectionLimits,
-    OnClose,
-)
+from hangup_contract.runtime.connections import CloseReason
 from proxy.errors import BadBody
 from proxy.http.head_rules import refusal
 from proxy.messages import Answer, Request, Stream
@@ -68,10 +59,29 @@ class _Refused(Exception):
         self.message = message
 
 
+class ConnectionOwner(Protocol):
+    """What a connection uses of the server holding it (``proxy.http.server.HttpServer``)."""
+
+    loop: asyncio.AbstractEventLoop
+    handler: Handler
+    on_lost: Callable[[HttpConnection], None]  # a connection with a request under way is lost
+    error: Callable[[int, str], Answer]  # the answer to a request refused for its message
+    max_header_size: int
+    max_headers: int
+    closing: bool
+
+    def opened(self, connection: HttpConnection) -> None: ...
+
+    def lost(self, connection: HttpConnection) -> None: ...
+
+    def note(self, reason: CloseReason) -> None:
+        """Count a close for ``reason``."""
+
+
 class HttpConnection(asyncio.Protocol):
     """One client connection: parses its requests and runs the handler for each in turn."""
 
-    def __init__(self, server: HttpServer) -> None:
+    def __init__(self, server: ConnectionOwner) -> None:
         self._server = server
         self._loop = server.loop
         self._parser = httptools.HttpRequestParser(self)
@@ -359,101 +369,3 @@ class HttpConnection(asyncio.Protocol):
         answer.force_close()
         self.write(answer.encode("GET", (1, 1), False)[0])
         self._linger()  # the rest of an oversized head may still be arriving
-
-
-class HttpServer:
-    """Every client connection of one listener, held to ``limits`` (the module docstring);
-    called, it makes the protocol for a new connection."""
-
-    def __init__(
-        self,
-        handler: Handler,
-        *,
-        on_lost: Callable[[HttpConnection], None],
-        error: Callable[[int, str], Answer],
-        limits: ConnectionLimits,
-        on_close: OnClose,
-        listener: str,
-        max_header_size: int,
-        max_headers: int,
-    ) -> None:
-        self.handler = handler
-        self.on_lost = on_lost  # a connection with a request under way is lost
-        self.error = error  # the answer to a request refused for ``message``
-        self.limits = limits
-        self.max_header_size = max_header_size
-        self.max_headers = max_headers
-        self.loop = asyncio.get_running_loop()
-        self.connections: set[HttpConnection] = set()
-        self.closing = False
-        self.open = 0
-        self.on_open_changed: Callable[[], None] = lambda: None  # a shared listener's board
-        self.note = ClosesNoted(on_close, listener)  # count a close, log the first of a reason
-        shortest = min(t for t in (limits.header_timeout, limits.idle_timeout, SWEEP_S * 4) if t)
-        self._sweep_every = shortest / 4
-        self._sweeping: asyncio.TimerHandle | None = None
-        self._settled: asyncio.Event | None = None
-
-    def __call__(self) -> HttpConnection:
-        if self._sweeping is None and not self.closing:
-            self._sweeping = self.loop.call_later(self._sweep_every, self._sweep)
-        return HttpConnection(self)
-
-    def opened(self, connection: HttpConnection) -> None:
-        self.connections.add(connection)
-        self.open += 1
-        self.on_open_changed()
-        cap = self.limits.max_connections
-        if self.closing:
-            connection.close()
-        elif cap and len(self.connections) > cap:
-            self._close(connection, CloseReason.TOO_MANY_CONNECTIONS)
-
-    def lost(self, connection: HttpConnection) -> None:
-        self.connections.discard(connection)
-        self.open -= 1
-        self.on_open_changed()
-        self._settle()
-
-    def _settle(self) -> None:
-        """While shutting down: wake the shutdown once no connection has a request under way
-        (each closes once its request is answered)."""
-        if self._settled is not None and not any(c.busy() for c in self.connections):
-            self._settled.set()
-
-    async def shutdown(self, grace: float) -> None:
-        """Close idle connections now, the rest once their request is answered, at most
-        ``grace`` seconds from now (then their handlers are cancelled)."""
-        self.closing = True
-        if self._sweeping is not None:
-            self._sweeping.cancel()
-        for connection in list(self.connections):
-            if not connection.busy():
-                connection.close()
-        self._settled = asyncio.Event()
-        self._settle()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace):
-                await self._settled.wait()
-        for connection in list(self.connections):
-            connection.close()
-        await asyncio.sleep(0)  # the connections' losses are handled
-
-    def _sweep(self) -> None:
-        now = self.loop.time()
-        limits = self.limits
-        for connection in list(self.connections):
-            if connection.lingering:
-                continue  # its own timer closes it
-            if connection.busy():
-                connection.quiet_since, connection.partial = now, False
-            elif connection.partial:
-                if limits.header_timeout and now - connection.head_started > limits.header_timeout:
-                    self._close(connection, CloseReason.HEADER_TIMEOUT)
-            elif limits.idle_timeout and now - connection.quiet_since > limits.idle_timeout:
-                self._close(connection, CloseReason.IDLE_TIMEOUT)
-        self._sweeping = self.loop.call_later(self._sweep_every, self._sweep)
-
-    def _close(self, connection: HttpConnection, reason: CloseReason) -> None:
-        connection.close()
-        self.note(reason)

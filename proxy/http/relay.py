@@ -17,7 +17,8 @@ must see it: a body the adapter tags, a ``POST /v1/responses`` that may ask for 
 response, ``proxy.responses``) → relay the response chunk by chunk as it arrives (no batching of
 SSE events) → release. The upstream side is ``proxy.upstream.client``:
 each chunk the upstream sends is written to the client's transport in the callback that parsed
-it (:class:`_ClientSink`), so no task runs per event; the handler waits for the body's end.
+it (``proxy.http.exchange.ClientSink``), so no task runs per event; the handler waits for the
+body's end.
 How the call ends (the reason, the explicit cancel by request id, closing the upstream once
 the cancel is answered or ``--stream-close-grace`` passed, the one log line) is
 ``proxy.lifecycle``'s, shared with gRPC; this module says when: the upstream call is an object
@@ -58,6 +59,7 @@ from proxy.errors import (
 )
 from proxy.held import cancel_target
 from proxy.http.cancel_api import CancelById
+from proxy.http.exchange import ClientSink, Exchange, held_upstream
 from proxy.http.headers import add_ids, client_response_head, upstream_request_headers
 from proxy.http.scrape import scrape
 from proxy.http.tagging import TAG_LIMIT, tag_body
@@ -66,82 +68,16 @@ from proxy.messages import Answer, ClientConnection, Request, Stream, error_answ
 from proxy.request_ids import REQUEST_ID, request_ids_for
 from proxy.state import Call, ServerState
 from proxy.triton.bridge import TritonBridge, Upstream
-from proxy.upstream.client import Client, UpstreamCall
-from proxy.upstream.connection import Body, Response
-from proxy.vocabulary import SERVER_HEADER, CallProtocol, CancelResult, Outcome, Stage
+from proxy.upstream.client import Client
+from proxy.upstream.connection import Response
+from proxy.upstream.framing import Body
+from proxy.vocabulary import SERVER_HEADER, CallProtocol, Outcome, Stage
 
 log = logging.getLogger("hangup.proxy.http")
 
 
 def _as_is(body: bytes, request_id: str) -> bytes:
     return body
-
-
-class _ClientSink:
-    """Writes an upstream body to the client as it arrives (the response's head with its first
-    bytes). A client that left is not written to: its hang-up ends the call
-    (``HttpRelay.connection_lost``)."""
-
-    __slots__ = ("_call", "_connection", "_high", "_response", "_transport")
-
-    def __init__(self, request: Request, response: Stream, call: Call) -> None:
-        transport = request.connection.transport
-        if transport is None or request.connection.closed:
-            raise ClientGone("the client left before the response began")
-        self._transport = transport
-        self._connection = request.connection
-        self._response = response
-        self._call = call
-        self._high = transport.get_write_buffer_limits()[1]
-
-    def write(self, chunk: bytes) -> None:
-        if self._connection.closed:
-            return
-        self._response.send(chunk)
-        self._call.bytes_out += len(chunk)
-
-    def flush(self) -> None:
-        self._response.flush()
-
-    def full(self) -> bool:
-        return not self._connection.closed and self._transport.get_write_buffer_size() > self._high
-
-    async def drain(self) -> None:
-        try:
-            await self._connection.drain()
-        except ConnectionResetError as exc:
-            raise ClientGone(f"the client left mid-response: {exc}") from exc
-
-
-class _Exchange:
-    """One request/response pair on the client side, with what has been sent so far."""
-
-    __slots__ = ("body_error", "bridged", "call", "ending", "request", "response", "upstream_call")
-
-    def __init__(self, request: Request, call: Call, ending: CallEnding) -> None:
-        self.request = request
-        self.call = call
-        self.ending = ending
-        self.response: Stream | None = None
-        self.body_error: BodyTooLarge | BodyTimeout | BadBody | None = None  # why the body was cut
-        self.upstream_call: UpstreamCall | None = None
-        self.bridged: Upstream | None = None  # the gRPC call, when the Triton bridge answers
-
-    def close_upstream(self) -> None:
-        """Drop the upstream call (the bridge's gRPC call, cancelled); nothing if its answer
-        was released."""
-        if self.bridged is not None:
-            self.bridged.cancel()
-        if self.upstream_call is not None:
-            self.upstream_call.close()
-
-    def abort_upstream(self) -> None:
-        """Drop the upstream call for a cancel by id, the relay still waiting on it: a head not
-        yet come fails (499), a body being relayed breaks off (the client's stream is cut)."""
-        if self.bridged is not None:
-            self.bridged.cancel()
-        if self.upstream_call is not None:
-            self.upstream_call.abort(CancelledById("request cancelled (explicit)"))
 
 
 class HttpRelay:
@@ -156,7 +92,7 @@ class HttpRelay:
         triton = self._config.cancel_adapter is AdapterName.TRITON
         self._bridge = TritonBridge(self._config.upstream_grpc) if triton else None
         # Calls whose upstream call is open, by their client connection.
-        self._relaying: dict[ClientConnection, _Exchange] = {}
+        self._relaying: dict[ClientConnection, Exchange] = {}
         self._submit = state.canceller.submitter(CallProtocol.HTTP)  # the same for every call
         adapter = state.canceller.adapters[CallProtocol.HTTP]
         self._cancels_upstream = adapter.calls_upstream and self._bridge is None
@@ -192,7 +128,7 @@ class HttpRelay:
             gone_status=499,
             log=log_call,
         )
-        ex = _Exchange(request, call, ending)
+        ex = Exchange(request, call, ending)
         call.task = request.task
         try:
             self._state.admit(call)
@@ -236,7 +172,7 @@ class HttpRelay:
             ending.finish()
             self._state.release(call)
 
-    def _end_by_id(self, ex: _Exchange, reason: Reason) -> CancelTask | None:
+    def _end_by_id(self, ex: Exchange, reason: Reason) -> CancelTask | None:
         """End a call cancelled by id (``proxy.http.cancel_api``) the way its adapter ends a
         hang-up, its client kept: the adapter's cancel call, after which the upstream ends the
         call and its end is relayed (a gateway answers 499, or ends the stream with an error
@@ -253,7 +189,7 @@ class HttpRelay:
             ex.abort_upstream()
         else:  # the upstream ends it; if its cancel fails, the proxy does
             cancel.add_done_callback(
-                lambda task: None if _held_upstream(task) else ex.abort_upstream()
+                lambda task: None if held_upstream(task) else ex.abort_upstream()
             )
         return cancel
 
@@ -269,7 +205,7 @@ class HttpRelay:
         if ex is not None:
             ex.ending.stop(ex.call.reason or Reason.CLIENT_DISCONNECT)
 
-    async def _relay(self, ex: _Exchange) -> Answer | Stream:
+    async def _relay(self, ex: Exchange) -> Answer | Stream:
         request, call = ex.request, ex.call
         head = upstream_request_headers(
             request.headers, client_addr=request.remote, scheme=request.scheme
@@ -325,7 +261,7 @@ class HttpRelay:
             self._state.metrics.first_byte(call.upstream_ttfb)
             response = self._respond(ex, upstream)
             if request.method != "HEAD" and upstream.status >= 200:  # a body: relayed as it comes
-                await upstream.stream_to(_ClientSink(request, response, call))
+                await upstream.stream_to(ClientSink(request, response, call))
         except (asyncio.CancelledError, TimeoutError, ClientGone):
             raise  # a cancel follows: the upstream is closed once it is answered
         except BaseException:
@@ -334,7 +270,7 @@ class HttpRelay:
         upstream.release()
         return response
 
-    async def _bridged(self, ex: _Exchange, bridge: TritonBridge) -> Answer | Stream:
+    async def _bridged(self, ex: Exchange, bridge: TritonBridge) -> Answer | Stream:
         """Triton's infer or generate over gRPC (``proxy.triton``): the body read whole, then the
         call cancelled like any upstream call when the client leaves."""
         body = self._arrived(ex) if ex.request.body_exists else b""
@@ -364,7 +300,7 @@ class HttpRelay:
         request.connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     async def _read_body(
-        self, ex: _Exchange, headers: list[tuple[str, str]], request_id: str, *, tags: bool
+        self, ex: Exchange, headers: list[tuple[str, str]], request_id: str, *, tags: bool
     ) -> tuple[Body, list[tuple[str, str]]]:
         """The body to send up, and the headers to send it with, where the proxy must see it:
         read whole (the adapter's upstream reads the call's id in it, ``TagsRequests``; or it
@@ -406,7 +342,7 @@ class HttpRelay:
             headers = [(n, v) for n, v in headers if n.lower() != "content-length"]
         return sent, headers
 
-    def _arrived(self, ex: _Exchange) -> bytes | None:
+    def _arrived(self, ex: Exchange) -> bytes | None:
         """The whole body if it has all arrived already (a small request usually comes in one
         packet with its head), else None: then it is streamed up as it arrives. Sent as bytes,
         it goes out with the head in one write, and can be sent again if a reused upstream
@@ -422,7 +358,7 @@ class HttpRelay:
         ex.call.bytes_in += len(body)
         return body
 
-    async def _body(self, ex: _Exchange) -> AsyncIterator[bytes]:
+    async def _body(self, ex: Exchange) -> AsyncIterator[bytes]:
         """The client's body as it arrives, cut at ``--max-body-size`` (413) or when it stalls
         for ``--body-timeout`` (408). The upstream request wraps what this raises in its
         own error, so the reason is kept on the exchange too."""
@@ -440,7 +376,7 @@ class HttpRelay:
             ex.body_error = exc
             raise
 
-    def _respond(self, ex: _Exchange, upstream: Response) -> Stream:
+    def _respond(self, ex: Exchange, upstream: Response) -> Stream:
         """The client's response to ``upstream``'s, its head fixed (it leaves with the body's
         first bytes)."""
         request, call = ex.request, ex.call
@@ -456,12 +392,12 @@ class HttpRelay:
         ex.response, call.stage, call.status = response, Stage.STREAMING, upstream.status
         return response
 
-    def _prepared(self, ex: _Exchange) -> Stream | None:
+    def _prepared(self, ex: Exchange) -> Stream | None:
         """The response already started; close the client connection so it cannot look complete."""
         ex.request.connection.close()
         return ex.response
 
-    def _error(self, ex: _Exchange, exc: ProxyError) -> Answer | Stream | None:
+    def _error(self, ex: Exchange, exc: ProxyError) -> Answer | Stream | None:
         call = ex.call
         if call.reason is Reason.EXPLICIT and isinstance(exc, UpstreamError):
             exc = CancelledById("request cancelled (explicit)")  # its upstream closed for it
@@ -481,10 +417,3 @@ class HttpRelay:
         if self._state.draining or unread or isinstance(exc, ProxyTimeout):
             response.force_close()
         return response
-
-
-def _held_upstream(task: CancelTask) -> bool:
-    """The upstream took the cancel (it held the call, or had ended it): it ends the call."""
-    if task.cancelled():
-        return False
-    return task.result() in (CancelResult.OK, CancelResult.FINISHED)

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from proxy.errors import StaleConnection, UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from proxy.upstream.connection import Body, Connection, Response, request_head
+from proxy.upstream.connection import Connection, Response
+from proxy.upstream.framing import Body, request_head
 
 log = logging.getLogger("hangup.proxy.upstream")
 

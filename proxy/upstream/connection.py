@@ -10,17 +10,15 @@ callback (:meth:`Connection.send` returns the future of the answer's head), and 
 when the body ends, the upstream breaks off, or the sink is full; then reading from the upstream
 stops until the sink has drained (back-pressure reaches the upstream as TCP flow control).
 
-One exchange per connection at a time, no pipelining. Framing. Requests: bytes with their own
-``Content-Length`` (replacing any the caller gives); a streamed body with the ``Content-Length``
-the caller names, else chunked; a ``Host`` field unless the caller gives one. Responses: framed
+One exchange per connection at a time, no pipelining. Framing. Requests: as
+:mod:`proxy.upstream.framing` writes their head. Responses: framed
 by ``Content-Length``, chunked encoding, or the end of the connection; interim 1xx answers are
 skipped; an answer to ``HEAD`` has no body (and its connection is not reused: the parser cannot
 be told to expect none). What the upstream must not send is refused (``UpstreamBroken``, the
 connection dropped): bytes past the end of an answer (a second answer, a 204's body: they would
 be read as the next call's answer), a transfer coding besides ``chunked``, a ``101`` (the proxy
 never asks to switch), a head and trailer over 64 KiB. Trailer fields are dropped, never merged
-into the head; a 204's ``Content-Length`` is dropped. ``CONNECT`` is never sent (``ValueError``):
-its answer would turn the connection into a tunnel.
+into the head; a 204's ``Content-Length`` is dropped.
 
 A connection that ends before any byte of its answer raises ``StaleConnection`` (the server
 closed it as the request went out: :mod:`proxy.upstream.client` resends once); other errors
@@ -36,6 +34,8 @@ from typing import Protocol, cast
 import httptools
 
 from proxy.errors import StaleConnection, UpstreamBroken
+from proxy.upstream.framing import Body
+from proxy.upstream.seams import Sink
 
 _PENDING_LIMIT = 64 * 1024  # body bytes held before a sink is attached (then reading pauses)
 _HEAD_LIMIT = 64 * 1024  # an answer's status line and fields (Envoy's default limit is 60 KiB)
@@ -59,25 +59,6 @@ class Pool(Protocol):
 
     def gone(self, connection: Connection) -> None:
         """``connection`` is closed (by either side): it leaves the pool."""
-
-
-class Sink(Protocol):
-    """Where a response body goes, chunk by chunk, as it arrives."""
-
-    def write(self, chunk: bytes) -> None:
-        """Take one chunk (called from the connection's callback: must not block)."""
-
-    def flush(self) -> None:
-        """Nothing more is ready for now: write what the sink holds back (a response's head)."""
-
-    def full(self) -> bool:
-        """True when the sink can take no more for now: reading from the upstream pauses."""
-
-    async def drain(self) -> None:
-        """Return once the sink can take more; raise to end the relay."""
-
-
-Body = bytes | AsyncIterator[bytes] | None
 
 
 class Response:
@@ -147,43 +128,6 @@ class Collected:
 
     async def drain(self) -> None:
         raise ValueError(f"the answer is larger than {self._limit} bytes")
-
-
-def request_head(
-    method: str, target: str, netloc: str, headers: list[tuple[str, str]], body: Body
-) -> tuple[bytes, bool]:
-    """The request's head, and whether its body goes chunked. ``ValueError`` for ``CONNECT``
-    (the proxy does not tunnel) and for a field with a line break."""
-    if method == "CONNECT":
-        raise ValueError("CONNECT is never sent: a connection that tunnels cannot be reused")
-    lines = [f"{method} {target} HTTP/1.1"]
-    sized = isinstance(body, bytes)  # its length is written below, whatever the caller says
-    host = length = False
-    for name, value in headers:
-        size = len(name)  # a name is lowered only when its length is one of the two looked for
-        if size == 14 and name.lower() == "content-length":
-            if sized:
-                continue
-            length = True
-        elif size == 4 and name.lower() == "host":
-            host = True
-        lines.append(f"{name}: {value}")
-    if not host:
-        lines.append(f"Host: {netloc}")
-    chunked = body is not None and not sized and not length
-    if isinstance(body, bytes):
-        lines.append(f"Content-Length: {len(body)}")
-    elif chunked:
-        lines.append("Transfer-Encoding: chunked")
-    elif body is None and method in {"POST", "PUT", "PATCH"} and not length:
-        lines.append("Content-Length: 0")
-    lines.append("\r\n")
-    text = "\r\n".join(lines)
-    breaks = len(lines)  # the head's own: one scan each for more, not one per field
-    if text.count("\n") != breaks or text.count("\r") != breaks:
-        bad = next(line for line in lines[:-1] if "\r" in line or "\n" in line)
-        raise ValueError(f"{bad.partition(':')[0][:64]!r}: line breaks are not allowed")
-    return text.encode("utf-8", "surrogateescape"), chunked
 
 
 class Connection(asyncio.Protocol):

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from proxy.server import Server
-from proxy.upstream.connection import request_head
+from proxy.upstream.framing import request_head
 from tests.support.proxy_harness import running_proxy
 from tests.support.recording_upstream import RecordingUpstream
 

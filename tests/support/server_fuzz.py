@@ -30,7 +30,8 @@ from typing import Any
 from hypothesis import strategies as st
 
 from hangup_contract.runtime.connections import ConnectionLimits
-from proxy.http.protocol import SERVER_LOGGER, HttpConnection, HttpServer
+from proxy.http.protocol import SERVER_LOGGER, HttpConnection
+from proxy.http.server import HttpServer
 from proxy.messages import Answer, Request, error_answer
 
 MAX_HEADER_SIZE = 8190
