@@ -15,11 +15,12 @@ accepts phases and fields it does not know: a newer gateway may send them.
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from hangup_contract.vocabulary import CancelState, Phase, Reason
 
@@ -30,6 +31,30 @@ ROUTE = "/v2/requests/{request_id}/cancel"
 def cancel_path(request_id: str) -> str:
     """The path that cancels ``request_id`` (percent-encoded)."""
     return ROUTE.format(request_id=quote(request_id, safe=""))
+
+
+_PREFIX, _SUFFIX = ROUTE.split("{request_id}")
+
+
+def cancelled_id(target: str) -> str | None:
+    """The id a request target (path and query, as sent) cancels, :func:`cancel_path`'s
+    inverse (the id percent-decoded: it may hold a ``/``); None for another path."""
+    path = target.partition("?")[0]
+    if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
+        return None
+    encoded = path[len(_PREFIX) : -len(_SUFFIX)]
+    if not encoded or "/" in encoded:
+        return None
+    return unquote(encoded, errors="surrogateescape")
+
+
+def bearer_matches(authorization: str | None, token: str) -> bool:
+    """Whether an ``Authorization`` value carries ``Bearer <token>`` (compared in constant
+    time): what the cancel API asks of a caller when a token is set."""
+    scheme, _, value = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        value.strip().encode(), token.encode()
+    )
 
 
 def encode_request(reason: Reason) -> bytes:

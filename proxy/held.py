@@ -16,12 +16,10 @@ it. No I/O here: a held call's ender (its listener's) makes the cancel call, if 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
-from urllib.parse import unquote
 
 from hangup_contract.vocabulary import Reason
 from proxy.cancel.seams import CancelTask
@@ -136,26 +134,3 @@ class HeldCalls:
         self._tombstones.expire(now)
         self._finished.expire(now)
         self._tombstones.add(request_id, now)
-
-
-_PREFIX, _SUFFIX = "/v2/requests/", "/cancel"
-
-
-def cancel_target(raw_path: str) -> str | None:
-    """The id a ``POST`` to ``raw_path`` cancels (``/v2/requests/{id}/cancel``, the id
-    percent-decoded: it may hold a ``/``), or None when it is another path."""
-    path = raw_path.partition("?")[0]
-    if not (path.startswith(_PREFIX) and path.endswith(_SUFFIX)):
-        return None
-    encoded = path[len(_PREFIX) : -len(_SUFFIX)]
-    if not encoded or "/" in encoded:
-        return None
-    return unquote(encoded, errors="surrogateescape")
-
-
-def authorized(header: str | None, token: str) -> bool:
-    """Whether ``Authorization`` carries ``Bearer <token>`` (compared in constant time)."""
-    scheme, _, value = (header or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(
-        value.strip().encode(), token.encode()
-    )

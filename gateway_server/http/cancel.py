@@ -4,14 +4,12 @@ has one (docs/gateway.md, "The cancel API")."""
 
 from __future__ import annotations
 
-import hmac
-
 from aiohttp import web
 
 from gateway_server.errors import InvalidRequest, Unauthorized
 from gateway_server.http.common import CANCEL_TOKEN, SERVICE, read_body
 from gateway_server.service import GenerationService
-from hangup_contract.cancel import ROUTE, parse_request
+from hangup_contract.cancel import ROUTE, bearer_matches, parse_request
 
 
 def add_routes(app: web.Application) -> None:
@@ -24,11 +22,7 @@ def check_token(request: web.Request) -> None:
     token = request.app.get(CANCEL_TOKEN)
     if token is None:
         return
-    given = request.headers.get("Authorization", "")
-    scheme, _, value = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        value.strip().encode(), token.encode()
-    ):
+    if not bearer_matches(request.headers.get("Authorization"), token):
         raise Unauthorized("the cancel API needs 'Authorization: Bearer <token>'")
 
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import json
 
-from hangup_contract.cancel import parse_request
-from proxy.held import HeldCalls, authorized
+from hangup_contract.cancel import bearer_matches, parse_request
+from proxy.held import HeldCalls
 from proxy.messages import Answer, Request, error_answer
 from proxy.siblings import Siblings
 
@@ -50,7 +50,7 @@ class CancelById:
 
     async def answer(self, request: Request, request_id: str) -> Answer | None:
         """The answer to a cancel of ``request_id``; None to relay it upstream."""
-        if not authorized(request.header("Authorization"), self._token):
+        if not bearer_matches(request.header("Authorization"), self._token):
             answer = error_answer(401, "the cancel API needs 'Authorization: Bearer <token>'")
             return self._after_body(request, answer)
         body = b""

@@ -37,6 +37,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+from hangup_contract.cancel import cancelled_id
 from hangup_contract.runtime.connections import BodyStalled
 from hangup_contract.vocabulary import Reason
 from proxy import responses
@@ -57,7 +58,6 @@ from proxy.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
-from proxy.held import cancel_target
 from proxy.http.cancel_api import CancelById
 from proxy.http.exchange import ClientSink, Exchange, held_upstream
 from proxy.http.headers import add_ids, client_response_head, upstream_request_headers
@@ -114,7 +114,7 @@ class HttpRelay:
         if request.method == "GET" and request.path in self._config.scrape_paths:
             return await scrape(request, self._upstream, self._state.metrics)
         if self._cancels is not None and request.method == "POST":
-            request_id = cancel_target(request.raw_path)
+            request_id = cancelled_id(request.raw_path)
             if request_id is not None:
                 answer = await self._cancels.answer(request, request_id)
                 if answer is not None:  # else an id not held: relayed to the gateway

@@ -25,7 +25,13 @@ from gateway_server.openai.request import messages as chat_messages
 from gateway_server.requests import TOKEN_BUDGET_CHAT, sampling_params
 from gateway_server.sse import Event, SSEDecoder, encode
 from hangup_contract import request_id
-from hangup_contract.cancel import CancelAnswer, cancel_path, encode_request, parse_request
+from hangup_contract.cancel import (
+    CancelAnswer,
+    cancel_path,
+    cancelled_id,
+    encode_request,
+    parse_request,
+)
 from hangup_contract.protos import inference_pb2 as pb
 from hangup_contract.vocabulary import Reason
 from proxy.errors import BadRequestId
@@ -169,6 +175,8 @@ def test_the_id_rule_is_exactly_its_pattern(candidate: str) -> None:
 def test_any_id_is_one_path_segment_of_the_cancel_call(call_id: str) -> None:
     segment = cancel_path(call_id).removeprefix("/v2/requests/").removesuffix("/cancel")
     assert not set(segment) & set("/?#") and unquote(segment) == call_id
+    if call_id:  # and the proxy's own cancel API reads it back (an empty id is no path)
+        assert cancelled_id(cancel_path(call_id) + "?q=1") == call_id
 
 
 _HEADER_NAMES = st.sampled_from(["X-Request-Id", "Connection", "Keep-Alive", "X-Other",
