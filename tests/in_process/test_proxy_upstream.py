@@ -206,11 +206,22 @@ async def test_a_head_answer_has_no_body_to_wait_for() -> None:
 
 
 @pytest.mark.parametrize(
-    "answer",
-    [b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", b"SPDY/9 200 OK\r\n\r\n"],
-    ids=["cut-short", "not-http"],
-)
-async def test_a_broken_or_unreadable_answer_is_an_error(answer: bytes) -> None:
+    ("answer", "why"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "broke off"),
+        (b"SPDY/9 200 OK\r\n\r\n", "not HTTP/1.1"),
+        # What the proxy cannot relay faithfully: a coding it would drop unsaid, a switch of
+        # protocols nobody asked for, a head past any client's limit.
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+         "transfer coding 'gzip, chunked'"),
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
+         "switch of protocols"),
+        (b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 70_000 + b"\r\nContent-Length: 0\r\n\r\n",
+         "over 65536 bytes"),
+    ],
+    ids=["cut-short", "not-http", "gzip-chunked", "unasked-101", "huge-head"],
+)  # fmt: skip
+async def test_a_broken_or_unreadable_answer_is_an_error(answer: bytes, why: str) -> None:
     async def broken(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await read_request(reader)
         writer.write(answer)
@@ -218,8 +229,9 @@ async def test_a_broken_or_unreadable_answer_is_an_error(answer: bytes) -> None:
 
     async with RawServer(broken) as server:
         upstream = Client(server.url, connect_timeout=5)
-        with pytest.raises(UpstreamBroken, match=re.escape(f"upstream {server.url} ")):
+        with pytest.raises(UpstreamBroken, match=re.escape(f"upstream {server.url} ")) as error:
             await get(upstream)
+        assert why in str(error.value)
         await upstream.close()
 
 
@@ -263,33 +275,6 @@ async def test_an_answers_trailer_fields_are_not_head_fields() -> None:
         response.release()
         await upstream.close()
     assert response.headers == [("Transfer-Encoding", "chunked")]
-
-
-@pytest.mark.parametrize(
-    ("answer", "why"),
-    [
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
-         "transfer coding 'gzip, chunked'"),
-        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n",
-         "switch of protocols"),
-        (b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 70_000 + b"\r\nContent-Length: 0\r\n\r\n",
-         "over 65536 bytes"),
-    ],
-    ids=["gzip-chunked", "unasked-101", "huge-head"],
-)  # fmt: skip
-async def test_an_answer_the_proxy_cannot_relay_faithfully_is_an_error(
-    answer: bytes, why: str
-) -> None:
-    async def scripted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
-        writer.write(answer)
-        await reader.read()
-
-    async with RawServer(scripted) as server:
-        upstream = Client(server.url, connect_timeout=5)
-        with pytest.raises(UpstreamBroken, match=re.escape(why)):
-            await get(upstream)
-        await upstream.close()
 
 
 async def test_streamed_request_bodies_are_framed_as_declared_or_chunked() -> None:

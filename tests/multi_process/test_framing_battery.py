@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.envoy import running_envoy
 from tests.support.framing_battery import Result, differences_table
-from tests.support.framing_cases import REQUESTS, RESPONSES
+from tests.support.framing_cases import REQUESTS, RESPONSES, Case, ResponseCase
 from tests.support.framing_stack import Seen, run_battery
 from tests.support.processes import spawn
 from tests.support.recording_upstream import RecordingUpstream
@@ -54,14 +54,20 @@ def test_nothing_the_proxy_relays_is_smuggled(seen: Seen) -> None:
     assert _findings(seen.requests["hangup"]) == []
 
 
-def test_the_proxy_answers_each_request_as_specified(seen: Seen) -> None:
-    """Each case's ``hangup`` word: relayed, or the status the proxy answered, per request."""
-    wrong = [
+def _unlike_their_case(
+    cases: list[Case] | list[ResponseCase], results: list[Result]
+) -> list[tuple[str, str, str]]:
+    """(case, what it says hangup does, what hangup did) where the two differ."""
+    return [
         (case.name, case.hangup, result.verdict)
-        for case, result in zip(REQUESTS, seen.requests["hangup"], strict=True)
+        for case, result in zip(cases, results, strict=True)
         if result.verdict != case.hangup
     ]
-    assert wrong == []
+
+
+def test_the_proxy_answers_each_request_as_specified(seen: Seen) -> None:
+    """Each case's ``hangup`` word: relayed, or the status the proxy answered, per request."""
+    assert _unlike_their_case(REQUESTS, seen.requests["hangup"]) == []
 
 
 def test_envoy_the_reference_shows_no_smuggle_either(seen: Seen) -> None:
@@ -83,12 +89,7 @@ def test_upstream_answers_reach_the_client_framed_one_way_and_in_step(seen: Seen
     """Bytes past an answer's end, trailers, two lengths, codings: the client gets one answer
     framed one way (or a 502, or a cut), and the next call gets its own."""
     assert _findings(seen.responses["hangup"]) == []
-    wrong = [
-        (case.name, case.hangup, result.verdict)
-        for case, result in zip(RESPONSES, seen.responses["hangup"], strict=True)
-        if result.verdict != case.hangup
-    ]
-    assert wrong == []
+    assert _unlike_their_case(RESPONSES, seen.responses["hangup"]) == []
 
 
 def test_docs_list_every_difference_from_envoy(seen: Seen) -> None:

@@ -26,10 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from tests.support.framing_cases import REQUESTS, RESPONSES, Case, ResponseCase
-from tests.support.recording_upstream import SEEN, Parsed, RecordingUpstream, ended
+from tests.support.raw_http import RawServer
+from tests.support.recording_upstream import SEEN, Parsed, RecordingUpstream
+from tests.support.waiting import wait_until
 
 # The clocks only ever make a case wait for what does not come; none decides a verdict of a
 # target that answers, however loaded the machine (a busy CI runner takes a second at times).
@@ -151,11 +154,19 @@ async def _chunks(reader: asyncio.StreamReader) -> bytes:
     return body
 
 
+Between = Callable[[], Awaitable[None]]
+"""Awaited between two writes of a case: until the target has read what came so far."""
+
+
+async def _nothing() -> None:
+    return None
+
+
 async def _converse(
     address: str, writes: tuple[bytes, ...], expected: int, findings: list[str],
-    idle: float = IDLE_S,
+    idle: float = IDLE_S, between: Between = _nothing,
 ) -> tuple[list[Answer], str]:  # fmt: skip
-    """Write ``writes`` (a pause of ``GRACE_S`` between two), read every answer (until none
+    """Write ``writes`` (awaiting ``between`` between two), read every answer (until none
     comes for ``idle`` s, or ``GRACE_S`` once ``expected`` have come); then close."""
     host, port = address.rsplit(":", 1)
     reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
@@ -164,7 +175,9 @@ async def _converse(
     try:
         for n, data in enumerate(writes):
             if n:
-                await asyncio.sleep(GRACE_S)  # the part that comes late comes in a read of its own
+                with contextlib.suppress(ConnectionError):
+                    await writer.drain()
+                await between()  # the part that comes late comes in a read of its own
             writer.write(data)
         with contextlib.suppress(ConnectionError):
             await writer.drain()
@@ -252,13 +265,22 @@ async def _probe(target: Target, n: int) -> str | None:
 async def _settled(upstream: RecordingUpstream, mark: list[int]) -> bool:
     """Every upstream connection the case used closed or between requests, within
     ``SETTLE_S``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + SETTLE_S
-    while not upstream.at_rest_since(mark):
-        if loop.time() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
+    with contextlib.suppress(AssertionError):
+        return await wait_until(
+            lambda: upstream.at_rest_since(mark), SETTLE_S, "the upstream at rest"
+        )
+    return False
+
+
+def _upstream_began(upstream: RecordingUpstream, mark: int) -> Between:
+    """Until the upstream has begun reading a request of the case (the relay read its head and
+    sent it on); a relay that holds a request whole is given ``IDLE_S``, then the case goes on."""
+
+    async def began() -> None:
+        with contextlib.suppress(AssertionError):
+            await wait_until(lambda: len(upstream.log) > mark, IDLE_S, "the head relayed")
+
+    return began
 
 
 async def run_case(target: Target, case: Case, n: int) -> Result:
@@ -267,7 +289,12 @@ async def run_case(target: Target, case: Case, n: int) -> Result:
     used = upstream.mark() if upstream else []
     errors = len(upstream.errors()) if upstream else 0
     findings: list[str] = []
-    answers, ended = await _converse(target.address, case.writes, len(case.targets), findings)
+    # A server (nothing behind it) gets a case's writes back to back: nothing tells when it
+    # has read the first.
+    between = _upstream_began(upstream, mark) if upstream is not None else _nothing
+    answers, ended = await _converse(
+        target.address, case.writes, len(case.targets), findings, between=between
+    )
     result = Result(case.name, case.targets, answers, ended, findings=findings)
     if upstream is None:
         failed = [a.status for a in answers if a.status >= 500 and a.status not in (501, 505)]
@@ -306,50 +333,35 @@ class ScriptedAnswers:
 
     def __init__(self, cases: list[ResponseCase] = RESPONSES) -> None:
         self._cases = {b"/r/" + c.name.encode(): c for c in cases}
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._writers: list[asyncio.StreamWriter] = []
-        self.port = 0
+        self._server = RawServer(self._answer)
+
+    @property
+    def port(self) -> int:
+        return self._server.port
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._server.url
 
     async def __aenter__(self) -> ScriptedAnswers:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
+        await self._server.__aenter__()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in self._writers:
-            writer.transport.abort()
-        await ended(self._tasks)
-        await self._server.wait_closed()
+        await self._server.__aexit__(*exc)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        self._writers.append(writer)
-        try:
-            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-                while True:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    target = head.split(b" ", 2)[1]
-                    case = self._cases.get(target)
-                    if case is None:
-                        writer.write(b"HTTP/1.1 200 OK\r\nX-Seen: %b\r\nContent-Length: 0\r\n\r\n"
-                                     % target)  # fmt: skip
-                        continue
-                    writer.write(case.raw)
-                    if case.close:
-                        await writer.drain()
-                        break
-        finally:
-            writer.close()
-            self._tasks.discard(task)
+    async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            target = head.split(b" ", 2)[1]
+            case = self._cases.get(target)
+            if case is None:
+                writer.write(b"HTTP/1.1 200 OK\r\nX-Seen: %b\r\nContent-Length: 0\r\n\r\n" % target)
+                continue
+            writer.write(case.raw)
+            if case.close:
+                await writer.drain()
+                return
 
 
 async def run_response(target: Target, case: ResponseCase, n: int) -> Result:

@@ -1,7 +1,8 @@
 """The framing battery's raw requests and raw upstream answers (``framing_battery`` runs them).
 
-Each :class:`Case` is the bytes one client writes on one connection (in one write, or several
-with a pause between: a trailer that comes late, a body that never ends), the targets of the
+Each :class:`Case` is the bytes one client writes on one connection (in one write, or several,
+each once the upstream began reading the request: a trailer that comes late, a body that never
+ends), the targets of the
 requests it means to send in order, and what hangup's proxy must answer (``hangup``: one word
 per intended request, ``relay`` when the upstream read it, else the status the proxy answered,
 ``close`` when the connection ended with no answer, ``wait`` when nothing came while the client
@@ -25,7 +26,7 @@ SMUGGLED_POST = b"POST /smuggled HTTP/1.1\r\nHost: up\r\nContent-Length: 0\r\n\r
 class Case:
     name: str
     group: str
-    writes: tuple[bytes, ...]  # written in turn, with a pause between
+    writes: tuple[bytes, ...]  # written in turn, each once the last reached the upstream
     targets: tuple[bytes, ...]  # the requests the client means to send
     hangup: str  # what the proxy must do with each, comma-separated
     why: str = ""  # the point of the case, in the differences table

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from tests.support.recording_upstream import ended
+from tests.support.raw_http import RawServer
 
 
 def _length(head: bytes) -> int:
@@ -30,40 +30,26 @@ class NaiveRelay:
 
     def __init__(self, upstream_port: int) -> None:
         self._upstream_port = upstream_port
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._writers: list[asyncio.StreamWriter] = []
+        self._server = RawServer(self._relay)
         self.address = ""
 
     async def __aenter__(self) -> NaiveRelay:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        await self._server.__aenter__()
+        self.address = f"127.0.0.1:{self._server.port}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in self._writers:
-            writer.transport.abort()
-        await ended(self._tasks)
-        await self._server.wait_closed()
+        await self._server.__aexit__(*exc)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        self._writers.append(writer)
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self._upstream_port)
-        self._writers.append(up_writer)
+        self._server.hold(up_writer)
         try:
-            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
-                while True:
-                    head = await reader.readuntil(b"\r\n\r\n")
-                    body = await reader.readexactly(_length(head))
-                    up_writer.write(head + body)
-                    answer = await up_reader.readuntil(b"\r\n\r\n")
-                    writer.write(answer + await up_reader.readexactly(_length(answer)))
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                body = await reader.readexactly(_length(head))
+                up_writer.write(head + body)
+                answer = await up_reader.readuntil(b"\r\n\r\n")
+                writer.write(answer + await up_reader.readexactly(_length(answer)))
         finally:
             up_writer.close()
-            writer.close()
-            self._tasks.discard(task)

@@ -37,6 +37,10 @@ class RawServer:
             await self.script(reader, writer)
         writer.close()
 
+    def hold(self, writer: asyncio.StreamWriter) -> None:
+        """Abort ``writer`` too when the server stops (a connection a script opened itself)."""
+        self._writers.append(writer)
+
     async def __aenter__(self) -> RawServer:
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]

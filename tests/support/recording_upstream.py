@@ -15,10 +15,11 @@ body, the trailer fields), and whether the connection was left mid-request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass, field
 
 import h11
+
+from tests.support.raw_http import RawServer
 
 SEEN = b"x-seen"  # the answer's field naming the target the upstream read
 
@@ -54,17 +55,6 @@ class UpstreamConnection:
         return self.closed or not self.mid_request
 
 
-async def ended(tasks: set[asyncio.Task[None]]) -> None:
-    """Wait for the tasks serving connections that were just aborted (each ends on its own when
-    its reads fail); cancel any still running after 5 s. Cancelling them first would leave
-    asyncio's stream callback logging each one's CancelledError."""
-    if tasks:
-        _, pending = await asyncio.wait(set(tasks), timeout=5)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-
-
 def _head_bytes(raw: bytes, start: int) -> bytes:
     end = raw.find(b"\r\n\r\n", start)
     return raw[start : end + 4] if end >= 0 else raw[start:]
@@ -77,14 +67,15 @@ class RecordingUpstream:
         self.connections: list[UpstreamConnection] = []
         self.log: list[Parsed] = []  # every request read, in the order they began
         self._errors: list[str] = []
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._writers: list[asyncio.StreamWriter] = []
+        self._server = RawServer(self._accept)
+
+    @property
+    def port(self) -> int:
+        return self._server.port
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._server.url
 
     def errors(self) -> list[str]:
         """What h11 refused, in the order it did (one per connection that sent it)."""
@@ -103,32 +94,19 @@ class RecordingUpstream:
         )
 
     async def __aenter__(self) -> RecordingUpstream:
-        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
+        await self._server.__aenter__()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in self._writers:
-            writer.transport.abort()
-        await ended(self._tasks)
-        await self._server.wait_closed()
+        await self._server.__aexit__(*exc)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._tasks.add(task)
-        self._writers.append(writer)
         connection = UpstreamConnection()
         self.connections.append(connection)
         try:
-            with contextlib.suppress(ConnectionError):
-                await self._serve(connection, reader, writer)
+            await self._serve(connection, reader, writer)
         finally:
             connection.closed = True
-            writer.close()
-            self._tasks.discard(task)
 
     async def _serve(
         self, connection: UpstreamConnection, reader: asyncio.StreamReader,

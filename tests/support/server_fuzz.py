@@ -306,3 +306,21 @@ def violations(data: bytes, outcome: Outcome, *, built: list[bytes] | None = Non
     elif any(status >= 500 and status not in (501, 505) for status in answers):
         found.append(f"a server error: {answers}")
     return found
+
+
+def check_built(parts: list[bytes], at: list[int]) -> None:
+    """The rules for requests as :data:`messages` builds them, cut into reads at ``at``
+    (``AssertionError`` naming the input and what broke)."""
+    data = b"".join(parts)
+    whole = serve([data])
+    found = violations(data, whole, built=parts)
+    assert found == [], (data, found)
+    assert serve(cut(data, at)).comparable() == whole.comparable(), (data, at)
+
+
+def check_mutated(raw: bytes, at: list[int]) -> None:
+    """The rules for any bytes (mutated ones), cut into reads at ``at``."""
+    whole = serve([raw])
+    found = violations(raw, whole)
+    assert found == [], (raw, found)
+    assert serve(cut(raw, at)).comparable() == whole.comparable(), (raw, at)
