@@ -160,10 +160,6 @@ class HttpRelay:
             ending.stop(Reason.PROXY_TIMEOUT)
             return self._error(ex, ProxyTimeout("the call ran past --max-request-duration"))
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if call.reason is Reason.EXPLICIT and task is not None and not task.cancelling():
-                # Not this handler cancelled: the bridge's gRPC call, cancelled by id
-                return self._error(ex, CancelledById("request cancelled (explicit)"))
             ending.stop(call.reason or Reason.CLIENT_DISCONNECT)
             raise
         finally:

@@ -22,6 +22,7 @@ gRPC call (the relay's ``close_upstream``), and Triton cancels the request.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -30,7 +31,7 @@ from typing import Any
 import grpc
 
 from hangup_contract.protos import inference_pb2 as pb
-from proxy.errors import ClientGone
+from proxy.errors import ClientGone, UpstreamBroken
 from proxy.messages import Answer, Request, Stream
 from proxy.state import Call
 from proxy.triton.codec import GenerateError, answer, encode, generate_request, parse_body
@@ -110,6 +111,13 @@ class TritonBridge:
         model, version = match["model"], match["version"] or ""
         try:
             response = await self._answer(match, request, call, raw, upstream, opened, headers)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the handler's own cancellation (its client left, shutdown)
+            # Only the gRPC call was cancelled (``Upstream.cancel``, a cancel by id): an end of
+            # the upstream call, as a broken connection is to the relay.
+            raise UpstreamBroken("the gRPC call to Triton was cancelled") from None
         except grpc.aio.AioRpcError as exc:
             response = _rpc_error(call, exc)
             if match["route"] == "infer" and exc.code() is grpc.StatusCode.NOT_FOUND:
