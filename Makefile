@@ -59,6 +59,23 @@ $(TRITON_VENV)/.installed:
 	$(TRITON_VENV)/bin/pip install --quiet 'nvidia-pytriton==0.7.0' 'numpy==1.26.4' && touch $@ \
 	  || echo "nvidia-pytriton could not be installed here: the Triton tests will skip"
 
+# Truss's own model server (truss 0.18.36, no Docker) for the Truss tier, in a virtualenv of its
+# own: truss, then its server's requirements as its image installs them (the package's
+# templates/server/requirements.txt without its index line, under its constraints.txt). Where
+# they cannot install, the Truss tests skip and say why.
+TRUSS_VENV ?= .venv-truss
+$(TRUSS_VENV)/.installed:
+	@echo "installing truss 0.18.36 and its model server's requirements into $(TRUSS_VENV)" \
+	      "(about a minute the first time)"
+	$(PYTHON) -m venv $(TRUSS_VENV)
+	($(TRUSS_VENV)/bin/pip install --quiet 'truss==0.18.36' \
+	  && server=$$($(TRUSS_VENV)/bin/python -c 'import pathlib, truss; \
+	       print(pathlib.Path(truss.__file__).parent / "templates" / "server")') \
+	  && grep -v '^-i' $$server/requirements.txt > $(TRUSS_VENV)/server-requirements.txt \
+	  && $(TRUSS_VENV)/bin/pip install --quiet -r $(TRUSS_VENV)/server-requirements.txt \
+	       -c $$server/constraints.txt && touch $@) \
+	  || echo "truss could not be installed here: the Truss tests will skip"
+
 # nginx, HAProxy and Caddy for the front-door tests, unpacked from Debian's packages into a folder
 # of the project's own (no root, nothing installed system-wide); where apt-get is missing, the
 # front-door tests skip and say why.
@@ -79,7 +96,8 @@ lint: $(VENV)/.installed-base
 	$(BIN)/ruff format --check hangup_contract gateway_server proxy tests bench
 	$(BIN)/mypy
 
-test: $(VENV)/.installed-engine $(TRITON_VENV)/.installed $(FRONT_DOORS)/.installed lint
+test: $(VENV)/.installed-engine $(TRITON_VENV)/.installed $(TRUSS_VENV)/.installed \
+      $(FRONT_DOORS)/.installed lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # Strict: a broken link or anchor, or a page missing from the navigation, fails the build.
@@ -145,7 +163,7 @@ bench-short-calls: $(VENV)/.installed-base $(TRITON_VENV)/.installed
 	$(PY) -m bench.short_calls --out .demo/short-calls
 
 clean:
-	rm -rf $(VENV) $(AIPERF_VENV) $(TRITON_VENV) $(LITELLM_VENV) $(FRONT_DOORS) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(AIPERF_VENV) $(TRITON_VENV) $(TRUSS_VENV) $(LITELLM_VENV) $(FRONT_DOORS) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
 
 # --- Images, Helm chart and observability (issue 6) ---------------------------------------------
 #   make image        the CPU image (Dockerfile) and the GPU image on vLLM's (Dockerfile.gpu)

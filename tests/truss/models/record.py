@@ -1,0 +1,42 @@
+"""How each request ended, as a Truss model of the Truss tier saw it: one JSON line per event,
+appended to ``$TRUSS_RECORD_DIR/<model>.jsonl`` (the launcher sets it). Copied next to each
+``model.py`` when the server's directory is laid out (``tests/support/truss_server.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+
+class Record:
+    """One request's record: ``started`` when the model begins it, then how it ended (``finished``,
+    ``disconnected`` when the model saw its client gone, ``closed`` when its generator was closed
+    by the server) and after how many steps."""
+
+    def __init__(self, model: str, request_id: str, steps: int) -> None:
+        self.model = model
+        self.id = request_id
+        self.steps = steps
+        self.how: str | None = None
+        self.write(how="started", step=0)
+
+    def end(self, how: str, step: int) -> None:
+        if self.how is None:
+            self.how = how
+            self.write(how=how, step=step)
+
+    def write(self, **fields: Any) -> None:
+        line = json.dumps({"id": self.id, "at": time.time(), **fields}) + "\n"
+        path = os.path.join(os.environ["TRUSS_RECORD_DIR"], f"{self.model}.jsonl")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())  # one write with O_APPEND: lines never interleave
+        finally:
+            os.close(fd)
+
+
+def request_of(inputs: Any, default_steps: int) -> tuple[str, int]:
+    """The id and the number of steps a predict call asked for (``{"id": ..., "steps": ...}``)."""
+    return str(inputs["id"]), int(inputs.get("steps", default_steps))
