@@ -24,7 +24,7 @@ from tests.support.faults import Pod
 
 pytestmark = pytest.mark.slow
 
-PHASE_S = 10.0
+PHASE_S = 6.0
 CONCURRENCY = 16
 SCHEDULE = [*chaos.FAULTS, "none"]
 

@@ -3,6 +3,7 @@ ready file to wait on instead of a sleep, SIGTERM to stop."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -13,8 +14,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 @dataclass
@@ -147,6 +150,28 @@ def spawn(
         yield proc
     finally:
         _kill(proc.popen)
+
+
+def enter_together(
+    stack: contextlib.ExitStack, *managers: contextlib.AbstractContextManager[T]
+) -> list[T]:
+    """Enter ``managers`` side by side, each in a thread of its own (servers that take tens of
+    seconds to start, most of it one process importing, start in about the time of the slowest),
+    each exited by ``stack``. If one fails, the others are still entered (and exited by
+    ``stack``), then the first failure is raised."""
+    with concurrent.futures.ThreadPoolExecutor(len(managers)) as pool:
+        futures = [pool.submit(manager.__enter__) for manager in managers]
+    entered: list[T] = []
+    failure: BaseException | None = None
+    for manager, future in zip(managers, futures, strict=True):
+        if error := future.exception():
+            failure = failure or error
+        else:
+            stack.push(manager)
+            entered.append(future.result())
+    if failure is not None:
+        raise failure
+    return entered
 
 
 def descendants(pid: int) -> list[int]:

@@ -13,6 +13,7 @@ model appends what it saw to ``<records>/<model>.jsonl`` (``tests/truss/models/r
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 import subprocess
@@ -122,8 +123,8 @@ def running_truss(models: list[str], work: Path) -> Iterator[dict[str, TrussServ
             servers[model] = TrussServer(popen, "", model, records, log_path)
             servers[model].http = wait_ready(popen, ready, log_path, READY_S)["http"]
         for server in servers.values():
-            state = poll_until(lambda s=server: _loaded(s), READY_S, f"Truss {server.model}",
-                               0.05, explain=server.log)  # fmt: skip
+            state = poll_until(functools.partial(_loaded, server), READY_S,
+                               f"Truss {server.model}", 0.05, explain=server.log)  # fmt: skip
             assert state == "loaded", server.log()
         yield servers
     finally:

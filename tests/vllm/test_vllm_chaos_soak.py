@@ -24,7 +24,7 @@ from tests.support.vllm_stack import START_TIMEOUT_S, requires_vllm
 # Three engine starts (the gateway's, the killed core's, the drained gateway's).
 pytestmark = [pytest.mark.vllm, requires_vllm, pytest.mark.timeout(1200)]
 
-PHASE_S = 15.0
+PHASE_S = 10.0
 CONCURRENCY = 4
 SCHEDULE = [*chaos.VLLM_FAULTS, "none"]
 

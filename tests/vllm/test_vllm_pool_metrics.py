@@ -9,15 +9,14 @@ load they follow what the gateway lists in ``GET /v2/requests``, and go back to 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import vllm_serve_fronts as serve_fronts
 from tests.support.processes import Process
-from tests.support.vllm_stack import IGNORE_EOS, MODEL, requires_vllm, vllm_serve
+from tests.support.vllm_stack import IGNORE_EOS, MODEL, requires_vllm
 from tests.support.waiting import wait_until
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
@@ -29,9 +28,10 @@ Series = dict[str, tuple[str, list[dict[str, str]], list[float]]]
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with vllm_serve(tiny_model, tmp_path_factory.mktemp("vllm-serve-metrics")) as url:
-        yield url
+def served(vllm_serve_fronts: serve_fronts.Served) -> str:
+    """vLLM's own server (the tier's shared one: what it exports does not depend on its dev
+    mode or request log)."""
+    return vllm_serve_fronts.url
 
 
 async def protocol(session: aiohttp.ClientSession, url: str) -> Series:

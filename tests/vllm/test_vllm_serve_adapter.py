@@ -16,8 +16,6 @@ import asyncio
 import contextlib
 import random
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -65,10 +63,8 @@ class Served(serve_fronts.Served):
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    tmp = tmp_path_factory.mktemp("vllm-serve")
-    with serve_fronts.served_with_fronts(Served, tiny_model, tmp) as served:
-        yield served
+def served(vllm_serve_fronts: serve_fronts.Served) -> Served:
+    return Served(vllm_serve_fronts.url, vllm_serve_fronts.log, vllm_serve_fronts.fronts)
 
 
 def leave(post: asyncio.Future[aiohttp.ClientResponse]) -> None:

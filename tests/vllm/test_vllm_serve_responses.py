@@ -18,8 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import openai
 import pytest
@@ -54,11 +53,8 @@ class Served(serve_fronts.Served):
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    tmp = tmp_path_factory.mktemp("vllm-serve-responses")
-    store = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
-    with serve_fronts.served_with_fronts(Served, tiny_model, tmp, env=store) as served:
-        yield served
+def served(vllm_serve_fronts: serve_fronts.Served) -> Served:
+    return Served(vllm_serve_fronts.url, vllm_serve_fronts.log, vllm_serve_fronts.fronts)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ a regex makes a whole call that the parser turns into ``tool_calls`` with ``fini
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import uuid
@@ -28,7 +29,7 @@ import pytest
 from gateway_server.engine.base import EngineError, RequestRejected
 from gateway_server.engine.tools import ToolSettings
 from gateway_server.engine.vllm.tools import VllmToolCalling
-from tests.support.processes import Process
+from tests.support.processes import Process, enter_together
 from tests.support.scrape import scrape, total
 from tests.support.vllm_stack import (
     ENGINE_ARGS,
@@ -108,17 +109,29 @@ Answer = tuple[Any, ...]
 
 
 @pytest.fixture(scope="module")
-def served(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("vllm-serve-tools")
-    with vllm_serve(tiny_model, tmp, [*ENGINE_ARGS, *TOOL_ARGS]) as url:
-        yield url
+def both(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Process]]:
+    """``vllm serve`` and a one-worker gateway, each with the tool parser, started side by side."""
+    with contextlib.ExitStack() as stack:
+        served, gateway = enter_together(
+            stack,
+            vllm_serve(tiny_model, tmp_path_factory.mktemp("vllm-serve-tools"),
+                       [*ENGINE_ARGS, *TOOL_ARGS]),
+            vllm_gateway(tiny_model, tmp_path_factory.mktemp("vllm-gateway-tools"), workers=1,
+                         extra=TOOL_ARGS),
+        )  # fmt: skip
+        yield served, gateway
 
 
 @pytest.fixture(scope="module")
-def tool_gateway(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    tmp = tmp_path_factory.mktemp("vllm-gateway-tools")
-    with vllm_gateway(tiny_model, tmp, workers=1, extra=TOOL_ARGS) as proc:
-        yield proc
+def served(both: tuple[str, Process]) -> str:
+    return both[0]
+
+
+@pytest.fixture(scope="module")
+def tool_gateway(both: tuple[str, Process]) -> Process:
+    return both[1]
 
 
 @pytest.fixture(scope="module")
