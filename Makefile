@@ -76,6 +76,15 @@ $(TRUSS_VENV)/.installed:
 	       -c $$server/constraints.txt && touch $@) \
 	  || echo "truss could not be installed here: the Truss tests will skip"
 
+# LiteLLM's proxy (~120 packages, 750 MB) for the edge behind LiteLLM in make test and the
+# front-door benchmarks, in a virtualenv of its own; where it cannot install, those tests skip.
+LITELLM_VENV ?= .venv-litellm
+$(LITELLM_VENV)/.installed:
+	@echo "installing LiteLLM's proxy into $(LITELLM_VENV) (about a minute the first time)"
+	$(PYTHON) -m venv $(LITELLM_VENV)
+	$(LITELLM_VENV)/bin/pip install --quiet 'litellm[proxy]==1.108.7' && touch $@ \
+	  || echo "LiteLLM could not be installed here: the edge-behind-LiteLLM tests will skip"
+
 # nginx, HAProxy and Caddy for the front-door tests, unpacked from Debian's packages into a folder
 # of the project's own (no root, nothing installed system-wide); where apt-get is missing, the
 # front-door tests skip and say why.
@@ -96,14 +105,14 @@ lint: $(VENV)/.installed-base
 	$(BIN)/ruff format --check hangup_contract gateway_server proxy tests bench
 	$(BIN)/mypy
 
-# What the suite needs is installed four at a time (the engine's download, Triton, Truss, Helm's
-# engine, lint: each into a place of its own), then the suite runs alone.
+# What the suite needs is installed four at a time (the engine's download, Triton, Truss, LiteLLM,
+# Helm's engine, lint: each into a place of its own), then the suite runs alone.
 test:
 	@$(MAKE) --no-print-directory -j4 --output-sync=line test-deps
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-deps: $(VENV)/.installed-engine $(TRITON_VENV)/.installed $(TRUSS_VENV)/.installed \
-           $(FRONT_DOORS)/.installed lint
+           $(LITELLM_VENV)/.installed $(FRONT_DOORS)/.installed lint
 
 # Strict: a broken link or anchor, or a page missing from the navigation, fails the build.
 $(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
@@ -144,15 +153,6 @@ $(AIPERF_VENV)/.installed:
 
 bench-aiperf: $(VENV)/.installed-engine $(AIPERF_VENV)/.installed
 	$(PY) -m bench.front_aiperf --aiperf $(AIPERF_VENV)/bin/aiperf
-
-# LiteLLM's proxy for the front-door benchmarks, in a virtualenv of its own (~120 packages, 750 MB:
-# too heavy for make test, which runs nginx, HAProxy, Caddy and Envoy).
-LITELLM_VENV ?= .venv-litellm
-$(LITELLM_VENV)/.installed:
-	@echo "installing LiteLLM's proxy into $(LITELLM_VENV) (about a minute the first time)"
-	$(PYTHON) -m venv $(LITELLM_VENV)
-	$(LITELLM_VENV)/bin/pip install --quiet 'litellm[proxy]==1.108.7'
-	touch $@
 
 # Hang-ups through nginx, HAProxy, Caddy, Envoy and LiteLLM; three pods behind LiteLLM and an edge.
 bench-front-doors: $(VENV)/.installed-base $(FRONT_DOORS)/.installed $(LITELLM_VENV)/.installed

@@ -39,7 +39,7 @@ def command(name: str, config: Path) -> list[str] | str:
     """How to run ``name`` on ``config``, or why it cannot run here."""
     if name == "litellm":
         if not LITELLM.exists():
-            return f"no {LITELLM}: `make bench-front-doors` installs LiteLLM there"
+            return f"no {LITELLM}: `make test` (or `make bench-front-doors`) installs LiteLLM there"
         return [str(LITELLM), "--config", str(config), "--host", "127.0.0.1", "--port", "@PORT@"]
     if name == "envoy":
         beside = Path(sys.executable).parent / "envoy"
@@ -59,10 +59,11 @@ def command(name: str, config: Path) -> list[str] | str:
     }[name]
 
 
-def _litellm_models(ports: list[int]) -> str:
-    """One ``model_list`` entry per pod, all under the model's name (LiteLLM spreads calls)."""
+def _litellm_models(ports: list[int], served: str = MODEL) -> str:
+    """One ``model_list`` entry per pod, all under the model's name (LiteLLM spreads calls),
+    each asking its pod for ``served``."""
     entries = [
-        f"  - model_name: {MODEL}\n    litellm_params:\n      model: openai/{MODEL}\n"
+        f"  - model_name: {MODEL}\n    litellm_params:\n      model: openai/{served}\n"
         f"      api_base: http://127.0.0.1:{port}/v1\n      api_key: none"
         for port in ports
     ]
@@ -92,10 +93,12 @@ def running_front_door(
     work: Path,
     upstream_port: int | list[int],
     edit: Callable[[str], str] = lambda text: text,
+    served_model: str = MODEL,
 ) -> Iterator[str]:
     """``name`` listening on 127.0.0.1 in front of ``upstream_port``; yields its base URL.
     ``edit`` changes the shipped configuration first (a benchmark's variant). LiteLLM takes
-    several upstreams (pods), its ``cancel_on_disconnect`` off unless ``edit`` turns it on. Raises
+    several upstreams (pods), each asked for ``served_model``, its ``cancel_on_disconnect`` off
+    unless ``edit`` turns it on. Raises
     ``LookupError`` (why) where it cannot run here. Picks a free port and starts again on
     another (at most three times) if it lost it to another process."""
     source = {"nginx": "nginx.conf", "haproxy": "haproxy.cfg", "caddy": "Caddyfile",
@@ -107,7 +110,8 @@ def running_front_door(
         text = edit((CONFIGS / source).read_text())
         ports = upstream_port if isinstance(upstream_port, list) else [upstream_port]
         fields = {"PORT": port, "UPSTREAM_PORT": ports[0], "WORK": work,
-                  "MODELS": _litellm_models(ports), "CANCEL_ON_DISCONNECT": "false"}  # fmt: skip
+                  "MODELS": _litellm_models(ports, served_model),
+                  "CANCEL_ON_DISCONNECT": "false"}  # fmt: skip
         for field, value in fields.items():
             text = text.replace(f"@{field}@", str(value))
         config.write_text(text)
