@@ -57,8 +57,9 @@ def idle(engine: VllmPdEngine) -> bool:
 async def probe(model: str, store: HandoffStore) -> dict[str, Any]:
     prefill = VllmPdEngine(model, OPTIONS, store, index=0)
     decode = VllmPdEngine(model, OPTIONS, store, index=1)
+    await prefill.start()
+    await decode.start()
     try:
-        await asyncio.gather(prefill.start(), decode.start())  # as the gateway starts its workers
         out: dict[str, Any] = {"block_size": decode.load().block_size}
         out["prompt_tokens"] = decode.count_prompt_tokens(PROMPT)
         out["aggregated"] = await text(decode, EngineRequest("agg", PROMPT, GREEDY))
@@ -93,7 +94,8 @@ async def probe(model: str, store: HandoffStore) -> dict[str, Any]:
         out["idle"] = [idle(prefill), idle(decode)]
         return out
     finally:
-        await asyncio.gather(prefill.shutdown(), decode.shutdown())
+        await prefill.shutdown()
+        await decode.shutdown()
 
 
 def main() -> None:

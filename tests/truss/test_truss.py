@@ -122,8 +122,13 @@ async def test_a_model_that_asks_sees_every_hang_up_through_the_sidecar_as_strai
         assert line["step"] < STEPS, line
         assert line["at"] - left < within, (line, left)
     if via == "sidecar":
-        cancelled = metric_sum(admin, "hangup_proxy_requests_total", outcome="cancelled")
-        assert cancelled - cancelled_before == at_once
+
+        def cancelled() -> float:
+            counted = metric_sum(admin, "hangup_proxy_requests_total", outcome="cancelled")
+            return counted - cancelled_before
+
+        await wait_until(lambda: cancelled() >= at_once, 10, "the sidecar's count")
+        assert cancelled() == at_once
         # ``none``: nothing but the closed connection reaches Truss
         assert metric_sum(admin, "hangup_proxy_cancel_calls_total") == calls_before
         log = pod.server.log()
