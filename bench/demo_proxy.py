@@ -21,9 +21,9 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support.processes import REPO, Process, spawn
-from tests.support.scrape import scrape_async
-from tests.support.waiting import wait_until
+from bench.harness.processes import REPO, Process, spawn
+from bench.harness.scrape import scrape_async
+from bench.harness.waiting import wait_until
 
 MODEL = "hangup-sim"
 TOKENS_BEFORE_HANGUP = 12

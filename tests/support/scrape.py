@@ -5,40 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(text: str) -> Samples:
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def metrics_text(base_url: str) -> str:
-    """``GET base_url/metrics`` (blocking)."""
-    with urllib.request.urlopen(base_url + "/metrics", timeout=10) as resp:
-        return str(resp.read().decode())
-
-
-def scrape(base_url: str) -> Samples:
-    """Every sample ``base_url/metrics`` exports now (blocking)."""
-    return parse(metrics_text(base_url))
-
-
-async def scrape_async(session: aiohttp.ClientSession, base_url: str) -> Samples:
-    async with session.get(base_url + "/metrics") as resp:
-        text = await resp.text()
-        assert resp.status == 200, f"{base_url}/metrics answered {resp.status}: {text[:500]}"
-        return parse(text)
+# re-exported from the harness the demos ship with: the tests' one place
+from bench.harness.scrape import Samples as Samples
+from bench.harness.scrape import metrics_text as metrics_text
+from bench.harness.scrape import parse as parse
+from bench.harness.scrape import scrape as scrape
+from bench.harness.scrape import scrape_async as scrape_async
 
 
 @dataclass
