@@ -10,12 +10,18 @@
 #   make bench-front-doors  hang-ups through nginx, HAProxy, Caddy, Envoy and LiteLLM
 #   make bench-short-calls  a short call's CPU and latency through the proxy and Envoy, one
 #                           simulated core each (needs a writable cgroup CPU controller)
+#   make container-host  AS ROOT, CHANGES THE SYSTEM: Debian's podman and the image's base, for
+#                        the image and pod tests (`make test WITH_CONTAINERS=1` runs it; CI does)
 
 PYTHON ?= python3.11
 VENV ?= .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 PYTEST_ARGS ?=
+# WITH_CONTAINERS=1: `make test` also makes this machine a container host (as root) and builds the
+# CPU image, for the image and pod tests (see container-host below).
+WITH_CONTAINERS ?=
+CONTAINER_DEPS := $(if $(filter 1 yes true,$(WITH_CONTAINERS)),container-image)
 
 # Which real engine `make test` installs: vllm where a GPU is visible, the CPU build on x86_64
 # machines without one, none elsewhere (the vLLM tests then skip and say why).
@@ -112,7 +118,7 @@ test:
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 test-deps: $(VENV)/.installed-engine $(TRITON_VENV)/.installed $(TRUSS_VENV)/.installed \
-           $(LITELLM_VENV)/.installed $(FRONT_DOORS)/.installed lint
+           $(LITELLM_VENV)/.installed $(FRONT_DOORS)/.installed lint $(CONTAINER_DEPS)
 
 # Strict: a broken link or anchor, or a page missing from the navigation, fails the build.
 $(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
@@ -209,5 +215,26 @@ helm-engine:
 	  && touch $(HELM_VENV)/.installed; fi
 
 test-deps: k8s-tools
-# apt-get install (promtool) and apt-get download must not overlap: apt's lists are locked.
-$(FRONT_DOORS)/.installed: | promtool
+# apt-get install (promtool, container-host) and apt-get download must not overlap: apt's lists
+# are locked.
+$(FRONT_DOORS)/.installed: | promtool $(if $(CONTAINER_DEPS),container-host)
+
+# --- A container host for the image and pod tests (issue 52) -------------------------------------
+# tests/deploy/test_image.py builds the CPU image and runs it; tests/deploy/test_chart_pod*.py run
+# the chart's rendered pod with `podman kube play`. They need a Docker engine, or podman with the
+# Dockerfile's base in its store: `make container-host` (as root; it changes the system, see
+# .ci/container-host) makes this machine one. `make test WITH_CONTAINERS=1` (CI's command) runs it
+# beside the other installs and builds the image there (the test's build then hits the cache);
+# a plain `make test` skips those tests where there is no engine, and says how to get one.
+
+.PHONY: container-host container-image
+container-host: | promtool
+	@echo "container-host: as root, changing this system (Debian's podman, runc, catatonit," \
+	      "slirp4netns, debootstrap; /etc/containers/containers.conf.d/50-hangup.conf; the" \
+	      "Dockerfile's base image, about a minute the first time)"
+	.ci/container-host
+
+# The CPU image as the image test builds it (same context and Dockerfile: its layers are reused).
+container-image: container-host
+	@echo "building the CPU image localhost/hangup:test with podman (about 30 s the first time)"
+	podman build --quiet --network host -f Dockerfile -t localhost/hangup:test . >/dev/null

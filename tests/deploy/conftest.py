@@ -1,10 +1,17 @@
-"""The chart tests' shared fixtures: Helm's engine, and every ci/ scenario rendered once."""
+"""The deploy tests' shared fixtures: Helm's engine, every ci/ scenario rendered once, and a
+container engine with the CPU image built once for the session."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from tests.support.chart import HelmEngine, Release, scenario, scenarios
+from tests.support.containers import REPORT, Engine, NoEngine, build_cpu_image, container_engine
+
+CPU_IMAGE = "localhost/hangup:test"
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +26,25 @@ def helm() -> HelmEngine:
 def renders(helm: HelmEngine) -> dict[str, Release]:
     """Each ci/ scenario rendered once for the session (an install takes about a second)."""
     return {name: helm.render(scenario(name)) for name in scenarios()}
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[Engine]:
+    try:
+        with container_engine() as found:
+            yield found
+    except NoEngine as exc:
+        pytest.skip(f"image not built or run: {exc}")
+
+
+@pytest.fixture(scope="session")
+def cpu_image(engine: Engine) -> Any:
+    """The CPU image from the Dockerfile as it is, as localhost/hangup:test (a local build)."""
+    image = build_cpu_image(engine, CPU_IMAGE)
+    REPORT.append(f"images: built {CPU_IMAGE} with {engine.name}, on {engine.base_description()}")
+    return image
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in REPORT:
+        terminalreporter.write_line(line)

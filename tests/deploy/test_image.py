@@ -1,11 +1,12 @@
-"""The images: hadolint on both Dockerfiles, their build rules, and (where a Docker engine is
-reachable) the CPU image built and run with the docker SDK: the demo inside it hangs up cleanly.
+"""The images: hadolint on both Dockerfiles, their build rules, and the CPU image built from the
+Dockerfile and run (tests/support/containers.py: a Docker engine, or podman where
+`make container-host` has made this machine a container host): its user, its size, both commands,
+and the demo inside it hanging up cleanly.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.containers import Engine
 from tests.support.processes import REPO
 
 DOCKERFILES = ["Dockerfile", "Dockerfile.gpu"]
@@ -97,38 +99,35 @@ def test_dockerignore_lets_in_only_what_the_images_copy() -> None:
         assert secret_prone not in allowed
 
 
-def docker_client() -> Any:
-    """A docker SDK client with a live engine, or a skip that says why there is none."""
-    import docker
-    from docker.errors import DockerException
-
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    if host.startswith("unix://") and not Path(host.removeprefix("unix://")).exists():
-        pytest.skip(f"no Docker engine reachable ({host} does not exist): image not built or run")
-    # A fixed API version: the SDK's "auto" probes the engine in its constructor and leaks the
-    # socket when there is none.
-    client = docker.DockerClient(base_url=host, version="1.41", timeout=10)
-    try:
-        client.ping()
-    except DockerException as exc:
-        client.close()
-        pytest.skip(f"no Docker engine reachable at {host}: {exc}")
-    return client
+MAX_IMAGE_MB = 400
+"""The CPU image's size bound (231 MB when this was written, on either base)."""
 
 
 @pytest.mark.slow
-def test_cpu_image_runs_the_demo_and_hangs_up_cleanly() -> None:
-    client = docker_client()
-    try:
-        image, _ = client.images.build(
-            path=str(REPO), dockerfile="Dockerfile", tag="hangup:test", rm=True
-        )
-        assert image.attrs["Config"]["User"].split(":")[0] == "10001"
-        output = client.containers.run(
-            "hangup:test", ["python", "-m", "bench.demo_proxy"], remove=True
-        )
-    finally:
-        client.close()
+def test_cpu_image_runs_as_its_own_user_and_stays_small(cpu_image: Any) -> None:
+    config = cpu_image.attrs["Config"]
+    assert config["User"].split(":")[0] == "10001", config["User"]
+    megabytes = cpu_image.attrs["Size"] / 1e6
+    assert megabytes < MAX_IMAGE_MB, f"the CPU image is {megabytes:.0f} MB"
+    assert config["Cmd"] == ["hangup-proxy", "--help"], config["Cmd"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["hangup-gateway", "hangup-proxy"])
+def test_cpu_image_runs_both_commands(engine: Engine, cpu_image: Any, command: str) -> None:
+    output = engine.client.containers.run(
+        cpu_image.id, [command, "--help"], remove=True, network_mode="none"
+    ).decode()
+    assert output.startswith(f"usage: {command}"), output
+    assert "--cancel-token-file" in output, output
+
+
+@pytest.mark.slow
+def test_cpu_image_runs_the_demo_and_hangs_up_cleanly(engine: Engine, cpu_image: Any) -> None:
+    """The demo the Dockerfile advertises, with no network but the container's own loopback."""
+    output = engine.client.containers.run(
+        cpu_image.id, ["python", "-m", "bench.demo_proxy"], remove=True, network_mode="none"
+    )
     text = output.decode()
     # The client hung up through the proxy; the proxy's cancel call reached the gateway.
     assert 'hangup_proxy_cancel_calls_total{adapter="hangup",result="ok"} 1' in text, text
