@@ -298,7 +298,12 @@ class HttpConnection(asyncio.Protocol):
         try:
             answer = await self._server.handler(request)
         except asyncio.CancelledError:
-            return  # the client left, or the server is closing: nothing more to write
+            # The client left (the connection is gone already), the server is closing, or the
+            # proxy stopped the call (a drain that ran out): nothing more will be written, and
+            # only a close tells a client that its answer was cut short.
+            self._task = None
+            self.close()
+            return
         except Exception:
             log.exception("the proxy failed a call to %s", request.raw_path[:200])
             # Once part of a response went out, only a close says that it is cut short.

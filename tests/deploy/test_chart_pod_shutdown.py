@@ -65,5 +65,10 @@ def test_shutdown_finishes_what_fits_the_drain_and_cancels_the_rest(
         for container in ("gateway", "proxy"):
             assert pod.exit_code(container) == 0, (container, pod.logs(container)[-2000:])
             assert pod.terminated[container] < grace, (container, pod.terminated, grace)
-        # The gateway outlived the proxy's drain: its preStop held it for the proxy's cancels.
+        # The proxy is done inside the gateway's preStop (the chart sizes it as the proxy's
+        # preStop, drain and cancel deadline), so its shutdown cancels find the gateway serving.
+        gateway_pre_stop = float(
+            pod.container("gateway")["lifecycle"]["preStop"]["exec"]["command"][1]
+        )
+        assert pod.terminated["proxy"] < gateway_pre_stop, (pod.terminated, gateway_pre_stop)
         assert pod.terminated["gateway"] > pod.terminated["proxy"], pod.terminated

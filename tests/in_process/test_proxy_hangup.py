@@ -159,6 +159,35 @@ async def test_shutdown_drains_then_cancels_with_reason_shutdown(
         assert metric(proxy, "hangup_proxy_cancels_total", protocol="http", reason="shutdown") == 1
 
 
+async def test_shutdown_cuts_a_stream_it_stopped_at_once(upstream: ScriptedUpstream) -> None:
+    """A stream still going when the drain runs out is cancelled upstream and cut for its client
+    at once (the connection closes), not when the listener's close gives up on it seconds later:
+    until then the client waited on a stream that had ended, and the pod on the proxy's exit."""
+    drain, slack = 0.3, 2.0  # the listener's close waits up to 5 s for a connection still busy
+    async with (
+        running_proxy(upstream.url, drain_timeout=drain) as proxy,
+        aiohttp.ClientSession() as client,
+        client.get(http_url(proxy) + "/sse?events=5&gate=1") as resp,
+    ):
+        await upstream.release(1)
+        assert (await resp.content.readuntil(b"\n\n")).startswith(b"data: ")
+        started = loop_time()
+        shutdown = asyncio.ensure_future(proxy.shutdown())
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await resp.content.read()  # cut: the last chunk never comes
+        cut = loop_time() - started
+        await shutdown
+        stopped = loop_time() - started
+        (cancel,) = await upstream.wait_cancels(1)
+        assert cancel.reason == "shutdown"
+    assert cut < drain + slack, f"the stream was cut {cut:.2f} s after the shutdown began"
+    assert stopped < drain + slack, f"the proxy stopped {stopped:.2f} s after the shutdown began"
+
+
+def loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
 async def test_none_adapter_closes_upstream_without_cancel_call(upstream: ScriptedUpstream) -> None:
     async with running_proxy(upstream.url, cancel_adapter=AdapterName.NONE) as proxy:
         _, writer = await raw_request(
