@@ -9,9 +9,14 @@ from typing import Any
 import pytest
 
 from tests.support.chart import HelmEngine, Release, scenario, scenarios
-from tests.support.containers import REPORT, Engine, NoEngine, build_cpu_image, container_engine
-
-CPU_IMAGE = "localhost/hangup:test"
+from tests.support.containers import (
+    CPU_IMAGE,
+    REPORT,
+    Engine,
+    NoEngine,
+    build_cpu_image,
+    container_engine,
+)
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,8 @@ from typing import Any
 from tests.support.processes import REPO
 from tests.support.waiting import poll_until
 
+CPU_IMAGE = "localhost/hangup:test"
+"""The name the tests build the CPU image under (the name podman gives a local build)."""
 BASE = "docker.io/library/python:3.11.11-slim-bookworm"
 """The Dockerfile's base, by the name a pull stores it under."""
 STAND_IN_LABEL = "org.hangup.stand-in"
@@ -72,11 +74,12 @@ def _client(base_url: str) -> Any:
 
 @contextlib.contextmanager
 def podman_socket(podman: str) -> Iterator[str]:
-    """`podman system service` on a socket of its own for as long as the block runs."""
+    """`podman system service` on a socket of its own for as long as the block runs (and, should
+    this process die without stopping it, five minutes idle)."""
     with tempfile.TemporaryDirectory(prefix="hangup-podman-") as tmp:
         sock = Path(tmp) / "podman.sock"
         service = subprocess.Popen(
-            [podman, "system", "service", "--time=0", f"unix://{sock}"],
+            [podman, "system", "service", "--time=300", f"unix://{sock}"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             start_new_session=False,
@@ -144,3 +147,16 @@ def build_cpu_image(engine: Engine, tag: str) -> Any:
         path=str(REPO), dockerfile="Dockerfile", tag=tag, rm=True, network_mode="host"
     )
     return image
+
+
+def main() -> None:
+    """``python -m tests.support.containers``: the CPU image built as the tests build it, ahead of
+    them (`make container-image`, beside the other installs: the tests' build then finds every
+    layer cached)."""
+    with container_engine() as engine:
+        build_cpu_image(engine, CPU_IMAGE)
+        print(f"built {CPU_IMAGE} with {engine.name}, on {engine.base_description()}")
+
+
+if __name__ == "__main__":
+    main()
