@@ -116,6 +116,8 @@ def _list(value: object, what: str) -> list[Any]:
 def _flat(value: object) -> list[Any]:
     if not isinstance(value, list):
         return [value]
+    if not any(isinstance(item, list) for item in value):
+        return value  # flat already (the usual shape): read only, never changed
     return [leaf for item in value for leaf in _flat(item)]
 
 
@@ -168,6 +170,14 @@ def _dump(value: object) -> str:
         items = (f"{json.dumps(k, ensure_ascii=False)}:{_dump(v)}" for k, v in value.items())
         return "{" + ",".join(items) + "}"
     if isinstance(value, list):
+        if value and not isinstance(value[0], (dict, list)):
+            # A tensor's data, written by json's C encoder in one call: a float without an
+            # exponent is written as repr() writes it, which is number_text's answer too; where
+            # an "e" shows (a float rapidjson lays out otherwise, or a string that has one),
+            # element by element.
+            whole = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+            if "e" not in whole:
+                return whole
         return "[" + ",".join(_dump(v) for v in value) + "]"
     if isinstance(value, float):
         return number_text(value)

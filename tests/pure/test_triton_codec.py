@@ -8,6 +8,8 @@ import json
 import struct
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hangup_contract.protos import inference_pb2 as pb
 from proxy.triton.bridge import stream_event
@@ -19,7 +21,7 @@ from proxy.triton.codec import (
     generate_request,
     parse_body,
 )
-from proxy.triton.infer import HEADER_LENGTH, infer_answer, infer_request, number_text
+from proxy.triton.infer import HEADER_LENGTH, _dump, infer_answer, infer_request, number_text
 
 NUMBERS = {  # datatype: (contents field, struct code, values)
     "INT8": ("int_contents", "b", [-3, 4]), "INT16": ("int_contents", "h", [-300, 4]),
@@ -160,3 +162,34 @@ def test_an_output_json_cannot_carry_is_an_error_event_naming_its_datatype() -> 
     text.raw_output_contents.append(struct.pack("<I", 2) + b"hi")
     ok = json.loads(stream_event(pb.ModelStreamInferResponse(infer_response=text), first=False))
     assert ok == {"model_name": "m", "model_version": "1", "text_output": "hi"}
+
+
+def _element_by_element(value: object) -> str:
+    """The answer's JSON as the bridge wrote it before its lists went through json's encoder."""
+    if isinstance(value, dict):
+        items = (
+            f"{json.dumps(k, ensure_ascii=False)}:{_element_by_element(v)}"
+            for k, v in value.items()
+        )
+        return "{" + ",".join(items) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_element_by_element(v) for v in value) + "]"
+    if isinstance(value, float):
+        return number_text(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+_SCALARS = (
+    st.floats(width=32)
+    | st.floats()
+    | st.integers(-(2**63), 2**64)
+    | st.booleans()
+    | st.text(max_size=8)
+    | st.none()
+)
+
+
+@given(st.lists(_SCALARS, max_size=40) | st.lists(st.lists(st.floats(), max_size=5), max_size=5))
+def test_tensor_data_is_written_as_element_by_element(data: list[object]) -> None:
+    body = {"model_name": "m", "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "data": data}]}
+    assert _dump(body) == _element_by_element(body)
