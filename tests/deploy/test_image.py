@@ -18,6 +18,7 @@ import pytest
 
 from tests.support.containers import Engine
 from tests.support.processes import REPO
+from tests.support.waiting import poll_until
 
 DOCKERFILES = ["Dockerfile", "Dockerfile.gpu"]
 
@@ -125,10 +126,26 @@ def test_cpu_image_runs_both_commands(engine: Engine, cpu_image: Any, command: s
 @pytest.mark.slow
 def test_cpu_image_runs_the_demo_and_hangs_up_cleanly(engine: Engine, cpu_image: Any) -> None:
     """The demo the Dockerfile advertises, with no network but the container's own loopback."""
-    output = engine.client.containers.run(
-        cpu_image.id, ["python", "-m", "bench.demo_proxy"], remove=True, network_mode="none"
+    container = engine.client.containers.run(
+        cpu_image.id, ["python", "-m", "bench.demo_proxy"], detach=True, network_mode="none"
     )
-    text = output.decode()
+    try:
+        assert container.wait(timeout=120)["StatusCode"] == 0, container.logs().decode()
+
+        # podman's log can lag the container's exit (under load the SDK's run() returned it cut
+        # short mid-stream): read it until the demo's last line is in.
+        def whole() -> str:
+            out = str(container.logs().decode())
+            return out if "stopped (exit" in out else ""
+
+        text = poll_until(
+            whole,
+            within=30,
+            what="the demo's whole output in the container's log",
+            explain=lambda: container.logs().decode()[-2000:],
+        )
+    finally:
+        container.remove(force=True)
     # The client hung up through the proxy; the proxy's cancel call reached the gateway.
     assert 'hangup_proxy_cancel_calls_total{adapter="hangup",result="ok"} 1' in text, text
     assert 'reason="client_disconnect"' in text, text
