@@ -34,9 +34,9 @@ import sys
 import time
 
 from bench.cgroups import Controller, CpuGroup, NoCpuController, RealCores, cpu_controller
+from bench.harness.processes import REPO, spawn
 from bench.scaling_relays import SIM, _pids
 from bench.stats import cpu_of
-from tests.support.processes import REPO, spawn
 
 
 def _gateway(

@@ -49,8 +49,8 @@ from typing import Any
 
 import aiohttp
 
-from tests.support.processes import Process, children, spawn
-from tests.support.vllm_stack import IGNORE_EOS, MODEL, make_tiny_model, vllm_gateway
+from bench.harness.processes import Process, children, spawn
+from bench.harness.vllm_stack import IGNORE_EOS, MODEL, make_tiny_model, vllm_gateway
 
 TOKENS = 120
 LONG = 4000

@@ -1,4 +1,4 @@
-"""Benchmark: the chaos soak's long run (``tests/support/chaos.py``; a short run is in ``make
+"""Benchmark: the chaos soak's long run (``bench/harness/chaos.py``; a short run is in ``make
 test``). Phases of mixed traffic through the proxy, half the clients hanging up, cycle through
 every fault until ``--calls`` calls have been made; each phase settles and is checked (zombies,
 byte-identical completions, false stream ends, cancels pending or uncounted, memory and open
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support import chaos, chaos_report, chaos_traffic
-from tests.support.faults import Pod
-from tests.support.vllm_stack import START_TIMEOUT_S, make_tiny_model
+from bench.harness import chaos, chaos_report, chaos_traffic
+from bench.harness.faults import Pod
+from bench.harness.vllm_stack import START_TIMEOUT_S, make_tiny_model
 
 
 def gateway_args(args: argparse.Namespace, tmp: Path) -> list[str]:

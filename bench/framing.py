@@ -1,11 +1,11 @@
 """Benchmark: the framing battery and the long run of the proxy server's byte-level fuzz (issue 48).
 
-The battery (``tests/support/framing_battery.py``; ``make test`` runs it as
+The battery (``bench/harness/framing_battery.py``; ``make test`` runs it as
 ``tests/multi_process/test_framing_battery.py``): 121 raw requests through hangup's proxy, Envoy
 and a naive relay to upstreams that log every byte, and straight at the gateway and the proxy's
 admin listener; 24 broken upstream answers through the proxy and Envoy. Prints every finding,
 each target's verdict per case, and the table of differences between the proxy and Envoy that
-docs/proxy.md keeps (Markdown). The fuzz (``tests/support/server_fuzz.py``; ``make test`` runs
+docs/proxy.md keeps (Markdown). The fuzz (``bench/harness/server_fuzz.py``; ``make test`` runs
 300 derandomized examples of each property) runs ``--fuzz-examples`` fresh random examples of
 each and prints the first input that breaks a rule, if any.
 
@@ -25,9 +25,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.framing_battery import differences_table
-from tests.support.framing_stack import Seen, run_battery
-from tests.support.server_fuzz import check_built, check_mutated, messages, mutated
+from bench.harness.framing_battery import differences_table
+from bench.harness.framing_stack import Seen, run_battery
+from bench.harness.server_fuzz import check_built, check_mutated, messages, mutated
 
 
 def report(seen: Seen) -> dict[str, object]:

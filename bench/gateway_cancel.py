@@ -25,8 +25,8 @@ import time
 
 import aiohttp
 
+from bench.harness.processes import REPO, spawn
 from bench.stats import cpu_seconds, median_p99, rss_mib
-from tests.support.processes import REPO, spawn
 
 MODEL = "hangup-sim"
 WIDTHS = (7, 8, 13, 10, 11, 13, 13, 16, 15)

@@ -39,14 +39,14 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.harness.processes import REPO, children, spawn
+from bench.harness.scrape import scrape_async, total
+from bench.harness.stack import completion_request
+from bench.harness.vllm_stack import MODEL as TINY
+from bench.harness.vllm_stack import make_tiny_model, vllm_serve_process
 from bench.stats import cpu_of, median_p99
 from gateway_server.siblings import home_of
 from gateway_server.siblings.processes import METRICS_ENV, SLOT_ENV, SUPERVISOR_ENV
-from tests.support.processes import REPO, children, spawn
-from tests.support.scrape import scrape_async, total
-from tests.support.stack import completion_request
-from tests.support.vllm_stack import MODEL as TINY
-from tests.support.vllm_stack import make_tiny_model, vllm_serve_process
 
 SIM = ["--engine", "sim", "--workers", "2", "--sim-slots", "1024", "--sim-step-base", "0.004",
        "--sim-step-per-seq", "0", "--log-level", "WARNING"]  # fmt: skip

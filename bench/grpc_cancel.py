@@ -31,9 +31,9 @@ from bench.grpc_paths import (
     stubs,
     text_request,
 )
+from bench.harness.processes import REPO
+from bench.harness.waiting import poll_until
 from bench.stats import median_p99
-from tests.support.processes import REPO
-from tests.support.waiting import poll_until
 
 LONG = 4000  # tokens: 40 s at 10 ms a step
 

@@ -27,9 +27,9 @@ from typing import Any
 
 import grpc
 
+from bench.harness.processes import spawn
+from bench.harness.scrape import scrape
 from hangup_contract.protos import inference_pb2 as pb
-from tests.support.processes import spawn
-from tests.support.scrape import scrape
 
 PATHS = ("direct", "hangup", "envoy")
 MODEL = "hangup-sim"

@@ -23,8 +23,8 @@ from typing import Any
 import grpc
 
 from bench.grpc_paths import PATHS, path, stubs, text_request
+from bench.harness.processes import REPO
 from bench.stats import cpu_seconds, median_p99
-from tests.support.processes import REPO
 
 
 async def unary_latencies(infer: Any, calls: int) -> list[float]:

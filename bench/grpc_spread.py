@@ -32,9 +32,9 @@ import grpc
 
 from bench.cgroups import CpuGroup, NoCpuController, cpu_controller
 from bench.grpc_paths import stubs, text_request
+from bench.harness.processes import REPO, spawn
 from bench.scaling_relays import SIM, _pids
 from bench.stats import cpu_seconds
-from tests.support.processes import REPO, spawn
 
 
 class Row:

@@ -47,6 +47,9 @@ from pathlib import Path
 import aiohttp
 
 from bench.aiperf_export import request_ids
+from bench.harness.processes import REPO, descendants
+from bench.harness.scrape import scrape_async
+from bench.harness.vllm_stack import make_tiny_model
 from bench.pd_hol import PROBE_PROMPT, head_of_line, probe
 from bench.pd_report import choose_delays, owners, report
 from bench.pd_stack import (
@@ -63,9 +66,6 @@ from bench.pd_stack import (
     wait_freed,
 )
 from bench.stats import cpu_of
-from tests.support.processes import REPO, descendants
-from tests.support.scrape import scrape_async
-from tests.support.vllm_stack import make_tiny_model
 
 PARTS = ("cancel", "hol", "compare")
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from bench.harness.scrape import scrape_async
+from bench.harness.vllm_stack import LONG_PROMPT, MODEL
 from bench.pd_stack import Stack, calls, cancellations, wait_freed
-from tests.support.scrape import scrape_async
-from tests.support.vllm_stack import LONG_PROMPT, MODEL
 
 PROBE_PROMPT = "The quick brown fox jumps over the lazy dog. " * 20  # ~460 tokens
 SHORT_PROMPT = "Say something short about the weather today."

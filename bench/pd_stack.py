@@ -21,10 +21,10 @@ from pathlib import Path
 import aiohttp
 
 from bench.aiperf_export import AiperfRun, read_run
+from bench.harness.processes import REPO, Process, spawn
+from bench.harness.scrape import Samples, delta, scrape_async, total
+from bench.harness.vllm_stack import MODEL, WORKERS, vllm_gateway
 from bench.pd_report import PHASES
-from tests.support.processes import REPO, Process, spawn
-from tests.support.scrape import Samples, delta, scrape_async, total
-from tests.support.vllm_stack import MODEL, WORKERS, vllm_gateway
 
 CANCELLATIONS = "hangup_gateway_cancellations_total"
 PROXY_CANCEL_CALLS = "hangup_proxy_cancel_calls_total"

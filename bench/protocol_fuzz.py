@@ -1,5 +1,5 @@
-"""Benchmark: the long run of the protocol fuzz (HTTP/1.1: ``tests/support/http_fuzz.py``; gRPC
-messages: ``tests/support/grpc_fuzz.py``; a short run of each is in ``make test``) against the
+"""Benchmark: the long run of the protocol fuzz (HTTP/1.1: ``bench/harness/http_fuzz.py``; gRPC
+messages: ``bench/harness/grpc_fuzz.py``; a short run of each is in ``make test``) against the
 proxy and the gateway, real processes, 32 cases at a time. Prints the answers by status and every
 finding (a 5xx or a gRPC status a client cannot act on, a malformed status line, a process that
 died, something left in flight).
@@ -21,10 +21,10 @@ from pathlib import Path
 import aiohttp
 import grpc
 
-from tests.support import grpc_fuzz
-from tests.support.http_fuzz import cases, run_all, send
-from tests.support.stack import in_flight, running_stack
-from tests.support.waiting import wait_until
+from bench.harness import grpc_fuzz
+from bench.harness.http_fuzz import cases, run_all, send
+from bench.harness.stack import in_flight, running_stack
+from bench.harness.waiting import wait_until
 
 CONCURRENCY = 32
 

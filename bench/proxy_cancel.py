@@ -34,9 +34,9 @@ import statistics
 import struct
 import time
 
+from bench.harness.envoy import running_envoy
+from bench.harness.processes import REPO, spawn
 from bench.stats import quantile
-from tests.support.envoy import running_envoy
-from tests.support.processes import REPO, spawn
 
 MODEL = "hangup-sim"
 

@@ -1,7 +1,7 @@
 """Benchmark: what the proxy adds, against Envoy and against no proxy at all.
 
 One SSE source (``bench/proxy_sse_source.py``, aiohttp on uvloop) is reached three ways: direct,
-through hangup's proxy, and through Envoy (one worker thread, ``tests/support/envoy.py``). Clients
+through hangup's proxy, and through Envoy (one worker thread, ``bench/harness/envoy.py``). Clients
 are raw asyncio connections (HTTP/1.1 written by hand, chunked framing decoded here) so that the
 client's own cost stays small and equal for every path. Reported per path:
 
@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from bench.harness.envoy import running_envoy
+from bench.harness.processes import REPO, spawn
 from bench.stats import cpu_seconds, median_p99, rss_mib
-from tests.support.envoy import running_envoy
-from tests.support.processes import REPO, spawn
 
 STAMP = re.compile(rb'"t": ([0-9.]+)')
 

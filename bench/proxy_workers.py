@@ -27,10 +27,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from bench.harness.envoy import running_envoy
+from bench.harness.processes import REPO, Process, children, spawn
 from bench.proxy_overhead import run, saturate
 from bench.stats import cpu_of
-from tests.support.envoy import running_envoy
-from tests.support.processes import REPO, Process, children, spawn
 
 
 async def measure(

@@ -3,7 +3,7 @@
 Part 1 (``make demo-scale``, and the benchmark): three pods (a gateway with the simulated engine
 and a proxy in front of it, as the chart's pod), a real Envoy balancing over their proxies with
 least-request (the Endpoint Picker's stand-in), and a burst of mixed calls through it, half of
-the clients hanging up at random points (``tests/support/scale_out.py``). Prints a table of what
+the clients hanging up at random points (``bench/harness/scale_out.py``). Prints a table of what
 each pod did and what Envoy saw, and the CPU each part spent.
 
 Part 2 (``--scrape-cost``): the EPP scrapes each pod's ``/metrics`` every 50 ms, through the
@@ -27,9 +27,8 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.stats import cpu_of, median_p99, quantile
-from tests.support.processes import descendants
-from tests.support.scale_out import (
+from bench.harness.processes import descendants
+from bench.harness.scale_out import (
     in_flight,
     logged,
     plan,
@@ -37,9 +36,10 @@ from tests.support.scale_out import (
     running_pods,
     scrape_all,
 )
-from tests.support.scrape import Samples, total
-from tests.support.stack import MODEL, Stack, running_stack
-from tests.support.waiting import wait_until
+from bench.harness.scrape import Samples, total
+from bench.harness.stack import MODEL, Stack, running_stack
+from bench.harness.waiting import wait_until
+from bench.stats import cpu_of, median_p99, quantile
 
 GATEWAY = ["--workers", "2", "--sim-slots", "16", "--sim-step-base", "0.02"]
 

@@ -61,12 +61,12 @@ from bench.cgroups import (
     RealCores,
     cpu_controller,
 )
+from bench.harness.processes import REPO
 from bench.proxy_workers import sources
 from bench.scaling_relays import Relay, gateways, proxies
 from bench.scaling_report import HEADER, headroom, line, ratios, why_invalid, write_report
 from bench.spread import Owners
 from bench.stats import cpu_of, syscalls
-from tests.support.processes import REPO
 
 
 @dataclass

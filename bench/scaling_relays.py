@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.cgroups import PERIOD_US, Controller, CpuGroup, RealCores
-from tests.support.envoy import envoy_binary, running_envoy
-from tests.support.processes import Process, children, descendants, spawn
+from bench.harness.envoy import envoy_binary, running_envoy
+from bench.harness.processes import Process, children, descendants, spawn
 
 SIM = [
     "--engine",

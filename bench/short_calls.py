@@ -16,7 +16,7 @@ connecting (a new connection per call; each client loop's calls on one kept-aliv
   its whole quota at that rate (paced calls each cost more than calls at saturation) waits for
   its next CFS period: its p99 is then the throttling's, whichever relay it is.
 
-Then the same two tables in front of a real Triton (``tests/support/triton_server``; its venv as
+Then the same two tables in front of a real Triton (``bench/harness/triton_server``; its venv as
 ``make test`` installs it, else skipped saying why; ``--no-triton``): the same body to the
 ``slow`` model of ``tests/triton/models`` with no steps, which answers at once, through hangup's
 Triton bridge (``--cancel-adapter triton``: HTTP in, gRPC ``ModelInfer`` out, so that a hang-up
@@ -46,13 +46,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.cgroups import PERIOD_US, Controller, CpuGroup, NoCpuController, cpu_controller
+from bench.harness.envoy import envoy_binary
+from bench.harness.processes import REPO, children
+from bench.harness.triton_server import install, running_triton
 from bench.proxy_workers import sources
 from bench.scaling import load_group
 from bench.scaling_relays import Relay, envoy_relay, limited, proxy_relay
 from bench.stats import cpu_of, quantile
-from tests.support.envoy import envoy_binary
-from tests.support.processes import REPO, children
-from tests.support.triton_server import install, running_triton
 
 MODES = {"new connection per call": False, "kept-alive connections": True}
 _TRITON_PATH = "/v2/models/slow/infer"

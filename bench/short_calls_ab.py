@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+from bench.harness.processes import REPO
 from bench.proxy_workers import sources
 from bench.short_calls_free import window
-from tests.support.processes import REPO
 
 
 def _proxy(stack: contextlib.ExitStack, tree: Path, upstream: str, work: Path) -> tuple[str, int]:

@@ -32,11 +32,11 @@ from collections.abc import Callable
 import httptools
 import uvloop
 
+from bench.harness.envoy import envoy_binary
+from bench.harness.processes import REPO
 from bench.proxy_workers import sources
 from bench.scaling_relays import envoy_relay, proxy_relay
 from bench.short_calls_free import window
-from tests.support.envoy import envoy_binary
-from tests.support.processes import REPO
 
 # --- the floor relay (run in a process of its own) -------------------------------------------
 

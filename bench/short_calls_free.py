@@ -20,10 +20,10 @@ import sys
 import time
 from pathlib import Path
 
+from bench.harness.processes import REPO
 from bench.proxy_workers import sources
 from bench.scaling_relays import proxy_relay
 from bench.stats import cpu_of
-from tests.support.processes import REPO
 
 
 def window(

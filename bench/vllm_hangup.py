@@ -48,11 +48,11 @@ from typing import Any
 
 import aiohttp
 
-from tests.support.envoy import running_envoy
-from tests.support.processes import spawn
-from tests.support.scrape import scrape_async, total
-from tests.support.vllm_stack import ENGINE_ARGS, LONG_PROMPT, MODEL, make_tiny_model, vllm_serve
-from tests.support.waiting import wait_until
+from bench.harness.envoy import running_envoy
+from bench.harness.processes import spawn
+from bench.harness.scrape import scrape_async, total
+from bench.harness.vllm_stack import ENGINE_ARGS, LONG_PROMPT, MODEL, make_tiny_model, vllm_serve
+from bench.harness.waiting import wait_until
 
 DECODE_TOKENS_BEFORE_HANGUP = 20
 MAX_TOKENS = 1500
@@ -252,7 +252,7 @@ def summary(r: Result) -> str:
 
 @contextlib.contextmanager
 def envoy(upstream: str, tmp: Path) -> Iterator[str]:
-    """Envoy in front of ``upstream`` (the proxy benchmarks' config: ``tests/support/envoy.py``)."""
+    """Envoy in front of ``upstream`` (the proxy benchmarks' config: ``bench/harness/envoy.py``)."""
     with running_envoy(int(upstream.rsplit(":", 1)[1]), tmp / "envoy") as proxy:
         yield proxy.url
 

@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 import tritonclient.grpc.aio as triton
 
+from bench.harness.stack import RawClients
 from tests.support.gateway import Gateway, running_gateway
 from tests.support.scripted_upstream import ScriptedUpstream
-from tests.support.stack import RawClients
 
 pytest_plugins = ["tests.support.leaks"]
 

@@ -1,5 +1,5 @@
 """Waiting on a condition, never for a guessed time: the one polling loop the tests, demos and
-benchmarks use (``tests/support/waiting.py`` is this module, for the tests).
+benchmarks use.
 
 Use these where nothing can notify the test (a metric, another process's call list, a log);
 where something can (a queue, a stream, a condition), wait on it directly instead.

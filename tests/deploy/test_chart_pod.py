@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
+from bench.harness.scrape import metric_sum
+from bench.harness.stack import completion_request
+from bench.harness.waiting import poll_until
 from tests.support.chart import HelmEngine
 from tests.support.containers import Engine
 from tests.support.kube_pod import Pod, played_pod
-from tests.support.scrape import metric_sum
-from tests.support.stack import completion_request
-from tests.support.waiting import poll_until
 
 pytestmark = pytest.mark.slow
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from bench.harness.processes import REPO
+from bench.harness.waiting import poll_until
 from tests.support.containers import Engine
-from tests.support.processes import REPO
-from tests.support.waiting import poll_until
 
 DOCKERFILES = ["Dockerfile", "Dockerfile.gpu"]
 

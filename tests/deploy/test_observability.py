@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.harness.processes import REPO
 from tests.support.observability_files import (
     RULES,
     RULES_TEST,
@@ -24,7 +25,6 @@ from tests.support.observability_files import (
     panels,
     rules,
 )
-from tests.support.processes import REPO
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(

@@ -24,11 +24,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness.processes import Process, child_env, spawn
+from bench.harness.waiting import poll_until
 from tests.support.chart import CHART
 from tests.support.observability_files import RULES, PanelQuery, metric_names, panel_queries, rules
-from tests.support.processes import Process, child_env, spawn
 from tests.support.prometheus import Prometheus, Target, prometheus_binary, running_prometheus
-from tests.support.waiting import poll_until
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""hangup's sidecar behind the front doors users run, for real (``tests/support/front_doors.py``:
+"""hangup's sidecar behind the front doors users run, for real (``bench/harness/front_doors.py``:
 nginx, HAProxy and Caddy from Debian's packages, Envoy from its wheel), each with the
 configuration shipped in ``docs/front-doors/``: a client's hang-up, on a call that streams and on
 one that does not, gets through the front door and is a cancellation on the gateway, and a
@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support.front_doors import FRONT_DOORS, cancelled, hang_up, running_front_door, stack
-from tests.support.processes import Process
-from tests.support.waiting import wait_until
+from bench.harness.front_doors import FRONT_DOORS, cancelled, hang_up, running_front_door, stack
+from bench.harness.processes import Process
+from bench.harness.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -23,12 +23,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support import truss_server
-from tests.support.front_doors import LITELLM, MODEL, running_front_door
-from tests.support.processes import Process, spawn
-from tests.support.scrape import metric_sum
-from tests.support.truss_server import TrussServer
-from tests.support.waiting import wait_until
+from bench.harness import truss_server
+from bench.harness.front_doors import LITELLM, MODEL, running_front_door
+from bench.harness.processes import Process, spawn
+from bench.harness.scrape import metric_sum
+from bench.harness.truss_server import TrussServer
+from bench.harness.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -17,13 +17,13 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
+from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from hangup_contract.vocabulary import Reason
 from proxy.cancel.pool import PoolCancelAdapter, resolve
 from proxy.vocabulary import CallProtocol, CancelResult
 from tests.support.gateway import LONG, MODEL, Gateway, running_gateway
 from tests.support.proxy_harness import http_url, metric, running_proxy, wait_metric
-from tests.support.waiting import wait_until
 
 SIM = SimConfig(step_base_s=0.005)
 

@@ -1,4 +1,4 @@
-"""The chaos soak's TCP forwarder (``tests/support/faults.py``) leaves no socket behind when it
+"""The chaos soak's TCP forwarder (``bench/harness/faults.py``) leaves no socket behind when it
 closes, whatever its connections were doing: a socket left to the garbage collector fails a
 later, unrelated test with an unclosed-socket warning (CI saw it three times)."""
 
@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import socket
 
-from tests.support.faults import Forwarder
-from tests.support.waiting import wait_until
+from bench.harness.faults import Forwarder
+from bench.harness.waiting import wait_until
 
 
 def _connect(address: str) -> socket.socket:

@@ -16,11 +16,11 @@ import aiohttp
 import grpc
 import pytest
 
+from bench.harness.waiting import wait_until
 from proxy.server import Server
 from tests.support.gateway import running_gateway
 from tests.support.proxy_harness import answer_while_sending, http_url, metric, running_proxy
 from tests.support.scripted_upstream import ScriptedUpstream
-from tests.support.waiting import wait_until
 
 HEADER_S = 0.4
 IDLE_S = 0.8

@@ -8,12 +8,12 @@ import pytest
 import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
+from bench.harness.triton_io import Stream, cancel_id_of, inputs
 from hangup_contract import request_id
 from hangup_contract.vocabulary import Reason
 from proxy.cancel.http import HangupCancel, HttpCancelAdapter
 from proxy.vocabulary import CancelResult
 from tests.support.gateway import LONG, MODEL, Gateway
-from tests.support.triton_io import Stream, cancel_id_of, inputs
 
 
 async def test_the_proxy_cancels_a_stream_request_by_an_alias_of_any_characters(

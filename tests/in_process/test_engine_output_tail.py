@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
+from bench.harness.waiting import poll_until
 from gateway_server.engine.vllm.output_tail import OutputTail, error_line
-from tests.support.waiting import poll_until
 
 CHILD = r"""
 import sys

@@ -15,13 +15,13 @@ from typing import Any, cast
 import aiohttp
 import pytest
 
+from bench.harness.waiting import wait_until
 from gateway_server.engine.base import Engine, NoFaults
 from gateway_server.engine.pool import RestartPolicy
 from gateway_server.engine.sim.config import SimConfig
 from gateway_server.engine.sim.engine import SimulatedEngine
 from gateway_server.metrics.gateway import worker_loads
 from tests.support.gateway import MODEL, Gateway, running_gateway
-from tests.support.waiting import wait_until
 
 TOKEN = "fault-token"
 FAST = SimConfig(step_base_s=0.002)

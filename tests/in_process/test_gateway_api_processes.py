@@ -17,13 +17,13 @@ import aiohttp
 import pytest
 import tritonclient.grpc.aio as triton
 
+from bench.harness.scrape import parse, total
+from bench.harness.triton_io import Stream, cancel_id_of
+from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from gateway_server.siblings import Siblings, home_of
 from tests.support.gateway import LONG, MODEL, Gateway, running_api_processes
 from tests.support.metrics_files import unreadable_files, write_counter
-from tests.support.scrape import parse, total
-from tests.support.triton_io import Stream, cancel_id_of
-from tests.support.waiting import wait_until
 
 SIM = SimConfig(step_base_s=0.005)
 

@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
+from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from tests.support.gateway import MODEL, Gateway, running_gateway
-from tests.support.waiting import wait_until
 
 ONE_SLOT = SimConfig(slots=1, step_base_s=0.005)
 

@@ -19,11 +19,11 @@ import pytest
 import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
+from bench.harness.triton_io import Stream, inputs
+from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from hangup_contract.protos import cancellation_pb2
 from tests.support.gateway import MODEL, Gateway, running_gateway
-from tests.support.triton_io import Stream, inputs
-from tests.support.waiting import wait_until
 
 TOKEN = "pd-token"
 PROMPT = "word " * 400

@@ -15,10 +15,10 @@ import aiohttp
 import openai
 import pytest
 
+from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.sampling import VOCAB
 from gateway_server.openai.fields import CHAT, COMPLETIONS, Use
 from tests.support.gateway import MODEL, Gateway
-from tests.support.waiting import wait_until
 
 CHAT_PATH, COMPLETIONS_PATH = "/v1/chat/completions", "/v1/completions"
 MESSAGES = [{"role": "user", "content": "tell me"}]

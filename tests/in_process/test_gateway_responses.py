@@ -13,9 +13,9 @@ import aiohttp
 import openai
 import pytest
 
+from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from tests.support.gateway import LONG, MODEL, Gateway, running_api_processes, running_gateway
-from tests.support.waiting import wait_until
 
 ONE_SLOT = SimConfig(slots=1, step_base_s=0.005)
 

@@ -19,13 +19,13 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import CollectorRegistry
 from tritonclient.utils import InferenceServerException
 
+from bench.harness.triton_io import Stream, cancel_id_of, inputs, is_final, text_of
+from bench.harness.waiting import wait_until
 from gateway_server.config import GatewayConfig
 from gateway_server.server import GatewayServer
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.protos import inference_pb2 as pb
 from tests.support.gateway import LONG, MODEL, Gateway, running_gateway
-from tests.support.triton_io import Stream, cancel_id_of, inputs, is_final, text_of
-from tests.support.waiting import wait_until
 
 
 async def test_health_metadata_config_and_reflection(

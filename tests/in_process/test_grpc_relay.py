@@ -20,6 +20,8 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bench.harness.processes import child_env
+from bench.harness.waiting import wait_until
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.vocabulary import Reason
 from proxy.cancel.canceller import Canceller
@@ -30,8 +32,6 @@ from proxy.grpc.relay import GrpcRelay
 from proxy.metrics import ProxyMetrics
 from proxy.state import ServerState
 from proxy.vocabulary import CallProtocol
-from tests.support.processes import child_env
-from tests.support.waiting import wait_until
 
 needs_sock_diag = pytest.mark.skipif(
     not can_tell_disconnects(), reason="needs Linux sock_diag to tell a disconnect from a cancel"

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.processes import REPO, child_env
+from bench.harness.processes import REPO, child_env
 
 SCRIPTED = """
 import asyncio

@@ -16,14 +16,14 @@ import aiohttp
 import grpc
 import pytest
 
+from bench.harness.grpc_fuzz import INFERENCE, infer_request
+from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from proxy.config import AdapterName
 from proxy.server import Server, WorkerOf
 from tests.support.gateway import LONG, MODEL, running_gateway
-from tests.support.grpc_fuzz import INFERENCE, infer_request
 from tests.support.proxy_harness import http_url, metric, raw_request, running_proxy
 from tests.support.scripted_upstream import ScriptedUpstream
-from tests.support.waiting import wait_until
 
 NONE = AdapterName.NONE  # a server with no cancel API (vllm serve, Truss)
 TOKEN = "sidecar-token"

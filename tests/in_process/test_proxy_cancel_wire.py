@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bench.harness.raw_http import RawServer, read_request
+from bench.harness.waiting import wait_until
 from hangup_contract.vocabulary import Reason
 from proxy.cancel.canceller import Canceller
 from proxy.cancel.http import HangupCancel, HttpCancelAdapter
 from proxy.metrics import ProxyMetrics
 from proxy.vocabulary import CallProtocol, CancelResult
-from tests.support.raw_http import RawServer, read_request
-from tests.support.waiting import wait_until
 
 CANCELLED = b'{"request_id": "x", "state": "cancelled", "phase": "decode"}'
 

@@ -13,10 +13,10 @@ import socket
 import aiohttp
 import pytest
 
+from bench.harness.waiting import wait_until
 from proxy.config import AdapterName
 from tests.support.proxy_harness import http_url, metric, raw_request, running_proxy, wait_metric
 from tests.support.scripted_upstream import ScriptedUpstream
-from tests.support.waiting import wait_until
 
 
 def _head(path: str, extra: str = "") -> bytes:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.waiting import poll_until, wait_until
 from proxy.config import Config
 from proxy.workers import Supervisor
 from tests.support.proxy_harness import metric, running_proxy
-from tests.support.waiting import poll_until, wait_until
 
 
 def test_alive_unless_no_worker_served_for_the_limit(

@@ -2,7 +2,7 @@
 fields never become header fields, ``CONNECT`` is refused and never sent, ``Host`` as RFC 9112
 section 3.2 says, origin-form targets without a fragment, HTTP/1.0 and 1.1 only, ``chunked`` the
 only transfer coding. The upstream logs every byte and reads them with h11
-(``tests/support/recording_upstream.py``), so each test sees what a server behind the proxy reads.
+(``bench/harness/recording_upstream.py``), so each test sees what a server behind the proxy reads.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from bench.harness.recording_upstream import RecordingUpstream
 from proxy.server import Server
 from proxy.upstream.framing import request_head
 from tests.support.proxy_harness import running_proxy
-from tests.support.recording_upstream import RecordingUpstream
 
 
 @pytest.fixture

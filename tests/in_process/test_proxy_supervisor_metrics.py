@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
+from bench.harness.scrape import parse, total
 from proxy.config import Config
 from proxy.workers import Supervisor
 from tests.support.metrics_files import unreadable_files, write_counter
-from tests.support.scrape import parse, total
 
 
 def test_a_scrape_skips_and_counts_files_it_cannot_read_yet(

@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from bench.harness.raw_http import RawServer, ok, read_request
+from bench.harness.waiting import wait_until
 from proxy.errors import UpstreamBroken, UpstreamUnavailable
 from proxy.upstream.client import Client
 from tests.support.proxy_harness import http_url, running_proxy
-from tests.support.raw_http import RawServer, ok, read_request
-from tests.support.waiting import wait_until
 
 QUIET_S = 0.5  # seconds without a block getting out that count as a stalled upstream
 

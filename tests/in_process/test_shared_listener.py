@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from bench.harness.waiting import wait_until
 from hangup_contract.runtime.shared_listener import PATIENCE_S, BalancedAcceptor, Board
-from tests.support.waiting import wait_until
 
 
 class _Taken(asyncio.Protocol):

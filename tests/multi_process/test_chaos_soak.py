@@ -1,4 +1,4 @@
-"""The chaos soak, short (``tests/support/chaos.py``; the long run is ``bench.chaos_soak``): a few
+"""The chaos soak, short (``bench/harness/chaos.py``; the long run is ``bench.chaos_soak``): a few
 thousand mixed calls through the proxy, half hanging up at random points, while each fault fires
 once: upstream connections reset, the gateway stopped past the cancel deadline, the gateway
 killed, the proxy killed, the proxy drained, the engine killed (the gateway starts it again),
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import chaos, chaos_report
-from tests.support.faults import Pod
+from bench.harness import chaos, chaos_report
+from bench.harness.faults import Pod
 
 pytestmark = pytest.mark.slow
 

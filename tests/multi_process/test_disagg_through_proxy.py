@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from tests.support.scrape import Samples, delta, scrape_async, total
-from tests.support.stack import (
+from bench.harness.scrape import Samples, delta, scrape_async, total
+from bench.harness.stack import (
     MODEL,
     RawClients,
     Stack,
@@ -20,7 +20,7 @@ from tests.support.stack import (
     in_flight,
     running_stack,
 )
-from tests.support.waiting import wait_until
+from bench.harness.waiting import wait_until
 
 GATEWAY = [
     "--workers", "2", "--worker-roles", "prefill,decode",

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import aiohttp
 
-from tests.support.scrape import scrape_async, total
-from tests.support.stack import MODEL, TOKEN, in_flight, running_stack
-from tests.support.waiting import wait_until
+from bench.harness.scrape import scrape_async, total
+from bench.harness.stack import MODEL, TOKEN, in_flight, running_stack
+from bench.harness.waiting import wait_until
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 FAULTS = ["--sim-faults", "--sim-step-base", "0.005"]

@@ -1,4 +1,4 @@
-"""The differential framing battery (``tests/support/framing_battery.py``, issue 48): 121 raw
+"""The differential framing battery (``bench/harness/framing_battery.py``, issue 48): 121 raw
 requests (CL/TE conflicts and obfuscations, chunk syntax, trailers, header syntax, request-line
 forms, Host, Expect, pipelining, HTTP/1.0, limits) through hangup's proxy and through Envoy, each
 to an upstream that logs every byte and reads it with h11; the same requests straight at the
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.envoy import running_envoy
-from tests.support.framing_battery import Result, differences_table
-from tests.support.framing_cases import REQUESTS, RESPONSES, Case, ResponseCase
-from tests.support.framing_stack import Seen, run_battery
-from tests.support.processes import spawn
-from tests.support.recording_upstream import RecordingUpstream
+from bench.harness.envoy import running_envoy
+from bench.harness.framing_battery import Result, differences_table
+from bench.harness.framing_cases import REQUESTS, RESPONSES, Case, ResponseCase
+from bench.harness.framing_stack import Seen, run_battery
+from bench.harness.processes import spawn
+from bench.harness.recording_upstream import RecordingUpstream
 
 pytestmark = pytest.mark.slow
 

@@ -25,16 +25,11 @@ import aiohttp
 import grpc
 import pytest
 
-from gateway_server.siblings import home_of
-from gateway_server.siblings.processes import SLOT_ENV
-from hangup_contract.protos import inference_pb2 as pb
-from tests.support.grpc_fuzz import INFERENCE, infer_request
-from tests.support.log_records import records
-from tests.support.metrics_files import unreadable_files
-from tests.support.processes import alive, children, environ_of, stopped
-from tests.support.scrape import scrape_async, scraping, total
-from tests.support.spread import answered_one_by_one, refused
-from tests.support.stack import (
+from bench.harness.grpc_fuzz import INFERENCE, infer_request
+from bench.harness.log_records import records
+from bench.harness.processes import alive, children, environ_of, stopped
+from bench.harness.scrape import scrape_async, scraping, total
+from bench.harness.stack import (
     MODEL,
     TOKEN,
     RawClients,
@@ -43,7 +38,12 @@ from tests.support.stack import (
     in_flight,
     running_stack,
 )
-from tests.support.waiting import wait_until
+from bench.harness.waiting import wait_until
+from gateway_server.siblings import home_of
+from gateway_server.siblings.processes import SLOT_ENV
+from hangup_contract.protos import inference_pb2 as pb
+from tests.support.metrics_files import unreadable_files
+from tests.support.spread import answered_one_by_one, refused
 
 # 32 slots per worker (one per process): a process holds no more connections than the other
 # unless that one stalls, but a stream without a slot would never send its first token.

@@ -1,6 +1,6 @@
 """A bounded protocol fuzz of the live processes: a few thousand mutated HTTP/1.1 requests
-(``tests/support/http_fuzz.py``) and mutated or random protobuf messages on every gRPC method
-(``tests/support/grpc_fuzz.py``), against the proxy and the gateway, 32 at a time, while a
+(``bench/harness/http_fuzz.py``) and mutated or random protobuf messages on every gRPC method
+(``bench/harness/grpc_fuzz.py``), against the proxy and the gateway, 32 at a time, while a
 well-behaved client streams through the proxy. Every HTTP answer is a well-formed status line below
 500 or a clean close, every gRPC status one a client can act on; both processes stay up; the
 well-behaved stream is byte-identical to one made before the fuzz; nothing is left in flight on
@@ -16,10 +16,10 @@ import aiohttp
 import grpc
 import pytest
 
-from tests.support import grpc_fuzz
-from tests.support.http_fuzz import cases, run_all, send
-from tests.support.stack import MODEL, Stack, in_flight, running_stack
-from tests.support.waiting import wait_until
+from bench.harness import grpc_fuzz
+from bench.harness.http_fuzz import cases, run_all, send
+from bench.harness.stack import MODEL, Stack, in_flight, running_stack
+from bench.harness.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

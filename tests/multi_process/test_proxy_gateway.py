@@ -19,9 +19,8 @@ import aiohttp
 import openai
 import pytest
 
-from gateway_server.sse import SSEDecoder
-from tests.support.scrape import Samples, delta, scrape_async, total
-from tests.support.stack import (
+from bench.harness.scrape import Samples, delta, scrape_async, total
+from bench.harness.stack import (
     MODEL,
     RawClients,
     Stack,
@@ -29,7 +28,8 @@ from tests.support.stack import (
     in_flight,
     running_stack,
 )
-from tests.support.waiting import wait_until
+from bench.harness.waiting import wait_until
+from gateway_server.sse import SSEDecoder
 
 SLOW_STEPS = ["--sim-slots", "1", "--sim-step-base", "0.1", "--sim-prefill-chunk", "8"]
 LONG_PROMPT = " ".join(["word"] * 400)  # 50 prefill steps of 8 tokens: 5 s in prefill

@@ -13,16 +13,16 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support.processes import REPO, child_env
-from tests.support.scrape import scrape_async, total
-from tests.support.stack import (
+from bench.harness.processes import REPO, child_env
+from bench.harness.scrape import scrape_async, total
+from bench.harness.stack import (
     MODEL,
     RawClients,
     completion_request,
     in_flight,
     running_stack,
 )
-from tests.support.waiting import wait_until
+from bench.harness.waiting import wait_until
 
 SLOW = ["--sim-slots", "4", "--sim-step-base", "0.05"]
 

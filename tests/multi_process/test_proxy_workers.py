@@ -19,11 +19,10 @@ import aiohttp
 import grpc
 import pytest
 
-from tests.support import chaos_traffic
-from tests.support.processes import alive, children, stopped
-from tests.support.scrape import scrape_async, scraping, total
-from tests.support.spread import answered_one_by_one, refused
-from tests.support.stack import (
+from bench.harness import chaos_traffic
+from bench.harness.processes import alive, children, stopped
+from bench.harness.scrape import scrape_async, scraping, total
+from bench.harness.stack import (
     MODEL,
     TOKEN,
     RawClients,
@@ -32,7 +31,8 @@ from tests.support.stack import (
     in_flight,
     running_stack,
 )
-from tests.support.waiting import wait_until
+from bench.harness.waiting import wait_until
+from tests.support.spread import answered_one_by_one, refused
 
 SLOW = ["--sim-slots", "16", "--sim-step-base", "0.02"]
 LONG = {"model": MODEL, "prompt": "long", "max_tokens": 3000, "stream": True}

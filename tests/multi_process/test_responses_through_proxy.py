@@ -14,8 +14,8 @@ import aiohttp
 import openai
 import pytest
 
-from tests.support.scrape import Samples, delta, scrape_async
-from tests.support.stack import (
+from bench.harness.scrape import Samples, delta, scrape_async
+from bench.harness.stack import (
     MODEL,
     RawClients,
     Stack,
@@ -23,7 +23,7 @@ from tests.support.stack import (
     in_flight,
     running_stack,
 )
-from tests.support.waiting import wait_until
+from bench.harness.waiting import wait_until
 
 LONG = 4000
 CANCELS = "hangup_gateway_cancellations_total"

@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tests.support.scale_out import in_flight as pods_in_flight
-from tests.support.scale_out import (
+from bench.harness.scale_out import in_flight as pods_in_flight
+from bench.harness.scale_out import (
     logged,
     plan,
     run_burst,
@@ -28,8 +28,8 @@ from tests.support.scale_out import (
     sample_load,
     scrape_all,
 )
-from tests.support.scrape import Samples, total
-from tests.support.waiting import wait_until
+from bench.harness.scrape import Samples, total
+from bench.harness.waiting import wait_until
 
 CALLS = 600
 SEED = 20261123

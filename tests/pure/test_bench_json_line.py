@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from tests.support.processes import REPO
+from bench.harness.processes import REPO
 
 # A load's shape: uvloop ran, then a large line for a parent that is not reading yet.
 CHILD = """

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.processes import REPO
 from hangup_contract import request_id
 from hangup_contract.cancel import (
     CancelAnswer,
@@ -27,7 +28,6 @@ from hangup_contract.cancel import (
 )
 from hangup_contract.vocabulary import CancelState, Phase, Reason
 from proxy.errors import ProxyError
-from tests.support.processes import REPO
 
 PACKAGES = ("hangup_contract", "gateway_server", "proxy")
 

@@ -1,16 +1,24 @@
-"""The demos run in the image, which ships ``bench/`` and the installed packages but not the test
-suite (``.dockerignore``): nothing a demo imports, however deep, may come from ``tests``."""
+"""The demos run in the image, which ships ``bench/`` and hangup's base dependencies but not the
+test suite or its extras (``.dockerignore``, ``Dockerfile``): nothing a demo imports, however
+deep, may come from ``tests``, nor from a package hangup does not depend on (pytest, Hypothesis,
+tritonclient...)."""
 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.processes import REPO
+from bench.harness.processes import REPO
 
 DEMOS = ["bench.demo", "bench.demo_proxy"]  # the Dockerfile's own comment advertises them
+FIRST_PARTY = ("bench", "hangup_contract", "gateway_server", "proxy")
+BASE = {  # what pyproject's `dependencies` install, by the name a module imports
+    "aiohttp", "httptools", "uvloop", "prometheus_client", "grpc", "grpc_health",
+    "grpc_reflection", "google",
+}  # fmt: skip
 
 
 def module_file(name: str) -> Path | None:
@@ -32,19 +40,27 @@ def imported(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("demo", DEMOS)
-def test_a_demo_imports_nothing_from_the_test_suite(demo: str) -> None:
-    seen, todo, reached_tests = set(), [demo], []
+def reached(demo: str) -> set[str]:
+    """Every module ``demo`` imports, however deep through first-party modules."""
+    seen, todo = set(), [demo]
     while todo:
         name = todo.pop()
         if name in seen:
             continue
         seen.add(name)
-        if name.split(".")[0] == "tests":
-            reached_tests.append(name)
-            continue
-        if name.split(".")[0] in ("bench", "hangup_contract", "gateway_server", "proxy") and (
-            path := module_file(name)
-        ):
+        if name.split(".")[0] in FIRST_PARTY and (path := module_file(name)):
             todo.extend(imported(path))
-    assert not reached_tests, f"{demo} imports the test suite: {sorted(reached_tests)}"
+    return seen
+
+
+@pytest.mark.parametrize("demo", DEMOS)
+def test_a_demo_imports_nothing_from_the_test_suite(demo: str) -> None:
+    from_tests = sorted(n for n in reached(demo) if n.split(".")[0] == "tests")
+    assert not from_tests, f"{demo} imports the test suite: {from_tests}"
+
+
+@pytest.mark.parametrize("demo", DEMOS)
+def test_a_demo_needs_only_the_base_dependencies(demo: str) -> None:
+    tops = {n.split(".")[0] for n in reached(demo)}
+    allowed = set(sys.stdlib_module_names) | set(FIRST_PARTY) | BASE | {"__future__", "tests"}
+    assert tops <= allowed, f"{demo} imports what the image lacks: {sorted(tops - allowed)}"

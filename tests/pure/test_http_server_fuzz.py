@@ -1,4 +1,4 @@
-"""The proxy's HTTP/1.1 server under a byte-level fuzz (``tests/support/server_fuzz.py``): requests
+"""The proxy's HTTP/1.1 server under a byte-level fuzz (``bench/harness/server_fuzz.py``): requests
 built from the parts a client controls, then mutated byte by byte, cut into reads anywhere. A
 bounded number of examples here, derandomized (the same inputs every run); the long run with
 fresh seeds is ``python -m bench.framing --fuzz-examples N``."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.server_fuzz import (
+from bench.harness.server_fuzz import (
     check_built,
     check_mutated,
     messages,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import REPO
+from bench.harness.processes import REPO
 
 PACKAGES = ("proxy", "gateway_server")
 

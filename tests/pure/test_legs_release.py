@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+from bench.harness.waiting import run_ready_callbacks
 from gateway_server.placement.legs import Legs, LegState
-from tests.support.waiting import run_ready_callbacks
 
 
 class AbortAppliedLater:

@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from bench.harness.scrape import parse, total
 from hangup_contract.runtime.process_files import ProcessFiles
 from tests.support.metrics_files import unreadable_files, write_counter
-from tests.support.scrape import parse, total
 
 
 def _scrape(collector: object) -> str:

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bench.harness.waiting import run_ready_callbacks
 from hangup_contract.vocabulary import Reason
 from proxy.lifecycle import CallEnding
 from proxy.metrics import ProxyMetrics
 from proxy.state import Call
 from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
-from tests.support.waiting import run_ready_callbacks
 
 GRACE = 0.05
 

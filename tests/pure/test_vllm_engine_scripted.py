@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bench.harness.waiting import wait_until
 from gateway_server.engine.base import (
     ChatOptions,
     EngineRequest,
@@ -40,7 +41,6 @@ from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.registry import CallRegistry
 from gateway_server.service import GenerationService, ModelInfo
 from hangup_contract.vocabulary import Phase
-from tests.support.waiting import wait_until
 
 
 class ScriptedCollector:

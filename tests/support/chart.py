@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.processes import REPO
+from bench.harness.processes import REPO
 
 CHART = REPO / "charts" / "hangup"
 HELM_VENV_PYTHON = REPO / ".venv-helm" / "bin" / "python"

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.processes import REPO
-from tests.support.waiting import poll_until
+from bench.harness.processes import REPO
+from bench.harness.waiting import poll_until
 
 CPU_IMAGE = "localhost/hangup:test"
 """The name the tests build the CPU image under (the name podman gives a local build)."""

@@ -12,9 +12,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from bench.harness.waiting import wait_until
 from proxy.config import Config
 from proxy.server import Server, WorkerOf
-from tests.support.waiting import wait_until
 
 
 @contextlib.asynccontextmanager

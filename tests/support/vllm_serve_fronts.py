@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from tests.support.processes import Process, spawn
-from tests.support.scrape import Samples, scrape, total
-from tests.support.vllm_stack import ENGINE_ARGS, vllm_serve
+from bench.harness.processes import Process, spawn
+from bench.harness.scrape import Samples, scrape, total
+from bench.harness.vllm_stack import ENGINE_ARGS, vllm_serve
 
 MODES = ("close", "abort")
 TOKEN = "sidecar-token"  # the proxies' own cancel by id is on, behind it

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 
+from bench.harness.processes import Process
+from bench.harness.scrape import metric_sum
+from bench.harness.triton_io import hang_up_http
+from bench.harness.triton_server import TritonServer
 from proxy.triton.infer import HEADER_LENGTH
-from tests.support.processes import Process
-from tests.support.scrape import metric_sum
-from tests.support.triton_io import hang_up_http
-from tests.support.triton_server import TritonServer
 from tests.triton.conftest import BRIDGE_TOKEN
 from tests.triton.test_triton_cancel import LONG, SEEN_WITHIN_S, ended, request_id
 

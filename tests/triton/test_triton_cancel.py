@@ -28,11 +28,11 @@ import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
-from tests.support.processes import Process
-from tests.support.scrape import parse, total
-from tests.support.triton_io import Stream
-from tests.support.triton_server import TritonServer
-from tests.support.waiting import wait_until
+from bench.harness.processes import Process
+from bench.harness.scrape import parse, total
+from bench.harness.triton_io import Stream
+from bench.harness.triton_server import TritonServer
+from bench.harness.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

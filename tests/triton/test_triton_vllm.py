@@ -21,12 +21,13 @@ import aiohttp
 import pytest
 import tritonclient.grpc.aio as triton_aio
 
-from tests.support.processes import Process, spawn
-from tests.support.triton_io import Stream, hang_up_http
-from tests.support.triton_server import TritonServer
-from tests.support.triton_vllm import MODEL, ended, engine_idle, triton_with_vllm
-from tests.support.triton_vllm import body as generate_body
-from tests.support.vllm_stack import LONG_PROMPT, tiny_model  # noqa: F401 (fixture)
+from bench.harness.processes import Process, spawn
+from bench.harness.triton_io import Stream, hang_up_http
+from bench.harness.triton_server import TritonServer
+from bench.harness.triton_vllm import MODEL, ended, engine_idle, triton_with_vllm
+from bench.harness.triton_vllm import body as generate_body
+from bench.harness.vllm_stack import LONG_PROMPT
+from tests.support.vllm_fixtures import tiny_model  # noqa: F401 (fixture)
 from tests.triton.conftest import bridge_args
 from tests.triton.test_triton_cancel import request_id
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.support import truss_server
-from tests.support.processes import Process, spawn
-from tests.support.truss_server import TrussServer
+from bench.harness import truss_server
+from bench.harness.processes import Process, spawn
+from bench.harness.truss_server import TrussServer
 
 MODELS = ["polling", "polling_stream", "watcher_sync", "ignoring_stream"]
 TOKEN = "truss-sidecar-token"

@@ -1,5 +1,5 @@
 """The vLLM tier's fixtures: the tiny local model, one two-worker vLLM gateway and a proxy in
-front of it, shared by the session (see ``tests/support/vllm_stack.py``). No test kills the
+front of it, shared by the session (see ``tests/support/vllm_fixtures.py``). No test kills the
 shared gateway's engines, so one that died fails the test it died in, with why.
 
 ``vllm serve`` with the ``vllm`` adapter's proxies in front (``vllm_serve_fronts``) is shared by
@@ -15,18 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.processes import Process, log_events
+from bench.harness.scrape import scrape, total
+from bench.harness.vllm_stack import WAIT_S, engines_idle
+from bench.harness.waiting import poll_until
 from tests.support import vllm_serve_fronts as serve_fronts
-from tests.support.processes import Process, log_events
-from tests.support.scrape import scrape, total
-from tests.support.vllm_stack import (  # noqa: F401 (fixtures)
-    WAIT_S,
+from tests.support.vllm_fixtures import (  # noqa: F401 (fixtures)
     client_for,
-    engines_idle,
     tiny_model,
     vllm_gateway2,
     vllm_proxy,
 )
-from tests.support.waiting import poll_until
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """gRPC with the real vLLM engine (tiny local model): Triton's client, through the proxy.
 
 The shared two-worker vLLM gateway and the shared proxy in front of it
-(``tests/support/vllm_stack.py``). The engines must end every test idle: no request running or
+(``bench/harness/vllm_stack.py``). The engines must end every test idle: no request running or
 waiting, the KV cache empty, which is what an abort that reached vLLM looks like from outside.
 """
 
@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 import tritonclient.grpc as triton
 
-from tests.support.processes import Process
-from tests.support.scrape import metric_sum
-from tests.support.triton_io import inputs, is_final, text_of
-from tests.support.vllm_stack import MODEL, WAIT_S, calls_in_flight, engines_idle, requires_vllm
-from tests.support.waiting import poll_until
+from bench.harness.processes import Process
+from bench.harness.scrape import metric_sum
+from bench.harness.triton_io import inputs, is_final, text_of
+from bench.harness.vllm_stack import MODEL, WAIT_S, calls_in_flight, engines_idle
+from bench.harness.waiting import poll_until
+from tests.support.vllm_fixtures import requires_vllm
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.support.processes import (
+from bench.harness.processes import (
     Process,
     alive,
     children,
@@ -33,9 +33,10 @@ from tests.support.processes import (
     spawn,
     stalls_explained,
 )
-from tests.support.scrape import scrape, scrape_async, scraping, total
-from tests.support.vllm_stack import IGNORE_EOS, MODEL, requires_vllm, vllm_gateway
-from tests.support.waiting import wait_until
+from bench.harness.scrape import scrape, scrape_async, scraping, total
+from bench.harness.vllm_stack import IGNORE_EOS, MODEL, vllm_gateway
+from bench.harness.waiting import wait_until
+from tests.support.vllm_fixtures import requires_vllm
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 

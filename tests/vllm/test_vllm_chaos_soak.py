@@ -1,4 +1,4 @@
-"""The chaos soak with the real engine, short (``tests/support/chaos.py``; the long run is
+"""The chaos soak with the real engine, short (``bench/harness/chaos.py``; the long run is
 ``bench.chaos_soak --engine vllm``): mixed calls through the proxy in front of a one-worker vLLM
 gateway, half hanging up at random points, while the engine core is SIGKILLed (the gateway starts
 it again), SIGSTOPped until the proxy has given up on the cancels of calls that hung up meanwhile
@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import chaos, chaos_report
-from tests.support.faults import Pod
-from tests.support.vllm_stack import START_TIMEOUT_S, requires_vllm
+from bench.harness import chaos, chaos_report
+from bench.harness.faults import Pod
+from bench.harness.vllm_stack import START_TIMEOUT_S
+from tests.support.vllm_fixtures import requires_vllm
 
 # Three engine starts (the gateway's, the killed core's, the drained gateway's).
 pytestmark = [pytest.mark.vllm, requires_vllm, pytest.mark.timeout(1200)]

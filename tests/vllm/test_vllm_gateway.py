@@ -21,20 +21,19 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from tests.support.processes import Process
-from tests.support.scrape import Samples, scrape, total
-from tests.support.vllm_stack import (
+from bench.harness.processes import Process
+from bench.harness.scrape import Samples, scrape, total
+from bench.harness.vllm_stack import (
     IGNORE_EOS,
     LONG_PROMPT,
     MODEL,
     WAIT_S,
     WORKERS,
-    OpenAIFor,
     calls_in_flight,
     engines_idle,
-    requires_vllm,
 )
-from tests.support.waiting import poll_until
+from bench.harness.waiting import poll_until
+from tests.support.vllm_fixtures import OpenAIFor, requires_vllm
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 

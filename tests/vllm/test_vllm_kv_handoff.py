@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.processes import REPO, child_env
-from tests.support.vllm_stack import START_TIMEOUT_S, requires_vllm
+from bench.harness.processes import REPO, child_env
+from bench.harness.vllm_stack import START_TIMEOUT_S
+from tests.support.vllm_fixtures import requires_vllm
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 

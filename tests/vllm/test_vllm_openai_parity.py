@@ -19,6 +19,8 @@ import aiohttp
 import openai
 import pytest
 
+from bench.harness.processes import REPO, Process
+from bench.harness.vllm_stack import MODEL, vllm_serve
 from tests.support.openai_parity import (
     CASES,
     CHAT,
@@ -32,8 +34,7 @@ from tests.support.openai_parity import (
 )
 from tests.support.openai_parity import differences as differences_of
 from tests.support.openai_parity import read as read_answer
-from tests.support.processes import REPO, Process
-from tests.support.vllm_stack import MODEL, OpenAIFor, requires_vllm, vllm_serve
+from tests.support.vllm_fixtures import OpenAIFor, requires_vllm
 
 # The first test here waits for vllm serve and, unless another module started it, the shared
 # gateway: two engine starts, minutes each on a loaded CPU.

@@ -32,21 +32,20 @@ import pytest
 import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.support.processes import Process
-from tests.support.scrape import Samples, delta, scrape, total
-from tests.support.triton_io import Stream, inputs
-from tests.support.vllm_stack import (
+from bench.harness.processes import Process
+from bench.harness.scrape import Samples, delta, scrape, total
+from bench.harness.triton_io import Stream, inputs
+from bench.harness.vllm_stack import (
     IGNORE_EOS,
     LONG_PROMPT,
     MODEL,
     WAIT_S,
-    OpenAIFor,
     calls_in_flight,
     engines_idle,
-    requires_vllm,
     vllm_gateway,
 )
-from tests.support.waiting import poll_until
+from bench.harness.waiting import poll_until
+from tests.support.vllm_fixtures import OpenAIFor, requires_vllm
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 

@@ -14,10 +14,11 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.harness.processes import Process
+from bench.harness.vllm_stack import IGNORE_EOS, MODEL
+from bench.harness.waiting import wait_until
 from tests.support import vllm_serve_fronts as serve_fronts
-from tests.support.processes import Process
-from tests.support.vllm_stack import IGNORE_EOS, MODEL, requires_vllm
-from tests.support.waiting import wait_until
+from tests.support.vllm_fixtures import requires_vllm
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 

@@ -14,18 +14,12 @@ from pathlib import Path
 import pytest
 from openai.types.responses import response_create_params
 
+from bench.harness.processes import Process
+from bench.harness.scrape import scrape, total
+from bench.harness.vllm_stack import IGNORE_EOS, MODEL, WAIT_S, engines_idle
+from bench.harness.waiting import poll_until
 from gateway_server.openai.responses.request import RESPONSES
-from tests.support.processes import Process
-from tests.support.scrape import scrape, total
-from tests.support.vllm_stack import (
-    IGNORE_EOS,
-    MODEL,
-    WAIT_S,
-    OpenAIFor,
-    engines_idle,
-    requires_vllm,
-)
-from tests.support.waiting import poll_until
+from tests.support.vllm_fixtures import OpenAIFor, requires_vllm
 
 # The first test may be the one that starts the shared vLLM gateway: over 300 s on a loaded machine.
 pytestmark = [pytest.mark.vllm, requires_vllm, pytest.mark.timeout(900)]

@@ -20,19 +20,14 @@ import uuid
 import aiohttp
 import pytest
 
+from bench.harness.processes import Process
+from bench.harness.scrape import Samples, metric_sum, total
+from bench.harness.vllm_stack import IGNORE_EOS, LONG_PROMPT, MODEL, WAIT_S
+from bench.harness.waiting import poll_until
 from proxy.cancel.servers import vllm_request_ids
 from tests.support import vllm_serve_fronts as serve_fronts
-from tests.support.processes import Process
-from tests.support.scrape import Samples, metric_sum, total
+from tests.support.vllm_fixtures import requires_vllm
 from tests.support.vllm_serve_fronts import MODES
-from tests.support.vllm_stack import (
-    IGNORE_EOS,
-    LONG_PROMPT,
-    MODEL,
-    WAIT_S,
-    requires_vllm,
-)
-from tests.support.waiting import poll_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, requires_vllm]
 

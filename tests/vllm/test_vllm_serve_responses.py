@@ -23,12 +23,13 @@ from collections.abc import AsyncIterator
 import openai
 import pytest
 
+from bench.harness.scrape import metric_sum, total
+from bench.harness.vllm_stack import MODEL, WAIT_S
+from bench.harness.waiting import poll_until
 from proxy.cancel.servers import vllm_request_ids
 from tests.support import vllm_serve_fronts as serve_fronts
-from tests.support.scrape import metric_sum, total
+from tests.support.vllm_fixtures import requires_vllm
 from tests.support.vllm_serve_fronts import MODES
-from tests.support.vllm_stack import MODEL, WAIT_S, requires_vllm
-from tests.support.waiting import poll_until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, requires_vllm]
 

@@ -26,22 +26,22 @@ import httpx
 import openai
 import pytest
 
-from gateway_server.engine.base import EngineError, RequestRejected
-from gateway_server.engine.tools import ToolSettings
-from gateway_server.engine.vllm.tools import VllmToolCalling
-from tests.support.processes import Process, enter_together
-from tests.support.scrape import scrape, total
-from tests.support.vllm_stack import (
+from bench.harness.processes import Process, enter_together
+from bench.harness.scrape import scrape, total
+from bench.harness.vllm_stack import (
     ENGINE_ARGS,
     MODEL,
     WAIT_S,
     calls_in_flight,
     engines_idle,
-    requires_vllm,
     vllm_gateway,
     vllm_serve,
 )
-from tests.support.waiting import poll_until
+from bench.harness.waiting import poll_until
+from gateway_server.engine.base import EngineError, RequestRejected
+from gateway_server.engine.tools import ToolSettings
+from gateway_server.engine.vllm.tools import VllmToolCalling
+from tests.support.vllm_fixtures import requires_vllm
 
 pytestmark = [pytest.mark.vllm, requires_vllm]
 

@@ -24,20 +24,19 @@ from typing import Any
 import openai
 import pytest
 
-from tests.support.processes import REPO, Process, alive, child_env, descendants
-from tests.support.scrape import scrape, total
-from tests.support.vllm_stack import (
+from bench.harness.processes import REPO, Process, alive, child_env, descendants
+from bench.harness.scrape import scrape, total
+from bench.harness.vllm_stack import (
     ENGINE_ARGS,
     IGNORE_EOS,
     MODEL,
     WAIT_S,
-    OpenAIFor,
     calls_in_flight,
     engines_idle,
-    requires_vllm,
     vllm_gateway,
 )
-from tests.support.waiting import poll_until
+from bench.harness.waiting import poll_until
+from tests.support.vllm_fixtures import OpenAIFor, requires_vllm
 
 # Two engine starts (the gateway's, then the killed worker's): minutes each on a loaded CPU.
 pytestmark = [pytest.mark.vllm, requires_vllm, pytest.mark.timeout(1200)]

@@ -1,6 +1,6 @@
 """How each request ended, as a Truss model of the Truss tier saw it: one JSON line per event,
 appended to ``$TRUSS_RECORD_DIR/<model>.jsonl`` (the launcher sets it). Copied next to each
-``model.py`` when the server's directory is laid out (``tests/support/truss_server.py``)."""
+``model.py`` when the server's directory is laid out (``bench/harness/truss_server.py``)."""
 
 from __future__ import annotations
 

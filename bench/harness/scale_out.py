@@ -24,9 +24,9 @@ from typing import Any
 
 import aiohttp
 
-from tests.support.envoy import Envoy, running_envoy
-from tests.support.scrape import Samples, parse, total
-from tests.support.stack import MODEL, TOKEN, Stack, running_stack
+from bench.harness.envoy import Envoy, running_envoy
+from bench.harness.scrape import Samples, parse, total
+from bench.harness.stack import MODEL, TOKEN, Stack, running_stack
 
 KINDS = ("completion", "completion_stream", "chat", "chat_stream", "generate_stream")
 LONG = 3000  # tokens: a hung-up call is still running when its client leaves

@@ -26,13 +26,13 @@ from typing import Any
 import aiohttp
 import grpc
 
+from bench.harness.chaos_report import PhaseReport
+from bench.harness.faults import Pod
+from bench.harness.grpc_fuzz import STREAM, infer_request
+from bench.harness.stack import MODEL
 from gateway_server.grpc.tensors import decode_bytes_tensor
 from hangup_contract.protos import inference_pb2 as pb
 from proxy.grpc.status import StatusWatch
-from tests.support.chaos_report import PhaseReport
-from tests.support.faults import Pod
-from tests.support.grpc_fuzz import STREAM, infer_request
-from tests.support.stack import MODEL
 
 KINDS = ("completion_stream", "completion", "generate_stream", "grpc_stream")
 

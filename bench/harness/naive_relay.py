@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from tests.support.raw_http import RawServer
+from bench.harness.raw_http import RawServer
 
 
 def _length(head: bytes) -> int:

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2
 
+from bench.harness.stack import MODEL, TOKEN
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.protos import inference_pb2 as pb
 from proxy.grpc.status import StatusWatch
-from tests.support.stack import MODEL, TOKEN
 
 INFERENCE = "/inference.GRPCInferenceService/"
 STREAM = INFERENCE + "ModelStreamInfer"

@@ -1,6 +1,6 @@
 """An upstream that logs every byte a relay sends it and reads its requests with h11.
 
-The framing battery (``tests/support/framing_battery.py``) puts it behind the proxy, Envoy and a
+The framing battery (``bench/harness/framing_battery.py``) puts it behind the proxy, Envoy and a
 deliberately naive relay, and reads here what each relay made of a client's bytes. h11 is a
 parser of its own (pure Python, not llhttp) that reads as RFC 9112 says: ``Transfer-Encoding``
 wins over ``Content-Length``, trailers are trailers. So a request a relay framed one way and the
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import h11
 
-from tests.support.raw_http import RawServer
+from bench.harness.raw_http import RawServer
 
 SEEN = b"x-seen"  # the answer's field naming the target the upstream read
 

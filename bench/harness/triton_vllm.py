@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.support.processes import REPO
-from tests.support.triton_server import TritonServer, install, running_triton
-from tests.support.vllm_stack import ENGINE_ARGS
-from tests.support.waiting import wait_until
+from bench.harness.processes import REPO
+from bench.harness.triton_server import TritonServer, install, running_triton
+from bench.harness.vllm_stack import ENGINE_ARGS
+from bench.harness.waiting import wait_until
 
 MODEL = "vllm_tiny"
 MODELS = REPO / "tests" / "triton" / "vllm_models"

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.processes import REPO, stop_group, wait_ready
-from tests.support.triton_server import read_records
-from tests.support.waiting import poll_until
+from bench.harness.processes import REPO, stop_group, wait_ready
+from bench.harness.triton_server import read_records
+from bench.harness.waiting import poll_until
 
 VENV = REPO / ".venv-truss"
 PYTHON = VENV / "bin" / "python"

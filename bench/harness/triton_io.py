@@ -16,7 +16,7 @@ import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
-from tests.support.gateway import MODEL
+from bench.harness.stack import MODEL
 
 
 def inputs(prompt: str, *, stream: bool = True, **sampling: Any) -> list[triton.InferInput]:

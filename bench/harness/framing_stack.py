@@ -18,18 +18,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.envoy import running_envoy
-from tests.support.framing_battery import (
+from bench.harness.envoy import running_envoy
+from bench.harness.framing_battery import (
     Result,
     ScriptedAnswers,
     Target,
     run_requests,
     run_responses,
 )
-from tests.support.framing_cases import REQUESTS
-from tests.support.naive_relay import NaiveRelay
-from tests.support.processes import spawn
-from tests.support.recording_upstream import RecordingUpstream
+from bench.harness.framing_cases import REQUESTS
+from bench.harness.naive_relay import NaiveRelay
+from bench.harness.processes import spawn
+from bench.harness.recording_upstream import RecordingUpstream
 
 _PORTS = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0"]
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import aiohttp
 
-from tests.support.processes import REPO, Process, spawn, stop_group
-from tests.support.scrape import scrape, total
-from tests.support.waiting import poll_until, wait_until
+from bench.harness.processes import REPO, Process, spawn, stop_group
+from bench.harness.scrape import scrape, total
+from bench.harness.waiting import poll_until, wait_until
 
 ROOT = REPO / ".front-doors" / "root"
 CONFIGS = REPO / "docs" / "front-doors"

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.support.processes import Process, spawn
+from bench.harness.processes import Process, spawn
 
 MODEL = "hangup-sim"
 TOKEN = "proxy-test-token"

@@ -1,4 +1,4 @@
-"""Faults for the chaos soak (``tests/support/chaos.py``, which fires them in its phases; the
+"""Faults for the chaos soak (``bench/harness/chaos.py``, which fires them in its phases; the
 clients are ``chaos_traffic.py``): one pod (the gateway with the simulated engine or vLLM, the
 proxy in front, real processes on 127.0.0.1) whose processes can be killed, stopped, drained and
 restarted while clients use it, whose engine can be killed or hung (the simulated one through the
@@ -31,9 +31,9 @@ from pathlib import Path
 import aiohttp
 import grpc
 
-from tests.support.processes import Process, children, group_members, start
-from tests.support.stack import TOKEN
-from tests.support.waiting import wait_until
+from bench.harness.processes import Process, children, group_members, start
+from bench.harness.stack import TOKEN
+from bench.harness.waiting import wait_until
 
 READY = '"vllm_worker_ready"'
 GROUP_EXIT_S = 10.0

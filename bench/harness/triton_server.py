@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.processes import REPO, stop_group
-from tests.support.waiting import poll_until
+from bench.harness.processes import REPO, stop_group
+from bench.harness.waiting import poll_until
 
 VENV = REPO / ".venv-triton"
 MODELS = REPO / "tests" / "triton" / "models"
