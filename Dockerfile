@@ -19,7 +19,7 @@ FROM python:3.11.11-slim-bookworm
 LABEL org.opencontainers.image.title="hangup" \
       org.opencontainers.image.description="Cancelling sidecar proxy and model gateway (simulated engine)" \
       org.opencontainers.image.licenses="Apache-2.0"
-# The demos run from /app: `docker run --rm hangup:0.1.0 python -m bench.demo_proxy`.
+# The demos run from /app: `docker run --rm hangup:0.1.0 python -m bench.demos.proxy`.
 # The code stays root-owned; only the demo's log directory is writable.
 RUN groupadd --system --gid 10001 hangup \
     && useradd --system --uid 10001 --gid hangup --home-dir /home/hangup --create-home hangup \

@@ -132,22 +132,22 @@ docs: $(VENV)/.installed-docs
 
 # The whole path (a client hangs up through the proxy), then an operator cancelling by id.
 demo: $(VENV)/.installed-base
-	$(PY) -m bench.demo_proxy
-	$(PY) -m bench.demo
+	$(PY) -m bench.demos.proxy
+	$(PY) -m bench.demos.gateway
 
 # Three pods behind a real Envoy: a burst of calls, half hanging up; what each pod did.
 demo-scale: $(VENV)/.installed-base
-	$(PY) -m bench.scale_out
+	$(PY) -m bench.scale_out.pods
 
 bench: $(VENV)/.installed-base $(TRITON_VENV)/.installed
-	$(PY) -m bench.gateway_cancel
-	$(PY) -m bench.proxy_cancel
-	$(PY) -m bench.proxy_overhead
-	$(PY) -m bench.grpc_cancel
-	$(PY) -m bench.grpc_relay
-	$(PY) -m bench.scale_out --scrape-cost
-	$(PY) -m bench.triton_hangup
-	$(PY) -m bench.framing
+	$(PY) -m bench.gateway.cancel
+	$(PY) -m bench.proxy.cancel
+	$(PY) -m bench.proxy.overhead
+	$(PY) -m bench.grpc.cancel
+	$(PY) -m bench.grpc.relay
+	$(PY) -m bench.scale_out.pods --scrape-cost
+	$(PY) -m bench.triton.hangup
+	$(PY) -m bench.robustness.framing
 
 # AIPerf lives in a virtualenv of its own: it brings ~140 packages hangup does not need.
 AIPERF_VENV ?= .venv-aiperf
@@ -158,20 +158,20 @@ $(AIPERF_VENV)/.installed:
 	touch $@
 
 bench-aiperf: $(VENV)/.installed-engine $(AIPERF_VENV)/.installed
-	$(PY) -m bench.front_aiperf --aiperf $(AIPERF_VENV)/bin/aiperf
+	$(PY) -m bench.gateway.front_aiperf --aiperf $(AIPERF_VENV)/bin/aiperf
 
 # Hang-ups through nginx, HAProxy, Caddy, Envoy and LiteLLM; three pods behind LiteLLM and an edge.
 bench-front-doors: $(VENV)/.installed-base $(FRONT_DOORS)/.installed $(LITELLM_VENV)/.installed
-	$(PY) -m bench.front_doors
-	$(PY) -m bench.litellm_edge
+	$(PY) -m bench.front_doors.matrix
+	$(PY) -m bench.front_doors.litellm_edge
 
 # vLLM inside a real Triton, hangup's Triton bridge in front: hang-ups that free the engine.
 bench-triton-vllm: $(VENV)/.installed-engine $(TRITON_VENV)/.installed
-	$(PY) -m bench.triton_vllm
+	$(PY) -m bench.triton.with_vllm
 
 # Short calls (1 KiB in, 1 KiB out) through the proxy and Envoy, each at one simulated core.
 bench-short-calls: $(VENV)/.installed-base $(TRITON_VENV)/.installed
-	$(PY) -m bench.short_calls --out .demo/short-calls
+	$(PY) -m bench.short_calls.one_core --out .demo/short-calls
 
 clean:
 	rm -rf $(VENV) $(AIPERF_VENV) $(TRITON_VENV) $(TRUSS_VENV) $(LITELLM_VENV) $(FRONT_DOORS) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -6,11 +6,13 @@ three (``tests/`` imports it; it imports nothing from ``tests/``).
   ``log_records``;
 - what they run against: ``stack`` (a gateway and its proxy), ``envoy``, ``scale_out``,
   ``front_doors``, ``triton_server``, ``triton_io``, ``triton_vllm``, ``truss_server``,
-  ``vllm_stack``;
+  ``vllm_stack``, ``probe_gateway`` and ``sse_source`` (servers the benchmarks start);
 - the fuzzers, batteries and soaks whose short runs are tests and long runs benchmarks:
   ``http_fuzz``, ``grpc_fuzz``, ``server_fuzz``, ``framing_cases``, ``framing_battery``,
   ``framing_stack``, ``recording_upstream``, ``raw_http``, ``naive_relay``, ``faults``,
-  ``chaos``, ``chaos_traffic``, ``chaos_report``.
+  ``chaos``, ``chaos_traffic``, ``chaos_report``;
+- the benchmarks' arithmetic and machinery: ``stats``, ``cgroups`` (CPU quotas), ``spread``
+  (which process accepted a connection), ``aiperf_export``.
 
 It ships in the image with ``bench/``, where the demos run on hangup's base dependencies alone:
 what a demo imports (``processes``, ``waiting``, ``scrape``) must need nothing more

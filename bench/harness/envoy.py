@@ -1,5 +1,5 @@
 """A real Envoy on loopback: the reference proxy of the benchmarks, and the load balancer in
-front of several hangup pods (``tests/multi_process/test_scale_out.py``, ``bench.scale_out``).
+front of several hangup pods (``tests/multi_process/test_scale_out.py``, ``bench.scale_out.pods``).
 
 ``running_envoy(upstream_ports, work)`` writes a static config (one HTTP listener on
 127.0.0.1:0, one route to a cluster of the upstreams with ``timeout: 0s`` so long generations

@@ -2,8 +2,8 @@
 chart's pod) behind a real Envoy balancing over the proxies with least-request, and a burst of
 mixed calls through it, some clients hanging up at random points; what every side recorded.
 
-Shared by ``tests/multi_process/test_scale_out.py``, ``bench/scale_out.py`` and the demo's third
-part. Every call is one of: an OpenAI completion (streamed or not), an OpenAI chat completion
+Shared by ``tests/multi_process/test_scale_out.py``, ``bench/scale_out/pods.py`` and the demo's
+third part. Every call is one of: an OpenAI completion (streamed or not), an OpenAI chat completion
 (streamed or not), a Triton ``generate_stream``. A call that hangs up asks for many tokens, so
 it is still running when its client leaves; it leaves before the answer's head, after a random
 number of events, or (not streamed) after a random time. A call that completes asks for a few

@@ -1,6 +1,6 @@
 """vLLM's ``AsyncLLM`` inside a real Triton (``tests/triton/vllm_models/vllm_tiny``: the tiny local
 model with the vLLM tier's engine options), for the Triton tier's real-engine tests and
-``bench.triton_vllm``: starting it, and reading what its model records (how each request ended;
+``bench.triton.with_vllm``: starting it, and reading what its model records (how each request ended;
 the engine core's latest scheduler statistics)."""
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def test_cpu_image_runs_both_commands(engine: Engine, cpu_image: Any, command: s
 def test_cpu_image_runs_the_demo_and_hangs_up_cleanly(engine: Engine, cpu_image: Any) -> None:
     """The demo the Dockerfile advertises, with no network but the container's own loopback."""
     container = engine.client.containers.run(
-        cpu_image.id, ["python", "-m", "bench.demo_proxy"], detach=True, network_mode="none"
+        cpu_image.id, ["python", "-m", "bench.demos.proxy"], detach=True, network_mode="none"
     )
     try:
         assert container.wait(timeout=120)["StatusCode"] == 0, container.logs().decode()

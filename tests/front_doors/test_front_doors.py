@@ -3,7 +3,7 @@ nginx, HAProxy and Caddy from Debian's packages, Envoy from its wheel), each wit
 configuration shipped in ``docs/front-doors/``: a client's hang-up, on a call that streams and on
 one that does not, gets through the front door and is a cancellation on the gateway, and a
 stream's events get through as they are made. Each front door skips, saying why, where it cannot
-run here. The matrix with every stage and the settings each needs: ``bench.front_doors``."""
+run here. The matrix with every stage and the settings each needs: ``bench.front_doors.matrix``."""
 
 from __future__ import annotations
 

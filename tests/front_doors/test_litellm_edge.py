@@ -8,7 +8,7 @@ off by default): the model runs to its end for nobody. With ``--cancel-pool`` na
 sidecars, the edge's cancel by id reaches the one that holds the call, which closes its upstream
 connection, and the model sees its client gone. Skips, saying why, without LiteLLM
 (``.venv-litellm``) or Truss (``.venv-truss``). The same with pods of ``vllm serve`` or of hangup's
-gateway: ``bench.litellm_edge``."""
+gateway: ``bench.front_doors.litellm_edge``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""The chaos soak, short (``bench/harness/chaos.py``; the long run is ``bench.chaos_soak``): a few
-thousand mixed calls through the proxy, half hanging up at random points, while each fault fires
-once: upstream connections reset, the gateway stopped past the cancel deadline, the gateway
-killed, the proxy killed, the proxy drained, the engine killed (the gateway starts it again),
-the engine hung past the cancel deadline, the gateway drained; then a last phase without a
-fault.
+"""The chaos soak, short (``bench/harness/chaos.py``; the long run is
+``bench.robustness.chaos_soak``): a few thousand mixed calls through the proxy, half hanging up at
+random points, while each fault fires once: upstream connections reset, the gateway stopped past the
+cancel deadline, the gateway killed, the proxy killed, the proxy drained, the engine killed (the
+gateway starts it again), the engine hung past the cancel deadline, the gateway drained; then a last
+phase without a fault.
 
 After every phase: nothing in flight on the gateway, every completed call byte-identical to the
 direct one, no stream that ended cleanly without its end marker, every cancel answered or given

@@ -1,5 +1,5 @@
-"""bench.scaling's CPU quotas: where no cgroup CPU controller can be written, the benchmark says
-why and measures nothing; the wheel list it installs offline covers hangup's dependencies."""
+"""bench.scaling.cores's CPU quotas: where no cgroup CPU controller can be written, the benchmark
+says why and measures nothing; the wheel list it installs offline covers hangup's dependencies."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cgroups import NoCpuController, RealCores, cpu_controller
+from bench.harness.cgroups import NoCpuController, RealCores, cpu_controller
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,7 +48,7 @@ def _name(requirement: str) -> str:
 
 def test_the_offline_wheel_list_has_every_runtime_dependency() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    lines = (REPO / "bench" / "scaling-requirements.txt").read_text().splitlines()
+    lines = (REPO / "bench" / "scaling" / "requirements.txt").read_text().splitlines()
     listed = {_name(line) for line in lines if line.strip() and not line.startswith("#")}
     assert {_name(dep) for dep in project["dependencies"]} <= listed
 

@@ -1,4 +1,4 @@
-"""The loads' one JSON line reaches the benchmark that reads it whole (``bench.stats``)."""
+"""The loads' one JSON line reaches the benchmark that reads it whole (``bench.harness.stats``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from bench.harness.processes import REPO
 CHILD = """
 import asyncio, sys
 import uvloop
-from bench.stats import print_json_line
+from bench.harness.stats import print_json_line
 uvloop.run(asyncio.sleep(0))
 print_json_line({"latencies": [0.0012345] * 60000})
 """

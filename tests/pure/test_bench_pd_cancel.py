@@ -1,4 +1,4 @@
-"""bench.pd_cancel's reading of AIPerf's export (what it cancelled is what the gateway must have
+"""bench.pd.cancel's reading of AIPerf's export (what it cancelled is what the gateway must have
 counted) and its choice of cancellation delays from a probe call's phases."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from bench.aiperf_export import find_export, read_run, request_ids, summarize
-from bench.pd_report import choose_delays, owners, report
-from bench.pd_stack import slowest
+from bench.harness.aiperf_export import find_export, read_run, request_ids, summarize
+from bench.pd.report import choose_delays, owners, report
+from bench.pd.stack import slowest
 from gateway_server.engine.vllm.kv_handoff import handoff_key
 
 

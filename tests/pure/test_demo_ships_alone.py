@@ -13,7 +13,7 @@ import pytest
 
 from bench.harness.processes import REPO
 
-DEMOS = ["bench.demo", "bench.demo_proxy"]  # the Dockerfile's own comment advertises them
+DEMOS = ["bench.demos.gateway", "bench.demos.proxy"]  # the Dockerfile's own comment advertises them
 FIRST_PARTY = ("bench", "hangup_contract", "gateway_server", "proxy")
 BASE = {  # what pyproject's `dependencies` install, by the name a module imports
     "aiohttp", "httptools", "uvloop", "prometheus_client", "grpc", "grpc_health",

@@ -1,7 +1,7 @@
 """The proxy's HTTP/1.1 server under a byte-level fuzz (``bench/harness/server_fuzz.py``): requests
 built from the parts a client controls, then mutated byte by byte, cut into reads anywhere. A
 bounded number of examples here, derandomized (the same inputs every run); the long run with
-fresh seeds is ``python -m bench.framing --fuzz-examples N``."""
+fresh seeds is ``python -m bench.robustness.framing --fuzz-examples N``."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The chaos soak with the real engine, short (``bench/harness/chaos.py``; the long run is
-``bench.chaos_soak --engine vllm``): mixed calls through the proxy in front of a one-worker vLLM
-gateway, half hanging up at random points, while the engine core is SIGKILLed (the gateway starts
-it again), SIGSTOPped until the proxy has given up on the cancels of calls that hung up meanwhile
-and then continued, and the gateway is drained and restarted; then a last phase without a fault.
+``bench.robustness.chaos_soak --engine vllm``): mixed calls through the proxy in front of a
+one-worker vLLM gateway, half hanging up at random points, while the engine core is SIGKILLed (the
+gateway starts it again), SIGSTOPped until the proxy has given up on the cancels of calls that hung
+up meanwhile and then continued, and the gateway is drained and restarted; then a last phase without
+a fault.
 
 After every phase: nothing in flight on the gateway, the engine serving with its KV cache free,
 every completed (greedy) call byte-identical to the same call made directly, no stream that ended

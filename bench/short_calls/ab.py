@@ -1,0 +1,82 @@
+"""Benchmark: this tree's proxy against another tree's, CPU per short call, paired.
+
+On a shared machine the CPU a call costs moves by up to a quarter between runs minutes apart,
+more than most changes to the per-call path save. This runs both trees' proxies at once
+(``--workers 1``, no quota) on one upstream and alternates short windows between them (the
+order flipped every round), so both see the same machine; it prints each window and the median
+of the paired differences. Start the other tree with ``git worktree add /tmp/base <commit>``.
+
+Run: ``.venv/bin/python -m bench.short_calls.ab --other /tmp/base`` (``--rounds 10``: about a
+minute; ``--new-connections`` for a new connection per call instead of kept-alive).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.harness.processes import REPO
+from bench.harness.sse_source import sources
+from bench.short_calls.free import window
+
+
+def _proxy(stack: contextlib.ExitStack, tree: Path, upstream: str, work: Path) -> tuple[str, int]:
+    """A proxy from ``tree`` (its address, its pid), stopped when ``stack`` closes."""
+    ready = work / f"ready-{time.monotonic_ns()}.json"
+    argv = [sys.executable, "-m", "proxy", "--http-port", "0", "--grpc-port", "0",
+            "--admin-port", "0", "--log-level", "WARNING", "--upstream-http", f"http://{upstream}",
+            "--max-concurrent-streams", "0", "--ready-file", str(ready)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    proxy = subprocess.Popen(argv, cwd=tree, env=env, stderr=subprocess.DEVNULL)
+    stack.callback(proxy.wait)
+    stack.callback(proxy.terminate)
+    deadline = time.monotonic() + 60
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            listeners = json.loads(ready.read_text())
+            return str(listeners["http"]), proxy.pid
+        if proxy.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the proxy of {tree} did not start")
+        time.sleep(0.05)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--other", type=Path, required=True, help="the other tree's root")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--window", type=float, default=2.0, help="seconds per window")
+    parser.add_argument("--new-connections", action="store_true")
+    args = parser.parse_args()
+    keep = not args.new_connections
+    work = REPO / ".demo" / "bench-short-calls-ab"
+    work.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        upstream, _ = stack.enter_context(sources(1, work))
+        trees = {"this tree": REPO, "other": args.other.resolve()}
+        proxies = {name: _proxy(stack, tree, upstream, work) for name, tree in trees.items()}
+        costs: dict[str, list[float]] = {name: [] for name in trees}
+        for round_ in range(args.rounds):
+            order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
+            for name in order:
+                address, pid = proxies[name]
+                output, cpu = window(address, keep, 16, args.window, [pid], warmup=0.5)
+                costs[name].append(1e6 * cpu / max(1, int(str(output["calls"]))))
+            print(f"round {round_ + 1}: " + ", ".join(
+                f"{name} {costs[name][-1]:.1f} µs" for name in trees), flush=True)  # fmt: skip
+        ours, theirs = costs["this tree"], costs["other"]
+        paired = statistics.median(a - b for a, b in zip(ours, theirs, strict=True))
+        base = statistics.median(theirs)
+        kind = "kept-alive" if keep else "new-connection"
+        print(f"CPU µs per {kind} call, median: this tree {statistics.median(ours):.1f}, other "
+              f"{base:.1f}; paired difference {paired:+.1f} µs ({paired / base:+.1%})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
