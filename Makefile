@@ -4,7 +4,8 @@
 #   make test   lint + the whole test suite, the real vLLM engine included (on CPU if no GPU)
 #   make lint   ruff + mypy
 #   make docs   the documentation site (MkDocs, Material theme) into site/, strictly
-#   make bench  the benchmarks in bench/ (figures go to docs/benchmarks.md by hand)
+#   make bench  some of the benchmarks in bench/ (figures go to docs/benchmarks.md by hand;
+#               `python -m bench` lists every one, with its command and run time)
 #   make bench-aiperf  the API front's CPU per token against vllm serve, driven by AIPerf
 #   make bench-triton-vllm  hang-ups through the Triton bridge to vLLM inside a real Triton
 #   make bench-front-doors  hang-ups through nginx, HAProxy, Caddy, Envoy and LiteLLM

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from bench.catalog import CATALOG, Kind
 from bench.harness.processes import REPO
 
-DEMOS = ["bench.demos.gateway", "bench.demos.proxy"]  # the Dockerfile's own comment advertises them
+DEMOS = [entry.module for entry in CATALOG if entry.kind is Kind.DEMO]  # the Dockerfile advertises
 FIRST_PARTY = ("bench", "hangup_contract", "gateway_server", "proxy")
 BASE = {  # what pyproject's `dependencies` install, by the name a module imports
     "aiohttp", "httptools", "uvloop", "prometheus_client", "grpc", "grpc_health",
