@@ -11,7 +11,7 @@ say *when* each step below happens and *how* their upstream call closes; :class:
    count it (client disconnects by stage, cancels by reason), and, when an upstream call is
    open and unfinished, submit the explicit cancel by id to the ``Canceller`` (a task of its own:
    it outlives the handler). Once per call: a later stop returns the first one's cancel. A
-   ``detached`` call (a background response, ``proxy.responses``) is meant to outlive its
+   ``detached`` call (a background response, ``proxy.cancel.responses``) is meant to outlive its
    client: its end is counted (client disconnects, outcome), but no cancel is made or counted.
 2. :meth:`CallEnding.close_upstream`: close the upstream call once its cancel is answered, or
    after ``--stream-close-grace`` if that is slower; at once when no cancel is pending. Closing

@@ -47,7 +47,7 @@ class Call:
     cancel_result: CancelResult | None = None
     cancel_answered_at: float | None = None
     task: asyncio.Task[Any] | None = None  # what handles the call (set by its listener)
-    detached: bool = False  # meant to outlive its client: no cancel call (proxy.responses)
+    detached: bool = False  # meant to outlive its client: no cancel call (proxy.cancel.responses)
 
     def stop(self, reason: Reason) -> None:
         """Interrupt the call for ``reason`` (both listeners: its task cancelled). The first stop

@@ -1,4 +1,5 @@
 """Explicit cancel calls: the seams (``seams``: ``CancelAdapter``, ``SendsNow``, ``TagsRequests``,
 ``CancelCall``), the ``Canceller`` that drives the adapters (``canceller``), the adapters
 (``http``: one POST on a client of its own, and hangup's call; ``servers``: vLLM's and SGLang's;
-``grpc``: ``hangup.v1.Cancellation``), and which one a configuration picks (``choice``)."""
+``grpc``: ``hangup.v1.Cancellation``), which one a configuration picks (``choice``), and the
+calls that get none: OpenAI Responses that outlive their client (``responses``)."""

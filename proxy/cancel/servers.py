@@ -20,7 +20,7 @@ to be known the proxy writes ``"request_id": "resp_{id}"`` into each ``POST /v1/
 (``VllmAbort.tag_body``; a client's own is replaced, as its ``X-Request-Id`` is). vLLM answers 200
 whether or not an id was running, so ``ok`` means "asked", not "was running"; a 404 means the
 endpoint is missing. A background response is never aborted: the proxy makes no cancel call for
-it (``proxy.responses``).
+it (``proxy.cancel.responses``).
 
 ``sglang``. SGLang ignores ``X-Request-Id`` and takes the id from the body's ``rid`` field; the
 proxy writes it there (``SglangAbort.tag_body``), then cancels with ``POST /abort_request``
@@ -36,7 +36,7 @@ import json
 import logging
 
 from hangup_contract.vocabulary import Reason
-from proxy import responses
+from proxy.cancel import responses
 from proxy.errors import CancelAttemptFailed
 from proxy.vocabulary import CancelResult
 

@@ -14,8 +14,8 @@ accounting and hang-up handling: its gRPC call is the upstream call that a hang-
 
 Per call: admit (limits) → choose ids → stream the body up (read whole first where the proxy
 must see it: a body the adapter tags, a ``POST /v1/responses`` that may ask for a background
-response, ``proxy.responses``) → relay the response chunk by chunk as it arrives (no batching of
-SSE events) → release. The upstream side is ``proxy.upstream.client``:
+response, ``proxy.cancel.responses``) → relay the response chunk by chunk as it arrives (no batching
+of SSE events) → release. The upstream side is ``proxy.upstream.client``:
 each chunk the upstream sends is written to the client's transport in the callback that parsed
 it (``proxy.http.exchange.ClientSink``), so no task runs per event; the handler waits for the
 body's end.
@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator
 from hangup_contract.cancel import cancelled_id
 from hangup_contract.runtime.connections import BodyStalled
 from hangup_contract.vocabulary import Reason
-from proxy import responses
+from proxy.cancel import responses
 from proxy.cancel.choice import body_tagger
 from proxy.cancel.seams import CancelTask
 from proxy.config import AdapterName
@@ -300,7 +300,7 @@ class HttpRelay:
     ) -> tuple[Body, list[tuple[str, str]]]:
         """The body to send up, and the headers to send it with, where the proxy must see it:
         read whole (the adapter's upstream reads the call's id in it, ``TagsRequests``; or it
-        may ask for a background response, ``proxy.responses``)."""
+        may ask for a background response, ``proxy.cancel.responses``)."""
         request = ex.request
         reads = responses.reads_body(request.method, request.path)
         body: Body = None if tags else self._arrived(ex)

@@ -1,4 +1,4 @@
-"""Which Responses calls outlive their client (``proxy.responses``), and the ids the ``vllm``
+"""Which Responses calls outlive their client (``proxy.cancel.responses``), and the ids the ``vllm``
 adapter gives a Responses call (``proxy.cancel.servers``): rules without sockets."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from proxy import responses
+from proxy.cancel import responses
 from proxy.cancel.servers import SglangAbort, VllmAbort, vllm_request_ids
 
 
