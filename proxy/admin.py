@@ -18,9 +18,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
 
 from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
+from proxy.calls.state import ServerState
 from proxy.config import Config
 from proxy.metrics import worker_restarts
-from proxy.state import ServerState
 from proxy.vocabulary import SERVER_HEADER
 
 

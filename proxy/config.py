@@ -62,8 +62,8 @@ class Config:
     cancel_backoff_max: float = 1.0
     cancel_concurrency: int = 64  # cancel calls in flight at once; the rest wait their turn
     stream_close_grace: float = 0.5  # longest wait for a cancel's answer before closing upstream
-    # The proxy's own cancel by id (proxy.held): on when cancel_token is set. How long a cancel
-    # for an id it does not hold waits for its call, and a finished call's id is remembered.
+    # The proxy's own cancel by id (proxy.calls.held): on when cancel_token is set. How long a
+    # cancel for an id it does not hold waits for its call, and a finished call's id is remembered.
     tombstone_ttl: float = 60.0
     drain_timeout: float = 30.0
     workers: int = 1  # processes sharing the HTTP and gRPC ports (proxy.workers) when > 1

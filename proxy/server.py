@@ -29,14 +29,14 @@ from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.runtime.watchdog import LoopWatchdog
 from hangup_contract.vocabulary import Reason
 from proxy.admin import AdminListener
+from proxy.calls.siblings import Siblings, answerer
+from proxy.calls.state import ServerState
 from proxy.cancel.canceller import Canceller
 from proxy.cancel.choice import open_grpc_adapter, open_http_adapter
 from proxy.config import Config
 from proxy.grpc.relay import GrpcRelay
 from proxy.http.listener import HttpListener
 from proxy.metrics import FLUSH_EVERY_S, ProxyMetrics
-from proxy.siblings import Siblings, answerer
-from proxy.state import ServerState
 from proxy.vocabulary import CallProtocol
 
 log = logging.getLogger("hangup.proxy.server")
@@ -76,7 +76,8 @@ def listener_factories(config: Config) -> tuple[ListenerFactory, ...]:
 @dataclass(frozen=True)
 class WorkerOf:
     """This process is worker ``slot`` of ``count`` (``proxy.workers``), its supervisor's
-    private directory ``directory``: where the workers find one another (``proxy.siblings``)."""
+    private directory ``directory``: where the workers find one another
+    (``proxy.calls.siblings``)."""
 
     directory: Path
     slot: int

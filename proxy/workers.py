@@ -9,8 +9,8 @@ siblings bind (``SO_REUSEPORT``: the kernel spreads new connections). A call, it
 its explicit cancel all live in the worker that accepted its connection, and limits
 (``--max-concurrent-streams``, ``--max-connections``, ``--cancel-concurrency``) apply per
 worker. Only the proxy's own cancel by id crosses: the worker it lands on asks the others over
-Unix sockets in the supervisor's private directory (``proxy.siblings``; ``HANGUP_PROXY_WORKERS``
-in each worker's environment says how many there are).
+Unix sockets in the supervisor's private directory (``proxy.calls.siblings``;
+``HANGUP_PROXY_WORKERS`` in each worker's environment says how many there are).
 
 The supervisor relays nothing. It
 
@@ -58,9 +58,9 @@ from hangup_contract.runtime.process_files import ProcessFiles
 from hangup_contract.runtime.shared_listener import SharedListener
 from hangup_contract.runtime.supervision import Children, listening
 from proxy.admin import AdminSite
+from proxy.calls.siblings import COUNT_ENV
 from proxy.config import Config
 from proxy.metrics import SupervisorMetrics
-from proxy.siblings import COUNT_ENV
 
 log = logging.getLogger("hangup.proxy.workers")
 

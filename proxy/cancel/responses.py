@@ -9,7 +9,7 @@ like a streaming response that is not background. So it reads the body of every
 and looks at ``background`` itself. Every call on a path below ``/v1/responses/`` (retrieving a
 stored response, resuming its events with ``?stream=true``, deleting or cancelling one) is no
 generation: the response it names was started by an earlier call. A hang-up on either kind
-closes the upstream stream and makes no cancel call (``proxy.lifecycle``).
+closes the upstream stream and makes no cancel call (``proxy.calls.lifecycle``).
 
 ``background`` is read as vLLM's request model reads it (pydantic's lax booleans: ``true``, ``1``,
 ``"yes"``...): a value the server would take for true must not be cancelled by the proxy.

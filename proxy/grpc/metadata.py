@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hangup_contract import request_id as request_ids
-from proxy.request_ids import CLIENT_REQUEST_ID, RequestIds
+from proxy.calls.request_ids import CLIENT_REQUEST_ID, RequestIds
 
 Metadata = tuple[tuple[str, str | bytes], ...]
 _REQUEST_ID = request_ids.METADATA_KEY

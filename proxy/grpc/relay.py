@@ -14,7 +14,7 @@ How one call goes::
                client's TCP connection gone → client_disconnect (see grpc_peer);
                otherwise the client cancelled → grpc_cancelled
                  ▼
-               proxy.lifecycle, as for HTTP: explicit cancel call (by id, with the reason)
+               proxy.calls.lifecycle, as for HTTP: explicit cancel call (by id, with the reason)
                submitted to the Canceller; the upstream stream stays open until the cancel
                is acknowledged or ``--stream-close-grace`` passes, then it is cancelled too.
 
@@ -43,13 +43,13 @@ import grpc
 
 from hangup_contract.runtime.connections import grpc_server_options
 from hangup_contract.vocabulary import Reason
+from proxy.calls.lifecycle import CallEnding, log_call
+from proxy.calls.request_ids import RequestIds, choose_request_ids
+from proxy.calls.state import Call, ServerState
 from proxy.errors import BadRequestId, CancelledById, ClientGone, Overloaded
 from proxy.grpc.metadata import Metadata, client_metadata, relayable, upstream_metadata
 from proxy.grpc.peer import Liveness, PeerWatch, can_tell_disconnects
 from proxy.grpc.status import StatusWatch
-from proxy.lifecycle import CallEnding, log_call
-from proxy.request_ids import RequestIds, choose_request_ids
-from proxy.state import Call, ServerState
 from proxy.upstream.grpc_target import upstream_channel
 from proxy.vocabulary import CallProtocol, Outcome, Stage
 
@@ -162,7 +162,7 @@ class _Exchange:
 class GrpcRelay:
     """The gRPC listener (``name``, ``start``, ``stop_accepting``, ``close``, as every listener of
     ``proxy.server``), built from the shared ``ServerState``. Calls are stopped through
-    ``Call.stop`` when the server drains (see ``proxy.state``)."""
+    ``Call.stop`` when the server drains (see ``proxy.calls.state``)."""
 
     name = "grpc"
 

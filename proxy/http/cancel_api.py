@@ -14,8 +14,8 @@ do).
 
 The answer waits for the upstream cancel the adapter makes, if any (at most
 ``--cancel-deadline``); ``finished`` when the upstream says every call had already ended. With
-``--workers``, an id this worker does not hold is asked of the others (``proxy.siblings``), and a
-tombstone is left in every worker.
+``--workers``, an id this worker does not hold is asked of the others (``proxy.calls.siblings``),
+and a tombstone is left in every worker.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 
 from hangup_contract.cancel import bearer_matches, parse_request
-from proxy.held import HeldCalls
+from proxy.calls.held import HeldCalls
+from proxy.calls.siblings import Siblings
 from proxy.messages import Answer, Request, error_answer
-from proxy.siblings import Siblings
 
 _BODY_LIMIT = 64 * 1024
 

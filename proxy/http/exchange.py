@@ -5,11 +5,11 @@ upstream body to the client as it arrives.
 
 from __future__ import annotations
 
+from proxy.calls.lifecycle import CallEnding
+from proxy.calls.state import Call
 from proxy.cancel.seams import CancelTask
 from proxy.errors import BadBody, BodyTimeout, BodyTooLarge, CancelledById, ClientGone
-from proxy.lifecycle import CallEnding
 from proxy.messages import Request, Stream
-from proxy.state import Call
 from proxy.triton.bridge import Upstream
 from proxy.upstream.client import UpstreamCall
 from proxy.vocabulary import CancelResult

@@ -1,5 +1,5 @@
 """Header rules for relaying one HTTP/1.1 call: hop-by-hop fields, forwarding fields, where the
-call's ids go (chosen by :mod:`proxy.request_ids`).
+call's ids go (chosen by :mod:`proxy.calls.request_ids`).
 
 No I/O: header lists in, header lists out. Hop-by-hop fields (RFC 9110 §7.6.1: ``Connection`` and
 every field it names, plus the classic ``Keep-Alive``, ``Proxy-Connection``, ``TE``, ``Trailer``,
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from proxy.calls.request_ids import CLIENT_REQUEST_ID, REQUEST_ID, RequestIds
 from proxy.messages import HeadFields
-from proxy.request_ids import CLIENT_REQUEST_ID, REQUEST_ID, RequestIds
 from proxy.vocabulary import SERVER_HEADER
 
 Headers = list[tuple[str, str]]

@@ -12,10 +12,10 @@ import socket
 
 from hangup_contract.runtime.connections import counted_in
 from hangup_contract.runtime.shared_listener import BalancedAcceptor
+from proxy.calls.state import ServerState
 from proxy.http.relay import HttpRelay
 from proxy.http.server import HttpServer
 from proxy.messages import error_answer
-from proxy.state import ServerState
 
 _CLOSE_TIMEOUT = 5.0  # seconds for handlers still running at close (the drain came first)
 

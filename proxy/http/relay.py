@@ -21,7 +21,7 @@ it (``proxy.http.exchange.ClientSink``), so no task runs per event; the handler 
 body's end.
 How the call ends (the reason, the explicit cancel by request id, closing the upstream once
 the cancel is answered or ``--stream-close-grace`` passed, the one log line) is
-``proxy.lifecycle``'s, shared with gRPC; this module says when: the upstream call is an object
+``proxy.calls.lifecycle``'s, shared with gRPC; this module says when: the upstream call is an object
 of its own (``Client.start``) so that it outlives the handler's cancellation, and a hang-up while
 it is open is seen in the server's ``connection_lost`` callback itself, a turn of the event loop
 before the handler's cancellation arrives (``proxy.http.protocol``). Errors the proxy makes
@@ -40,6 +40,9 @@ from collections.abc import AsyncIterator
 from hangup_contract.cancel import cancelled_id
 from hangup_contract.runtime.connections import BodyStalled
 from hangup_contract.vocabulary import Reason
+from proxy.calls.lifecycle import CallEnding, log_call
+from proxy.calls.request_ids import REQUEST_ID, request_ids_for
+from proxy.calls.state import Call, ServerState
 from proxy.cancel import responses
 from proxy.cancel.choice import body_tagger
 from proxy.cancel.seams import CancelTask
@@ -63,10 +66,7 @@ from proxy.http.exchange import ClientSink, Exchange, held_upstream
 from proxy.http.headers import add_ids, client_response_head, upstream_request_headers
 from proxy.http.scrape import scrape
 from proxy.http.tagging import TAG_LIMIT, tag_body
-from proxy.lifecycle import CallEnding, log_call
 from proxy.messages import Answer, ClientConnection, Request, Stream, error_answer
-from proxy.request_ids import REQUEST_ID, request_ids_for
-from proxy.state import Call, ServerState
 from proxy.triton.bridge import TritonBridge, Upstream
 from proxy.upstream.client import Client
 from proxy.upstream.connection import Response
@@ -136,8 +136,8 @@ class HttpRelay:
             response = self._error(ex, exc)
             ending.finish()
             return response
-        # Every way a call can end, mapped to its reason (``proxy.lifecycle`` does the rest: the
-        # cancel, the upstream's close, the count and the log line). Here, not in a coroutine
+        # Every way a call can end, mapped to its reason (``proxy.calls.lifecycle`` does the rest:
+        # the cancel, the upstream's close, the count and the log line). Here, not in a coroutine
         # of its own: each frame between the task and the upstream's head is resumed per call.
         limit = self._config.max_request_duration
         deadline = asyncio.timeout(limit) if limit is not None else None  # only if one is set

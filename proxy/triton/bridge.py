@@ -31,9 +31,9 @@ from typing import Any
 import grpc
 
 from hangup_contract.protos import inference_pb2 as pb
+from proxy.calls.state import Call
 from proxy.errors import ClientGone, UpstreamBroken
 from proxy.messages import Answer, Request, Stream
-from proxy.state import Call
 from proxy.triton.codec import GenerateError, answer, encode, generate_request, parse_body
 from proxy.triton.infer import HEADER_LENGTH, infer_answer, infer_request
 from proxy.triton.models import SERVICE, Models

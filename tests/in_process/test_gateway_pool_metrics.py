@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.harness.scrape import scrape_async, total
 from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.config import SIM_BLOCK_SIZE, SimConfig
-from proxy.lifecycle import CALL_LOGGER
+from proxy.calls.lifecycle import CALL_LOGGER
 from proxy.server import Server
 from tests.support.gateway import LONG, MODEL, Gateway, running_api_processes, running_gateway
 from tests.support.proxy_harness import http_url, metric, running_proxy

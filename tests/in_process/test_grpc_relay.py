@@ -24,13 +24,13 @@ from bench.harness.processes import child_env
 from bench.harness.waiting import wait_until
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.vocabulary import Reason
+from proxy.calls.state import ServerState
 from proxy.cancel.canceller import Canceller
 from proxy.cancel.grpc import GrpcCancelAdapter
 from proxy.config import Config
 from proxy.grpc.peer import can_tell_disconnects
 from proxy.grpc.relay import GrpcRelay
 from proxy.metrics import ProxyMetrics
-from proxy.state import ServerState
 from proxy.vocabulary import CallProtocol
 
 needs_sock_diag = pytest.mark.skipif(

@@ -4,7 +4,7 @@ no cancel call; a hang-up on any other ``POST /v1/responses`` is cancelled as ev
 
 The upstream is the scripted one (``/v1/responses`` holds the call until its client leaves);
 each case waits until the upstream saw its connection close, by which time the proxy has either
-submitted the cancel call or decided not to (``proxy.lifecycle``).
+submitted the cancel call or decided not to (``proxy.calls.lifecycle``).
 """
 
 from __future__ import annotations

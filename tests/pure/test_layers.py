@@ -32,6 +32,9 @@ MAY_ONLY_IMPORT = {
     ("proxy", "cancel"): {
         "cancel", "upstream", "errors", "vocabulary", "metrics", "config",
     },
+    # A relayed call (its ids, its place in flight, its end, the calls by id), below the
+    # listeners and the server, above the cancel path.
+    ("proxy", "calls"): {"calls", "cancel", "config", "errors", "metrics", "vocabulary"},
 }  # fmt: skip
 
 MUST_NOT_IMPORT = {

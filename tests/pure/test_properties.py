@@ -34,6 +34,7 @@ from hangup_contract.cancel import (
 )
 from hangup_contract.protos import inference_pb2 as pb
 from hangup_contract.vocabulary import Reason
+from proxy.calls.request_ids import RequestIds, choose_request_ids
 from proxy.errors import BadRequestId
 from proxy.http.headers import (
     HOP_BY_HOP,
@@ -41,7 +42,6 @@ from proxy.http.headers import (
     client_response_head,
     upstream_request_headers,
 )
-from proxy.request_ids import RequestIds, choose_request_ids
 
 pytestmark = pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
 SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

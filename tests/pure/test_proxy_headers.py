@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from proxy.calls.request_ids import RequestIds, choose_request_ids, request_ids_for
 from proxy.errors import BadRequestId
 from proxy.http.headers import (
     add_ids,
     client_response_head,
     upstream_request_headers,
 )
-from proxy.request_ids import RequestIds, choose_request_ids, request_ids_for
 
 
 def test_hop_by_hop_request_fields_and_those_named_in_connection_are_not_sent_upstream() -> None:

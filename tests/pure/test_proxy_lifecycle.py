@@ -1,4 +1,4 @@
-"""How a proxied call ends (``proxy.lifecycle``), decided without sockets.
+"""How a proxied call ends (``proxy.calls.lifecycle``), decided without sockets.
 
 Both protocol adapters end their calls through ``CallEnding``; these tests script its
 collaborators instead: cancel calls whose answers the test releases, a close that records when
@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry
 
 from bench.harness.waiting import run_ready_callbacks
 from hangup_contract.vocabulary import Reason
-from proxy.lifecycle import CallEnding
+from proxy.calls.lifecycle import CallEnding
+from proxy.calls.state import Call
 from proxy.metrics import ProxyMetrics
-from proxy.state import Call
 from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
 
 GRACE = 0.05

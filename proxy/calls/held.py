@@ -9,8 +9,8 @@ wins). Both memories are bounded (``limit`` ids each, the oldest forgotten first
 cannot grow them without end.
 
 :meth:`HeldCalls.cancel` ends what is held under an id and says how it went; the cancel API
-(``proxy.http.cancel_api``) and, with ``--workers``, the other workers (``proxy.siblings``) ask
-it. No I/O here: a held call's ender (its listener's) makes the cancel call, if any.
+(``proxy.http.cancel_api``) and, with ``--workers``, the other workers (``proxy.calls.siblings``)
+ask it. No I/O here: a held call's ender (its listener's) makes the cancel call, if any.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from proxy.vocabulary import CancelResult
 
 
 class Call(Protocol):
-    """What is held of a call (``proxy.state.Call`` is one): its ids."""
+    """What is held of a call (``proxy.calls.state.Call`` is one): its ids."""
 
     @property
     def request_id(self) -> str | None: ...

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangup_contract.vocabulary import Reason
+from proxy.calls.held import HeldCalls
+from proxy.calls.siblings import Siblings
 from proxy.cancel.canceller import Canceller
 from proxy.config import Config
 from proxy.errors import Overloaded
-from proxy.held import HeldCalls
 from proxy.metrics import ProxyMetrics
-from proxy.siblings import Siblings
 from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
 
 

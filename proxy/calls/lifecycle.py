@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable
 
 from hangup_contract.vocabulary import Reason
+from proxy.calls.state import Call
 from proxy.cancel.seams import CancelTask, Submit
 from proxy.metrics import ProxyMetrics
-from proxy.state import Call
 from proxy.vocabulary import Outcome
 
 CALL_LOGGER = "hangup.proxy.call"

@@ -25,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from proxy.held import HeldCalls
+from proxy.calls.held import HeldCalls
 
 log = logging.getLogger("hangup.proxy.siblings")
 
