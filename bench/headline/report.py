@@ -67,28 +67,37 @@ def ratios(pair: dict[str, Any], point: str) -> tuple[float, float]:
     return goodput, p99
 
 
+def said(point: str) -> str:
+    """``50%-decode-answer`` as a reader says it: ``50 % in decoding``."""
+    rate, lands, kind = point.split("-")
+    where = "in decoding" if lands == "decode" else "at once"
+    return f"{rate.rstrip('%')} % {where}" + (", streams" if kind == "stream" else "")
+
+
 def table(name: str, pair: dict[str, Any]) -> str:
     heads = " | ".join(head for _, head, _ in FIGURES)
     rows = [f"**{pair['title']}** (`{name}`; hang-ups in decoding wait "
             f"{pair['delays'].get('decode', math.nan):.2f} s)", "",
             f"| hang-ups | side | {heads} |", "|---|---|" + "---:|" * len(FIGURES)]  # fmt: skip
     labels = dict(zip(pair["sides"], pair["labels"], strict=True))
-    for (point, side), runs in grouped(pair).items():
-        cells = " | ".join(cell(runs, key, fmt) for key, _, fmt in FIGURES)
-        rows.append(f"| {point} | {labels[side]} | {cells} |")
+    groups = grouped(pair)
+    for point in dict.fromkeys(point for point, _ in groups):
+        for side in pair["sides"]:
+            cells = " | ".join(cell(groups[point, side], key, fmt) for key, _, fmt in FIGURES)
+            rows.append(f"| {said(point)} | {labels[side]} | {cells} |")
     return "\n".join(rows)
 
 
 def headline(results: dict[str, Any], point: str = "50%-decode-answer") -> list[str]:
     """A sentence per pair: what hangup's side gives the clients who stay at ``point``."""
-    said = []
+    sentences = []
     for name, pair in results["pairs"].items():
         goodput, p99 = ratios(pair, point)
         other, ours = pair["labels"]
-        said.append(f"{name}: at {point.split('-')[0]} hang-ups, {ours} gives the clients who "
+        sentences.append(f"{name}, {said(point)}: {ours} gives the clients who "
                     f"stay {goodput:.2f}x the goodput of {other} and {p99:.2f}x lower p99 "
                     f"latency")  # fmt: skip
-    return said
+    return sentences
 
 
 def tables(results: dict[str, Any]) -> str:
