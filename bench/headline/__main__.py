@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import datetime
 import json
+import math
 import os
 import platform
 import subprocess
@@ -71,13 +72,20 @@ def _sampling(engine: Engine, every_s: float) -> tuple[list[list[float]], thread
 
 
 def _idle(engine: Engine) -> float:
-    """Seconds until the engine runs and queues nothing (its leftovers done)."""
+    """Seconds until the engine runs and queues nothing (its leftovers done) and its count of
+    tokens generated stops moving: a count may land just after the engine's gauges say idle
+    (the Triton model records a request's tokens when it ends, its engine statistics per step;
+    a run once counted 56 tokens of the next)."""
     start = time.monotonic()
-    while engine.busy() > 0:
+    last = math.nan
+    while True:
+        count = engine.generated() if engine.busy() == 0 else math.nan
+        if count == last:  # idle, and the same count 0.2 s apart (NaN equals nothing)
+            return time.monotonic() - start
         if time.monotonic() - start > IDLE_S:
             raise RuntimeError(f"the engine still busy {IDLE_S:.0f} s after a run")
-        time.sleep(0.1)
-    return time.monotonic() - start
+        last = count
+        time.sleep(0.2)
 
 
 def run_once(args: argparse.Namespace, pair: Pair, url: str, engine: Engine, point: Point,

@@ -97,3 +97,19 @@ def test_the_headline_ratios_are_ratios_of_medians_hangup_over_the_other_side() 
     assert ratios(pair, "50%-decode-answer") == (2.0, 2.0)
     (sentence,) = headline({"pairs": {"triton": pair}})
     assert "2.00x the goodput of Triton direct" in sentence and "2.00x lower p99" in sentence
+
+
+def test_a_run_ends_once_the_engine_is_idle_and_its_token_count_stops_moving(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Triton model records a request's tokens when it ends, after the engine's gauges may
+    already say idle: the count read then must include them."""
+    from bench.headline import __main__ as headline_main
+    from bench.headline.pairs import Engine
+
+    busy = iter([2, 1, 0, 0, 0, 0, 0])
+    counts = iter([900, 960, 960, 960])  # read only while idle: 56+ tokens land after idle
+    monkeypatch.setattr(headline_main.time, "sleep", lambda _: None)
+    engine = Engine(generated=lambda: next(counts), busy=lambda: next(busy), kv=lambda: 0.0)
+    headline_main._idle(engine)
+    assert next(counts) == 960  # what the run reads next: the count with the late tokens in
