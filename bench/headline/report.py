@@ -93,6 +93,8 @@ def headline(results: dict[str, Any], point: str = "50%-decode-answer") -> list[
     sentences = []
     for name, pair in results["pairs"].items():
         goodput, p99 = ratios(pair, point)
+        if math.isnan(goodput):
+            continue  # a run without that point (--rates)
         other, ours = pair["labels"]
         sentences.append(f"{name}, {said(point)}: {ours} gives the clients who "
                     f"stay {goodput:.2f}x the goodput of {other} and {p99:.2f}x lower p99 "
