@@ -413,6 +413,19 @@ CATALOG: tuple[Entry, ...] = (
         args="--for 3600 --out pauses.jsonl",
     ),
     Entry(
+        "bench.diagnosis.listener_spread",
+        does=(
+            "how the shared listener spreads open connections over a server's processes "
+            "(run beside a benchmark)"
+        ),
+        run_time="as long as --for says, or until SIGTERM",
+        figures=Section(
+            BENCHMARKS, "The accept rule, mended: a share of the queue (2026-11-28, issue 51)"
+        ),
+        kind=Kind.DIAGNOSIS,
+        args="--for 600",
+    ),
+    Entry(
         "bench.harness.probe_gateway",
         does=(
             "the gateway with a simulated engine that logs when each abort was asked for and "

@@ -13,14 +13,18 @@ maps: per slot its open connections and how many it has accepted).
 Every child watching the socket is woken for each new connection; the ones that are not the
 least loaded stop watching for ``PATIENCE_S``. If in that time no sibling accepted anything (the
 least loaded ones are busy, as when a CPU quota throttles them, or stalled, or gone and not yet
-marked so), the waiting child, which is running, takes what waits: one connection, then it looks
-again, and twice as many each time its siblings still took nothing (up to ``_TAKEN_AT_ONCE``).
-A busy or stalled process delays a new connection by that much, never holds it, and where CPU
-is the limit connections go to the processes that have it; but a sibling busy for a moment
-(one long pass of its event loop) does not lose its share of a burst, as it did when the
-waiting child took up to 16 at once: four gateway API processes, each always busy, at 64 streams
-held from 2 to 40 connections each (now mostly 11 to 20). A child marks its slot absent when it
-stops accepting (a drain); the supervisor marks the slot of a child that exited.
+marked so), the waiting child, which is running, takes what waits: what it lacks of an even
+share of every connection open or queued (the queue's length is the listening socket's
+``TCP_INFO``), at least one; then it looks again, and takes one, two, four (``_TAKEN_AT_ONCE``)
+each time its siblings still took nothing. A busy or stalled process delays a new connection by
+that much, never holds it, and where CPU is the limit connections go to the processes that have
+it. Two ways this went wrong before, both measured (docs/benchmarks.md): taking up to 16 at once
+let a sibling busy for a moment (one long pass of its event loop) lose its share of a burst (four
+gateway API processes, each always busy, at 64 streams held from 2 to 40 connections each; now
+mostly 13 to 19); taking one at a time left four proxy workers at 0.02 of a CPU quota each (a
+run window of 2 ms in 100) taking one new connection a window, and relaying half of what they
+could. A child marks its slot absent when it stops accepting (a drain); the supervisor marks the
+slot of a child that exited.
 
 Only the HTTP listener is shared: grpcio binds its own sockets, so the gRPC ports stay with
 ``SO_REUSEPORT``.
@@ -51,6 +55,8 @@ _TAKEN_AT_ONCE = 4  # the most a process takes at once when its less loaded sibl
 _ACCEPT_ERROR_PAUSE_S = 0.1  # out of descriptors or memory: accept again after this long
 _ABSENT = -1
 _SLOT = struct.Struct("=qq")  # open connections (-1: absent), connections accepted in all
+_TCP_INFO: int | None = getattr(socket, "TCP_INFO", None)  # Linux's
+_UNACKED = struct.Struct("=24xI")  # tcp_info's tcpi_unacked: after 8 one-byte fields and 4 u32s
 
 
 class Board:
@@ -233,16 +239,26 @@ class BalancedAcceptor:
             return
         if self._board.read()[1] == accepted_before:
             # No sibling took anything: the less loaded ones are busy (or stalled), so this
-            # process, which is running, takes what waits: one, then twice as many each time
-            # they still take nothing (up to a bound), looking again in between.
+            # process, which is running, takes what waits: up to its share of every connection
+            # open or queued, and at least one, then twice as many each time they still take
+            # nothing (up to a bound), looking again in between.
             self._taking = min(2 * self._taking, _TAKEN_AT_ONCE) or 1
-            for _ in range(self._taking):
+            for _ in range(max(self._taking, self._short_of_share())):
                 if not self._accept():
                     break
         else:
             self._taking = 0
         if self._waiting is None:  # not pausing after an error accepting
             self._watch()
+
+    def _short_of_share(self) -> int:
+        """How many connections this process lacks of an even share of the live processes' open
+        connections and those waiting in the listening socket's queue."""
+        counts, _ = self._board.read()
+        mine = self._connections() + self._pending
+        others = [n for slot, n in enumerate(counts) if slot != self._slot and n >= 0]
+        everyone = mine + sum(others) + queued(self.sock)
+        return -(-everyone // (len(others) + 1)) - mine
 
     def _accept(self) -> bool:
         """Take one connection; whether there was one."""
@@ -280,6 +296,20 @@ class BalancedAcceptor:
         finally:
             self._pending -= 1
             self.changed()
+
+
+def queued(sock: socket.socket) -> int:
+    """Connections waiting in a listening TCP socket's accept queue (Linux reports the queue's
+    length as ``tcpi_unacked`` of ``TCP_INFO`` on a listening socket); 0 where it cannot be read."""
+    if _TCP_INFO is None:
+        return 0
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _UNACKED.size)
+    except OSError:
+        return 0
+    if len(info) < _UNACKED.size:
+        return 0
+    return int(_UNACKED.unpack_from(info)[0])
 
 
 def _slots(path: Path) -> int:

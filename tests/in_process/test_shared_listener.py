@@ -1,8 +1,8 @@
 """The shared listener's rule, on a real socket in one process: a process holding more
 connections than a sibling leaves a new one to it, and takes it itself once that sibling took
-nothing for ``PATIENCE_S`` (it is stalled or busy), a burst one at first, then twice as many each
-time the sibling still takes none; a process that cannot accept (out of descriptors) pauses
-instead of trying again at once."""
+nothing for ``PATIENCE_S`` (it is stalled or busy), a burst up to its share at first, then one,
+two, four each time the sibling still takes none; a process that cannot accept (out of
+descriptors) pauses instead of trying again at once."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from bench.harness.waiting import wait_until
-from hangup_contract.runtime.shared_listener import PATIENCE_S, BalancedAcceptor, Board
+from hangup_contract.runtime.shared_listener import PATIENCE_S, BalancedAcceptor, Board, queued
 
 
 class _Taken(asyncio.Protocol):
@@ -74,14 +74,17 @@ async def test_a_busier_process_leaves_a_connection_to_a_sibling_then_takes_it(
     assert taken - opened >= PATIENCE_S
 
 
-async def test_a_burst_the_less_loaded_sibling_leaves_is_taken_one_then_twice_as_many(
+async def test_a_burst_the_less_loaded_sibling_leaves_is_taken_up_to_a_share_then_doubling(
     listening: socket.socket, tmp_path: Path
 ) -> None:
-    """A sibling busy for one long pass of its loop then still finds most of a burst waiting:
-    taking every waiting connection after the first wait left four busy gateway API processes
-    holding from 2 to 37 of 64 connections."""
+    """After a wait in which the sibling took nothing, the running process takes what it lacks
+    of an even share of everything open or queued, then one, two, four a wait: one a wait left
+    four proxy workers at 0.02 of a core each taking one new connection a run window (half the
+    events a second of up to 16 a wait), and taking every waiting connection after the first
+    wait left four busy gateway API processes holding from 2 to 37 of 64 connections."""
     host, port = listening.getsockname()[:2]
     writers = [(await asyncio.open_connection(host, port))[1] for _ in range(8)]  # all queued
+    await wait_until(lambda: queued(listening) == 8, what="8 connections queued")
     board = _stalled_sibling(tmp_path)
     seen: list[int] = []  # connections accepted in all, as each connection is made
     acceptor = BalancedAcceptor(
@@ -94,9 +97,21 @@ async def test_a_burst_the_less_loaded_sibling_leaves_is_taken_one_then_twice_as
         acceptor.stop()
         for writer in writers:
             writer.close()
-    # Batches of 1, 2, 4, then the last one, each after a wait of PATIENCE_S in which the
-    # stalled sibling took nothing; all 8 at once after the first wait before.
-    assert seen == [1, 3, 3, 7, 7, 7, 7, 8]
+    # Each batch after a wait of PATIENCE_S in which the stalled sibling took nothing: 3 (holding
+    # 3 of 3 + 8, half is 6), then 2 (the doubling; half of 3 + 5 is 4, one short), then the last
+    # 3; one at a time, then 2 and 4, before (1, 3, 3, 7, 7, 7, 7, 8).
+    assert seen == [3, 3, 3, 5, 5, 8, 8, 8]
+
+
+async def test_the_queue_of_a_listening_socket_is_counted(listening: socket.socket) -> None:
+    host, port = listening.getsockname()[:2]
+    assert queued(listening) == 0
+    writers = [(await asyncio.open_connection(host, port))[1] for _ in range(3)]
+    await wait_until(lambda: queued(listening) == 3, what="3 connections queued")
+    listening.accept()[0].close()
+    assert queued(listening) == 2
+    for writer in writers:
+        writer.close()
 
 
 class _Counting(asyncio.Protocol):
