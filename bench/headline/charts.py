@@ -12,11 +12,13 @@ Each carries the run's date, commit and machine. Redraw from a results file:
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from bench.headline.report import grouped
+from bench.headline.report import figures, grouped
 
 COLOURS = ("#c0392b", "#2471a3")  # the side that swallows hang-ups, hangup's side
 KV_PAIR = "litellm"
@@ -37,13 +39,12 @@ def _series(pair: dict[str, Any], side: str, key: str) -> tuple[list[int], list[
     for (point, who), runs in grouped(pair).items():
         if who != side or not point.endswith("-decode-answer"):
             continue
-        values = sorted(float(r[key]) for r in runs)
-        mid = values[len(values) // 2] if len(values) % 2 else sum(
-            values[len(values) // 2 - 1 : len(values) // 2 + 1]) / 2  # fmt: skip
+        values = figures(runs, key)
+        mid = statistics.median(values) if values else math.nan
         rates.append(int(point.split("%")[0]))
         middle.append(mid)
-        low.append(mid - values[0])
-        high.append(values[-1] - mid)
+        low.append(mid - min(values, default=math.nan))
+        high.append(max(values, default=math.nan) - mid)
     return rates, middle, [low, high]
 
 

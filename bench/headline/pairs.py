@@ -126,7 +126,7 @@ def triton_stack(model: Path, work: Path) -> Iterator[Side]:
             bridge.terminate()
 
 
-def _sidecar(upstream: str, work: Path, token: Path, adapter: str = "hangup") -> list[str]:
+def _sidecar(upstream: str, token: Path, adapter: str = "hangup") -> list[str]:
     return ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0", "--log-level", "WARNING",
             "--upstream-http", upstream, "--cancel-adapter", adapter,
             "--trust-client-request-id", "--cancel-token-file", str(token)]  # fmt: skip
@@ -141,7 +141,7 @@ def litellm_stack(model: Path, work: Path) -> Iterator[Side]:
         gateway = stack.enter_context(vllm_gateway(model, work / "gateway", 1,
                                                    extra=["--log-level", "WARNING"]))  # fmt: skip
         sidecar: Process = stack.enter_context(
-            spawn("proxy", _sidecar(gateway.url(), work, token), work / "sidecar")
+            spawn("proxy", _sidecar(gateway.url(), token), work / "sidecar")
         )
         port = int(sidecar.url().rsplit(":", 1)[1])
         litellm = stack.enter_context(

@@ -34,13 +34,18 @@ def _derived(run: dict[str, Any]) -> dict[str, Any]:
     return {**run, "nobody_per_hangup": run["nobody_tokens"] / hung_up if hung_up else math.nan}
 
 
+def figures(runs: Iterable[dict[str, Any]], key: str) -> list[float]:
+    """``key`` of each run that has a figure for it (a run may have none: NaN)."""
+    return [float(r[key]) for r in runs if not math.isnan(float(r[key]))]
+
+
 def median(runs: Iterable[dict[str, Any]], key: str) -> float:
-    values = [float(r[key]) for r in runs if not math.isnan(float(r[key]))]
-    return statistics.median(values) if values else math.nan
+    found = figures(runs, key)
+    return statistics.median(found) if found else math.nan
 
 
 def cell(runs: list[dict[str, Any]], key: str, fmt: str) -> str:
-    values = [float(r[key]) for r in runs if not math.isnan(float(r[key]))]
+    values = figures(runs, key)
     if not values:
         return "-"
     middle = fmt.format(statistics.median(values))
