@@ -197,6 +197,15 @@ CATALOG: tuple[Entry, ...] = (
         figures=Section(BENCHMARKS, "grpcio's own floor (2026-11-28, issue 51)"),
     ),
     Entry(
+        "bench.grpc.stream_cost",
+        does="the gateway's CPU per gRPC stream response against an SSE event and grpcio's floor",
+        run_time="about 2 min",
+        figures=Section(
+            BENCHMARKS,
+            "The gateway's gRPC stream against its SSE and the floor (2026-11-28, issue 51)",
+        ),
+    ),
+    Entry(
         "bench.pd.cancel",
         does=(
             "cancellation under AIPerf on a prefill/decode gateway (real vLLM), head-of-line, P/D"
