@@ -196,9 +196,7 @@ def inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:
         "ModelConfig": unary(s.model_config),
         "RepositoryIndex": unary(s.repository_index),
         "ModelInfer": unary(s.model_infer),
-        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
-            s.model_stream_infer,
-            response_serializer=pb.ModelStreamInferResponse.SerializeToString,
-        ),
+        # The stream's responses come serialized (gateway_server.grpc.responses).
+        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(s.model_stream_infer),
     }
     return grpc.method_handlers_generic_handler(SERVICE_NAME, methods)

@@ -3,7 +3,8 @@
 The stream is one call (its id: the ``x-request-id`` metadata); each request on it becomes one
 engine request of that call, run in a task of its own as soon as it arrives, so requests overlap
 and their responses interleave, each carrying the request's ``id``. One task writes responses to
-the stream, in the order they are produced.
+the stream, in the order they are produced, as bytes: a request's responses are encoded from
+parts built once for the request (:mod:`gateway_server.grpc.responses`), not built as messages.
 
 Responses to one request: with input ``stream`` true, one per chunk of text; otherwise one with
 the whole text. Each carries the bool parameter ``triton_final_response`` (true on the last), and
@@ -40,6 +41,7 @@ from gateway_server.errors import (
     RequestCancelled,
 )
 from gateway_server.grpc.common import parse, refused, status_of
+from gateway_server.grpc.responses import TextResponses
 from gateway_server.grpc.tensors import TextRequest, decode_request, parameter, text_response
 from gateway_server.openai.fields import check_sampling
 from gateway_server.registry import Call
@@ -58,7 +60,8 @@ from hangup_contract.vocabulary import Reason
 MODEL_VERSION = "1"
 CANCEL_ID = "hangup_request_id"
 
-Write = Callable[[pb.ModelStreamInferResponse], Awaitable[None]]
+Write = Callable[[bytes], Awaitable[None]]
+"""Writes one serialized ``ModelStreamInferResponse`` to the stream."""
 
 
 def prepare(service: GenerationService, request: pb.ModelInferRequest) -> tuple[TextRequest, Any]:
@@ -92,7 +95,7 @@ class StreamSession:
     def __init__(self, service: GenerationService, call: Call) -> None:
         self._service = service
         self._call = call
-        self._out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
         self._tasks: set[asyncio.Task[None]] = set()
         self._sequences: dict[object, _Sequence] = {}
         self.cancelled: Reason | None = None
@@ -201,6 +204,7 @@ class StreamSession:
         alias = f"{self._call.call_id}:{request.id}" if request.id else None
         empty_final = parameter(request, EMPTY_FINAL_OPT_IN) is True
         extra = {CANCEL_ID: alias} if alias else {}
+        responses = TextResponses(request.model_name, MODEL_VERSION, request.id, FINAL_FLAG, extra)
         whole = "" if text.exclude_input_in_output or text.stream else text.prompt
         generation = self._service.generate(self._call, text.prompt, params, alias=alias)
         async with aclosing(generation) as chunks:
@@ -209,18 +213,11 @@ class StreamSession:
                 if not text.stream:
                     whole += chunk.text
                 elif chunk.text or (last and not empty_final):
-                    self._respond(request, chunk.text, last and not empty_final, extra)
+                    self._out.put_nowait(responses.encode(chunk.text, last and not empty_final))
         if not text.stream:
-            self._respond(request, whole, not empty_final, extra)
+            self._out.put_nowait(responses.encode(whole, not empty_final))
         if empty_final:
-            self._respond(request, None, True, extra)
-
-    def _respond(
-        self, request: pb.ModelInferRequest, text: str | None, final: bool, extra: dict[str, Any]
-    ) -> None:
-        parameters = {FINAL_FLAG: final, **extra}
-        response = text_response(request.model_name, MODEL_VERSION, request.id, text, parameters)
-        self._out.put_nowait(pb.ModelStreamInferResponse(infer_response=response))
+            self._out.put_nowait(responses.encode(None, True))
 
     def _error(
         self,
@@ -235,11 +232,10 @@ class StreamSession:
         response = text_response(
             request.model_name, MODEL_VERSION, request.id, None, {FINAL_FLAG: True}
         )
-        self._out.put_nowait(
-            pb.ModelStreamInferResponse(
-                error_message=f"{code.name}: {message or text}", infer_response=response
-            )
+        error = pb.ModelStreamInferResponse(
+            error_message=f"{code.name}: {message or text}", infer_response=response
         )
+        self._out.put_nowait(error.SerializeToString())
 
     def _end_call(self, reason: Reason) -> None:
         if self.cancelled is None:
