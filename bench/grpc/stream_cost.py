@@ -15,9 +15,13 @@ clock after ``--warmup`` seconds of load:
   hangup code answering each request with ``--tokens`` responses of the gateway's shape
   (``bench.grpc.floor``'s ``aio`` and ``aio-bytes`` servers), driven by the same load as the
   gateway's gRPC row;
+- **floor, paced**: a bare ``grpc.aio`` server writing the same prebuilt bytes, but each stream
+  one response per tick of one timer every ``--sim-step`` seconds, as the simulated engine
+  hands every running request a token per step: the floor at the gateway's pace, where fewer
+  responses share each wakeup of grpcio's poller and of the event loop;
 - with ``--other DIR`` (a checkout of another tree, e.g. ``git archive`` of a commit unpacked
-  there): **other gRPC**, that tree's gateway in the same place as this one's gRPC row, for a
-  paired before/after (an identical tree there shows the noise).
+  there; more than once for more trees): **gRPC of DIR**, that tree's gateway loaded as this
+  one's gRPC row, for a paired before/after (an identical tree there shows the noise).
 
 What each number includes: **µs per response** is the serving process's own CPU time (user and
 system, from ``/proc``) over the window divided by the responses (gRPC messages, or SSE events)
@@ -50,11 +54,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import uvloop
 
-from bench.grpc.floor import STREAM
+from bench.grpc.floor import SERVICE, STREAM, stream_response
 from bench.grpc.floor import _server as floor_server
 from bench.grpc.paths import text_request
 from bench.harness.cgroups import Controller, CpuGroup, cpu_controller
@@ -108,6 +113,54 @@ def _load(args: argparse.Namespace) -> None:
 
 
 # --- the servers ------------------------------------------------------------------------------
+
+
+def _paced_floor(args: argparse.Namespace) -> None:
+    """The paced floor server: prints its port, then serves until terminated."""
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        prebuilt = stream_response(0).SerializeToString()
+        tick: list[asyncio.Future[None]] = [loop.create_future()]
+
+        async def ticker() -> None:
+            while True:
+                await asyncio.sleep(args.sim_step)
+                done, tick[0] = tick[0], loop.create_future()
+                done.set_result(None)
+
+        async def stream(requests: Any, context: Any) -> None:
+            async for _ in requests:
+                for _index in range(args.tokens):
+                    await tick[0]
+                    await context.write(prebuilt)
+
+        handler = grpc.method_handlers_generic_handler(
+            SERVICE, {"ModelStreamInfer": grpc.stream_stream_rpc_method_handler(stream)}
+        )
+        server = grpc.aio.server()
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        timer = asyncio.create_task(ticker())
+        print(port, flush=True)
+        await server.wait_for_termination()
+        timer.cancel()
+
+    uvloop.run(serve())
+
+
+@contextlib.contextmanager
+def _paced_floor_server(args: argparse.Namespace) -> Iterator[tuple[str, int]]:
+    argv = [sys.executable, "-m", "bench.grpc.stream_cost", "--role", "paced-floor",
+            "--tokens", str(args.tokens), "--sim-step", str(args.sim_step)]  # fmt: skip
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert process.stdout is not None
+        yield f"127.0.0.1:{int(process.stdout.readline())}", process.pid
+    finally:
+        process.terminate()
+        process.wait(10)
 
 
 @contextlib.contextmanager
@@ -190,10 +243,10 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
         _limit(stack, controller, pid, args.core)
         rows += [Row("gateway gRPC", "grpc", listeners["grpc"], [pid], True),
                  Row("gateway SSE", "sse", listeners["http"], [pid], True)]  # fmt: skip
-        if args.other:
-            other, other_pid = stack.enter_context(_gateway(args.other, work / "other", args))
+        for index, tree in enumerate(args.other):
+            other, other_pid = stack.enter_context(_gateway(tree, work / f"other-{index}", args))
             _limit(stack, controller, other_pid, args.core)
-            rows.append(Row("other gRPC", "grpc", other["grpc"], [other_pid], True))
+            rows.append(Row(f"gRPC of {tree}", "grpc", other["grpc"], [other_pid], True))
         for way, name in (
             ("aio", "floor, message objects"),
             ("aio-bytes", "floor, prebuilt bytes"),
@@ -201,6 +254,9 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
             target, floor_pid = stack.enter_context(floor_server(way, args.tokens))
             _limit(stack, controller, floor_pid, args.core)
             rows.append(Row(name, "grpc", target, [floor_pid], False))
+        target, floor_pid = stack.enter_context(_paced_floor_server(args))
+        _limit(stack, controller, floor_pid, args.core)
+        rows.append(Row("floor, paced", "grpc", target, [floor_pid], False))
         for round_ in range(args.rounds):
             for row in rows:
                 result = _window(row, args)
@@ -232,18 +288,21 @@ def report(results: dict[str, list[dict[str, float]]]) -> str:
     lines.append(
         f"gateway gRPC / SSE per token: {grpc_token / mid('gateway SSE', 'us_per_token'):.2f}x"
     )
-    for floor in ("floor, message objects", "floor, prebuilt bytes"):
+    for floor in ("floor, message objects", "floor, prebuilt bytes", "floor, paced"):
         ratio = mid("gateway gRPC", "us_per_response") / mid(floor, "us_per_response")
         lines.append(f"gateway gRPC / {floor} per response: {ratio:.2f}x")
-    if "other gRPC" in results:
-        ratio = mid("gateway gRPC", "us_per_response") / mid("other gRPC", "us_per_response")
-        lines.append(f"this tree's gateway gRPC / the other tree's, per response: {ratio:.2f}x")
+    for name in results:
+        if name.startswith("gRPC of "):
+            ratio = mid("gateway gRPC", "us_per_response") / mid(name, "us_per_response")
+            lines.append(
+                f"this tree's gateway gRPC / {name.removeprefix('gRPC of ')}'s: {ratio:.2f}x"
+            )
     return "\n".join(lines)
 
 
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--role", choices=("run", "load"), default="run")
+    parser.add_argument("--role", choices=("run", "load", "paced-floor"), default="run")
     parser.add_argument("--target", default="")
     parser.add_argument("--start", type=float, default=0.0)
     parser.add_argument("--end", type=float, default=0.0)
@@ -254,7 +313,9 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--core", type=float, default=0.0, help="a CPU quota per server (root)")
-    parser.add_argument("--other", type=Path, help="another checkout's gateway as a fifth row")
+    parser.add_argument(
+        "--other", type=Path, action="append", default=[], help="another checkout's gateway (a row)"
+    )
     parser.add_argument("--json", type=Path, help="also write the rows here")
     return parser.parse_args()
 
@@ -263,6 +324,9 @@ def main() -> None:
     args = _arguments()
     if args.role == "load":
         _load(args)
+        return
+    if args.role == "paced-floor":
+        _paced_floor(args)
         return
     results = run(args)
     if args.json:
