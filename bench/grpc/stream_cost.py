@@ -119,20 +119,19 @@ def _paced_floor(args: argparse.Namespace) -> None:
     """The paced floor server: prints its port, then serves until terminated."""
 
     async def serve() -> None:
-        loop = asyncio.get_running_loop()
         prebuilt = stream_response(0).SerializeToString()
-        tick: list[asyncio.Future[None]] = [loop.create_future()]
+        tick = asyncio.Event()  # a waiter of its own per stream: a cancelled stream cancels its own
 
         async def ticker() -> None:
             while True:
                 await asyncio.sleep(args.sim_step)
-                done, tick[0] = tick[0], loop.create_future()
-                done.set_result(None)
+                tick.set()  # wakes every stream waiting now
+                tick.clear()
 
         async def stream(requests: Any, context: Any) -> None:
             async for _ in requests:
                 for _index in range(args.tokens):
-                    await tick[0]
+                    await tick.wait()
                     await context.write(prebuilt)
 
         handler = grpc.method_handlers_generic_handler(
