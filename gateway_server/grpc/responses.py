@@ -6,11 +6,11 @@ other parameters and the output tensor's description are the request's. :class:`
 encodes those once per request and each response by joining them with the flag and the text,
 instead of building a message (and a wrapping message) per token and serializing it.
 
-The bytes parse to the message :func:`gateway_server.grpc.tensors.text_response` builds, and for
-the stream's own parameters (the flag, then ``hangup_request_id``) they are what protobuf's
-``SerializeToString`` writes, byte for byte: fields in field-number order, map entries in the
-order protobuf's hash table gives those two keys, which is the order given here (other keys it
-may write in another order: the same message). ``tests/pure/test_grpc_responses.py`` checks both.
+The bytes parse to the message :func:`gateway_server.grpc.tensors.text_response` builds, and they
+are what protobuf's deterministic serialization writes, byte for byte: fields in field-number
+order, map entries sorted by key (its plain ``SerializeToString`` writes a map in its hash
+table's order, which changes from one process to the next: the same message either way).
+``tests/pure/test_grpc_responses.py`` checks both.
 
 The wire format (protobuf's encoding) in brief: a field is a tag
 (``field_number << 3 | wire_type``) then its value; strings, bytes and messages are wire type 2,
@@ -62,6 +62,12 @@ def _parameter(key: str, value: bool | int | str) -> bytes:
     return _delimited(4, _delimited(1, key.encode()) + _delimited(2, choice))
 
 
+def _parameters(values: dict[str, bool | int | str]) -> bytes:
+    """The map's entries in key order (by their UTF-8 bytes), as deterministic serialization."""
+    ordered = sorted(values.items(), key=lambda item: item[0].encode())
+    return b"".join(_parameter(key, value) for key, value in ordered)
+
+
 _TEXT_OUTPUT = _delimited(
     5, _delimited(1, TEXT_OUTPUT.encode()) + _delimited(2, b"BYTES") + _delimited(3, b"\x01")
 )
@@ -79,10 +85,9 @@ class TextResponses:
         self, model: str, version: str, request_id: str, flag: str, extra: dict[str, Any]
     ) -> None:
         head = _string(1, model) + _string(2, version) + _string(3, request_id)
-        rest = b"".join(_parameter(key, value) for key, value in extra.items())
         self._heads = (
-            head + _parameter(flag, False) + rest,
-            head + _parameter(flag, True) + rest,
+            head + _parameters({**extra, flag: False}),
+            head + _parameters({**extra, flag: True}),
         )
 
     def encode(self, text: str | None, final: bool) -> bytes:
