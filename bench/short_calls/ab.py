@@ -6,8 +6,14 @@ more than most changes to the per-call path save. This runs both trees' proxies 
 order flipped every round), so both see the same machine; it prints each window and the median
 of the paired differences. Start the other tree with ``git worktree add /tmp/base <commit>``.
 
+``--triton``: both proxies are the Triton bridge (``--cancel-adapter triton``) in front of one
+real Triton's gRPC port (``bench/harness/triton_server``), called as ``bench.short_calls.one_core``
+calls it: the 1 KiB body to the ``slow`` model with no steps, which answers at once. Triton's
+CPU is not counted; only each proxy's.
+
 Run: ``.venv/bin/python -m bench.short_calls.ab --other /tmp/base`` (``--rounds 10``: about a
-minute; ``--new-connections`` for a new connection per call instead of kept-alive).
+minute; ``--new-connections`` for a new connection per call instead of kept-alive; ``--triton``
+for the bridge, about 90 s with Triton's start).
 """
 
 from __future__ import annotations
@@ -20,19 +26,52 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.harness.processes import REPO
 from bench.harness.sse_source import sources
+from bench.harness.triton_server import install, running_triton
 from bench.short_calls.free import window
 
+TRITON_PATH = "/v2/models/slow/infer"
 
-def _proxy(stack: contextlib.ExitStack, tree: Path, upstream: str, work: Path) -> tuple[str, int]:
-    """A proxy from ``tree`` (its address, its pid), stopped when ``stack`` closes."""
+
+@dataclass(frozen=True)
+class Upstream:
+    """What both proxies are put in front of, and how they are called."""
+
+    http: str  # host:port
+    flags: Sequence[str] = ()  # the proxies' extra flags
+    path: str = "/infer"
+
+
+@contextlib.contextmanager
+def upstream(triton: bool, work: Path) -> Iterator[Upstream]:
+    """The answer-at-once source of ``bench.short_calls.load``, or a real Triton (its ``slow``
+    model with no steps) with both proxies as its bridge."""
+    if not triton:
+        with sources(1, work) as (address, _):
+            yield Upstream(address)
+        return
+    found = install()
+    if isinstance(found, str):
+        raise SystemExit(f"no Triton to run: {found}")
+    with running_triton(work / f"triton-{time.monotonic_ns()}", found) as server:
+        bridge = ["--cancel-adapter", "triton", "--upstream-grpc", server.grpc]
+        yield Upstream(server.http, bridge, TRITON_PATH)
+
+
+def _proxy(
+    stack: contextlib.ExitStack, tree: Path, upstream: str, work: Path, flags: Sequence[str] = ()
+) -> tuple[str, int]:
+    """A proxy from ``tree`` (its address, its pid) with ``flags``, stopped when ``stack``
+    closes."""
     ready = work / f"ready-{time.monotonic_ns()}.json"
     argv = [sys.executable, "-m", "proxy", "--http-port", "0", "--grpc-port", "0",
             "--admin-port", "0", "--log-level", "WARNING", "--upstream-http", f"http://{upstream}",
-            "--max-concurrent-streams", "0", "--ready-file", str(ready)]  # fmt: skip
+            "--max-concurrent-streams", "0", "--ready-file", str(ready), *flags]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree)}
     proxy = subprocess.Popen(argv, cwd=tree, env=env, stderr=subprocess.DEVNULL)
     stack.callback(proxy.wait)
@@ -53,27 +92,32 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--window", type=float, default=2.0, help="seconds per window")
     parser.add_argument("--new-connections", action="store_true")
+    parser.add_argument("--triton", action="store_true", help="the Triton bridge, to a real Triton")
     args = parser.parse_args()
     keep = not args.new_connections
     work = REPO / ".demo" / "bench-short-calls-ab"
     work.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
-        upstream, _ = stack.enter_context(sources(1, work))
+        up = stack.enter_context(upstream(args.triton, work))
         trees = {"this tree": REPO, "other": args.other.resolve()}
-        proxies = {name: _proxy(stack, tree, upstream, work) for name, tree in trees.items()}
+        proxies = {
+            name: _proxy(stack, tree, up.http, work, up.flags) for name, tree in trees.items()
+        }
         costs: dict[str, list[float]] = {name: [] for name in trees}
         for round_ in range(args.rounds):
             order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
             for name in order:
                 address, pid = proxies[name]
-                output, cpu = window(address, keep, 16, args.window, [pid], warmup=0.5)
+                output, cpu = window(address, keep, 16, args.window, [pid], 0.5, up.path)
+                if output["errors"]:
+                    print(f"{name}: {output['errors']} errors in the window", flush=True)
                 costs[name].append(1e6 * cpu / max(1, int(str(output["calls"]))))
             print(f"round {round_ + 1}: " + ", ".join(
                 f"{name} {costs[name][-1]:.1f} µs" for name in trees), flush=True)  # fmt: skip
         ours, theirs = costs["this tree"], costs["other"]
         paired = statistics.median(a - b for a, b in zip(ours, theirs, strict=True))
         base = statistics.median(theirs)
-        kind = "kept-alive" if keep else "new-connection"
+        kind = ("kept-alive" if keep else "new-connection") + (" bridged" if args.triton else "")
         print(f"CPU µs per {kind} call, median: this tree {statistics.median(ours):.1f}, other "
               f"{base:.1f}; paired difference {paired:+.1f} µs ({paired / base:+.1%})")  # fmt: skip
 
