@@ -268,14 +268,20 @@ CATALOG: tuple[Entry, ...] = (
     ),
     Entry(
         "bench.short_calls.ab",
-        does="this tree's proxy against another tree's, CPU per short call, paired",
+        does=(
+            "this tree's proxy (--triton: Triton bridge) against another tree's, CPU per short "
+            "call, paired"
+        ),
         run_time="about 1 min",
         figures=Section(BENCHMARKS, "How far from the floor (2026-11-27, 03:44-03:47 UTC)"),
         args="--other /tmp/base",
     ),
     Entry(
         "bench.short_calls.floor",
-        does="how far the proxy's CPU per short call is from a minimal relay's",
+        does=(
+            "how far the proxy's (--triton: the Triton bridge's) CPU per short call is from a "
+            "minimal relay's (bridge's)"
+        ),
         run_time="about 1 min",
         figures=Section(BENCHMARKS, "How far from the floor (2026-11-27, 03:44-03:47 UTC)"),
     ),

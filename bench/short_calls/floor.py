@@ -12,9 +12,27 @@ answers at once, 16 client loops), no CPU quota, one process each, in one run:
   coroutines that await the upstream's answer (what an asyncio handler structure costs);
 - **hangup's proxy** (``--workers 1``) and **Envoy** (``--concurrency 1``).
 
-Prints the proxy's CPU µs per call for each, a line per round. Run:
-``.venv/bin/python -m bench.short_calls.floor`` (about a minute; Envoy's row is skipped when
-its binary is missing). The floor subprocess is this module run with ``--floor UPSTREAM``.
+``--triton``: the same question for the Triton bridge, in front of a real Triton
+(``bench/harness/triton_server``) called as ``bench.short_calls.one_core`` calls it (the 1 KiB
+body to the ``slow`` model with no steps, which answers at once):
+
+- **the bridge floor**: a bridge of a few dozen lines, written here (:class:`_BridgeFloor`), that
+  does the bridge's job with the least Python: uvloop and httptools for HTTP, a ``grpc.aio``
+  channel to Triton's gRPC port, the JSON parsed by ``json.loads``, each input packed with one
+  ``struct.pack`` into a ``ModelInferRequest``, one ``ModelInfer`` call, the answer's outputs
+  unpacked with one ``struct.unpack`` and written with ``json.dumps``. FP32 only, no checks, no
+  errors, no binary extension, no hang-up handling: a measuring stick, not a bridge;
+- **the bridge floor on bytes**: the same server and channel with no conversion at all (the
+  request's protobuf bytes built once, the gRPC answer not parsed, a fixed JSON answer written):
+  what HTTP in and a ``grpc.aio`` call out cost, the floor of docs/benchmarks.md's "grpcio's own
+  floor" measured in the same run;
+- **hangup's Triton bridge** (``--cancel-adapter triton``, ``--workers 1``) and **Envoy**
+  relaying HTTP to Triton's HTTP port (which cancels nothing).
+
+Triton's own CPU is not counted. Prints the CPU µs per call for each, a line per round. Run:
+``.venv/bin/python -m bench.short_calls.floor`` (about a minute; ``--triton``: about two; Envoy's
+row is skipped when its binary is missing). The floor subprocesses are this module run with
+``--floor UPSTREAM`` (``--bridge-floor GRPC``).
 """
 
 from __future__ import annotations
@@ -22,21 +40,29 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import socket
+import struct
 import subprocess
 import sys
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import grpc
 import httptools
 import uvloop
 
 from bench.harness.envoy import envoy_binary
 from bench.harness.processes import REPO
 from bench.harness.sse_source import sources
+from bench.harness.triton_server import install, running_triton
 from bench.scaling.relays import envoy_relay, proxy_relay
 from bench.short_calls.free import window
+from bench.short_calls.load import BODY
+from hangup_contract.protos import inference_pb2 as pb
 
 # --- the floor relay (run in a process of its own) -------------------------------------------
 
@@ -169,42 +195,174 @@ async def _floor(upstream: str, tasks: bool) -> None:
     await asyncio.Event().wait()
 
 
+# --- the bridge floor (run in a process of its own) ------------------------------------------
+
+_TRITON_PATH = "/v2/models/slow/infer"
+_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+
+
+class _BridgeFloor(asyncio.Protocol):
+    """One client connection: each request a task that makes one ``ModelInfer`` call."""
+
+    infer: grpc.aio.UnaryUnaryMultiCallable  # set once the loop runs (see ``_bridge_floor``)
+    convert = True  # False: prebuilt request bytes, the answer not parsed (the second row)
+    prebuilt = b""  # the request's protobuf bytes, when not converting
+
+    def __init__(self) -> None:
+        self._parser = httptools.HttpRequestParser(self)
+        self._url = b""
+        self._body: list[bytes] = []
+        self._calls: set[asyncio.Task[None]] = set()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._parser.feed_data(data)
+
+    def on_url(self, url: bytes) -> None:
+        self._url = url
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        body, self._body = b"".join(self._body), []
+        task = asyncio.get_running_loop().create_task(self._call(self._url, body))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _call(self, url: bytes, body: bytes) -> None:
+        if not self.convert:
+            await self.infer(self.prebuilt)
+            answer = b'{"model_name":"slow","model_version":"1","outputs":[]}'
+        else:
+            answer = _converted(await self.infer(_request(url, body)))
+        assert self.transport is not None
+        self.transport.write(_HEAD % len(answer) + answer)
+
+
+def _request(url: bytes, body: bytes) -> bytes:
+    """The ``ModelInferRequest`` of a KServe v2 JSON call with FP32 inputs, serialized."""
+    parsed = json.loads(body)
+    request = pb.ModelInferRequest(model_name=url.split(b"/")[3].decode())
+    for key, value in parsed.get("parameters", {}).items():
+        request.parameters[key].int64_param = value
+    for tensor in parsed["inputs"]:
+        data = tensor["data"]
+        request.inputs.add(name=tensor["name"], datatype="FP32", shape=tensor["shape"])
+        request.raw_input_contents.append(struct.pack(f"<{len(data)}f", *data))
+    return request.SerializeToString()
+
+
+def _converted(data: bytes) -> bytes:
+    """A ``ModelInferResponse`` of FP32 outputs as KServe v2 JSON."""
+    response = pb.ModelInferResponse.FromString(data)
+    outputs = [
+        {"name": output.name, "datatype": output.datatype, "shape": list(output.shape),
+         "data": struct.unpack(f"<{len(raw) // 4}f", raw)}
+        for output, raw in zip(response.outputs, response.raw_output_contents, strict=True)
+    ]  # fmt: skip
+    answer = {"model_name": response.model_name, "model_version": response.model_version,
+              "outputs": outputs}  # fmt: skip
+    return json.dumps(answer, separators=(",", ":")).encode()
+
+
+async def _bridge_floor(target: str, convert: bool) -> None:
+    channel = grpc.aio.insecure_channel(target)
+    _BridgeFloor.infer = channel.unary_unary(
+        "/inference.GRPCInferenceService/ModelInfer",
+        request_serializer=None,  # bytes both ways: the conversion is the floor's own
+        response_deserializer=None,
+    )
+    _BridgeFloor.convert = convert
+    _BridgeFloor.prebuilt = _request(_TRITON_PATH.encode(), BODY)
+    server = await asyncio.get_running_loop().create_server(_BridgeFloor, "127.0.0.1", 0)
+    print(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
+    await asyncio.Event().wait()
+
+
 # --- the measurement -------------------------------------------------------------------------
+
+
+Row = tuple[str, str, list[int]]
+
+
+def _floor_process(stack: contextlib.ExitStack, argv: list[str]) -> tuple[str, list[int]]:
+    """This module run as a floor (its address, its pid), stopped when ``stack`` closes."""
+    floor = subprocess.Popen(
+        [sys.executable, "-m", "bench.short_calls.floor", *argv],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
+    stack.callback(floor.wait)
+    stack.callback(floor.kill)
+    assert floor.stdout is not None
+    return floor.stdout.readline().strip(), [floor.pid]
+
+
+@contextlib.contextmanager
+def _http_rows(work: Path) -> Iterator[tuple[list[Row], str]]:
+    with contextlib.ExitStack() as stack:
+        upstream, _ = stack.enter_context(sources(1, work))
+        rows: list[Row] = []
+        for name, extra in (("floor", []), ("floor, a task per call", ["--tasks"])):
+            rows.append((name, *_floor_process(stack, ["--floor", upstream, *extra])))
+        proxy = proxy_relay(stack, 1, upstream, work)
+        rows.append(("hangup", proxy.address, [p for group in proxy.groups for p in group]))
+        if envoy_binary().exists():
+            envoy = envoy_relay(stack, 1, upstream, work, 0)
+            rows.append(("Envoy", envoy.address, [p for group in envoy.groups for p in group]))
+        yield rows, "/infer"
+
+
+@contextlib.contextmanager
+def _triton_rows(work: Path) -> Iterator[tuple[list[Row], str]]:
+    found = install()
+    if isinstance(found, str):
+        raise SystemExit(f"no Triton to run: {found}")
+    with (
+        running_triton(work / f"triton-{time.monotonic_ns()}", found) as server,
+        contextlib.ExitStack() as stack,
+    ):
+        rows: list[Row] = []
+        for name, extra in (("bridge floor", []), ("bridge floor on bytes", ["--bytes"])):
+            rows.append((name, *_floor_process(stack, ["--bridge-floor", server.grpc, *extra])))
+        bridge = ["--cancel-adapter", "triton", "--upstream-grpc", server.grpc]
+        proxy = proxy_relay(stack, 1, server.http, work, bridge)
+        pids = [p for group in proxy.groups for p in group]
+        rows.append(("hangup's Triton bridge", proxy.address, pids))
+        if envoy_binary().exists():
+            envoy = envoy_relay(stack, 1, server.http, work, 1)
+            pids = [p for group in envoy.groups for p in group]
+            rows.append(("Envoy (HTTP to Triton)", envoy.address, pids))
+        yield rows, _TRITON_PATH
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--window", type=float, default=5.0, help="seconds measured per row")
+    parser.add_argument("--triton", action="store_true", help="the Triton bridge's floor")
     parser.add_argument("--floor", metavar="UPSTREAM", help=argparse.SUPPRESS)
     parser.add_argument("--tasks", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--bridge-floor", metavar="GRPC", help=argparse.SUPPRESS)
+    parser.add_argument("--bytes", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor:
         uvloop.run(_floor(args.floor, args.tasks))
         return
+    if args.bridge_floor:
+        uvloop.run(_bridge_floor(args.bridge_floor, not args.bytes))
+        return
     work = REPO / ".demo" / "bench-short-calls-floor"
-    with contextlib.ExitStack() as stack:
-        upstream, _ = stack.enter_context(sources(1, work))
-        rows: list[tuple[str, str, list[int]]] = []
-        for name, extra in (("floor", []), ("floor, a task per call", ["--tasks"])):
-            floor = subprocess.Popen(
-                [sys.executable, "-m", "bench.short_calls.floor", "--floor", upstream, *extra],
-                stdout=subprocess.PIPE,
-                text=True,
-                cwd=REPO,
-            )
-            stack.callback(floor.wait)
-            stack.callback(floor.kill)
-            assert floor.stdout is not None
-            rows.append((name, floor.stdout.readline().strip(), [floor.pid]))
-        proxy = proxy_relay(stack, 1, upstream, work)
-        rows.append(("hangup", proxy.address, [p for group in proxy.groups for p in group]))
-        if envoy_binary().exists():
-            envoy = envoy_relay(stack, 1, upstream, work, 0)
-            rows.append(("Envoy", envoy.address, [p for group in envoy.groups for p in group]))
+    work.mkdir(parents=True, exist_ok=True)
+    with (_triton_rows if args.triton else _http_rows)(work) as (rows, path):
         for _ in range(args.rounds):
             for name, address, pids in rows:
-                output, cpu = window(address, True, 16, args.window, pids)
+                output, cpu = window(address, True, 16, args.window, pids, path=path)
                 calls, errors = int(str(output["calls"])), output["errors"]
                 us = 1e6 * cpu / max(1, calls)
                 rate = calls / args.window
