@@ -11,6 +11,12 @@ real Triton's gRPC port (``bench/harness/triton_server``), called as ``bench.sho
 calls it: the 1 KiB body to the ``slow`` model with no steps, which answers at once. Triton's
 CPU is not counted; only each proxy's.
 
+``--rate R``: the loops start R calls a second in all, on a schedule, instead of calling as fast
+as answers come. At saturation a proxy's CPU per call depends on how many calls each turn of its
+event loop serves, which moves with the upstream's speed (Triton's shares the machine's two
+cores); at a fixed rate below both proxies' saturation both serve the same calls at the same
+pace.
+
 Run: ``.venv/bin/python -m bench.short_calls.ab --other /tmp/base`` (``--rounds 10``: about a
 minute; ``--new-connections`` for a new connection per call instead of kept-alive; ``--triton``
 for the bridge, about 90 s with Triton's start).
@@ -93,6 +99,7 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=2.0, help="seconds per window")
     parser.add_argument("--new-connections", action="store_true")
     parser.add_argument("--triton", action="store_true", help="the Triton bridge, to a real Triton")
+    parser.add_argument("--rate", type=float, default=0.0, help="calls a second (0: saturate)")
     args = parser.parse_args()
     keep = not args.new_connections
     work = REPO / ".demo" / "bench-short-calls-ab"
@@ -104,20 +111,24 @@ def main() -> None:
             name: _proxy(stack, tree, up.http, work, up.flags) for name, tree in trees.items()
         }
         costs: dict[str, list[float]] = {name: [] for name in trees}
+        calls: dict[str, int] = {}
         for round_ in range(args.rounds):
             order = list(trees) if round_ % 2 == 0 else list(reversed(trees))
             for name in order:
                 address, pid = proxies[name]
-                output, cpu = window(address, keep, 16, args.window, [pid], 0.5, up.path)
+                output, cpu = window(address, keep, 16, args.window, [pid], 0.5, up.path, args.rate)
                 if output["errors"]:
                     print(f"{name}: {output['errors']} errors in the window", flush=True)
-                costs[name].append(1e6 * cpu / max(1, int(str(output["calls"]))))
+                calls[name] = int(str(output["calls"]))
+                costs[name].append(1e6 * cpu / max(1, calls[name]))
             print(f"round {round_ + 1}: " + ", ".join(
-                f"{name} {costs[name][-1]:.1f} µs" for name in trees), flush=True)  # fmt: skip
+                f"{name} {costs[name][-1]:.1f} µs ({calls[name] / args.window:,.0f} calls/s)"
+                for name in trees), flush=True)  # fmt: skip
         ours, theirs = costs["this tree"], costs["other"]
         paired = statistics.median(a - b for a, b in zip(ours, theirs, strict=True))
         base = statistics.median(theirs)
         kind = ("kept-alive" if keep else "new-connection") + (" bridged" if args.triton else "")
+        kind += f" (at {args.rate:g}/s)" if args.rate else ""
         print(f"CPU µs per {kind} call, median: this tree {statistics.median(ours):.1f}, other "
               f"{base:.1f}; paired difference {paired:+.1f} µs ({paired / base:+.1%})")  # fmt: skip
 

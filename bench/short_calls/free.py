@@ -34,15 +34,17 @@ def window(
     pids: list[int],
     warmup: float = 1.0,
     path: str = "/infer",
+    rate: float = 0.0,
 ) -> tuple[dict[str, object], float]:
-    """One window of ``seconds`` of calls to ``path`` at ``address`` from ``loops`` client loops,
-    after ``warmup`` seconds of them: the load's output, and ``pids``' CPU seconds in the window
-    (the benchmarks without a quota share it)."""
+    """One window of ``seconds`` of calls to ``path`` at ``address`` from ``loops`` client loops
+    (as fast as answers come, or ``rate`` calls a second in all), after ``warmup`` seconds of
+    them: the load's output, and ``pids``' CPU seconds in the window (the benchmarks without a
+    quota share it)."""
     start = time.monotonic() + warmup
     end = start + seconds
     argv = [sys.executable, "-m", "bench.short_calls.load", "--address", address, "--path",
             path, "--concurrency", str(loops), "--start", f"{start:.6f}", "--end",
-            f"{end:.6f}"]  # fmt: skip
+            f"{end:.6f}", "--rate", str(rate)]  # fmt: skip
     if keep:
         argv.append("--keep-alive")
     load = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=Path.cwd())
