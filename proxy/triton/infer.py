@@ -21,7 +21,14 @@ import struct
 from typing import Any
 
 from hangup_contract.protos import inference_pb2 as pb
-from proxy.triton.codec import STRUCT_CODES, GenerateError, elements, parse_body, set_parameters
+from proxy.triton.codec import (
+    JSON_TEXT,
+    STRUCT_CODES,
+    GenerateError,
+    elements,
+    parse_body,
+    set_parameters,
+)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _HTTP_ONLY = ("binary_data", "binary_data_size", "binary_data_output")
@@ -167,21 +174,20 @@ def number_text(value: float) -> str:
 
 def _dump(value: object) -> str:
     if isinstance(value, dict):
-        items = (f"{json.dumps(k, ensure_ascii=False)}:{_dump(v)}" for k, v in value.items())
-        return "{" + ",".join(items) + "}"
+        return "{" + ",".join([JSON_TEXT(k) + ":" + _dump(v) for k, v in value.items()]) + "}"
     if isinstance(value, list):
         if value and not isinstance(value[0], (dict, list)):
             # A tensor's data, written by json's C encoder in one call: a float without an
             # exponent is written as repr() writes it, which is number_text's answer too; where
             # an "e" shows (a float rapidjson lays out otherwise, or a string that has one),
             # element by element.
-            whole = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+            whole = JSON_TEXT(value)
             if "e" not in whole:
                 return whole
-        return "[" + ",".join(_dump(v) for v in value) + "]"
+        return "[" + ",".join([_dump(v) for v in value]) + "]"
     if isinstance(value, float):
         return number_text(value)
-    return json.dumps(value, ensure_ascii=False)
+    return JSON_TEXT(value)
 
 
 def _write(body: object) -> bytes:
