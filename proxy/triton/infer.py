@@ -15,6 +15,7 @@ float whose shortest form has fewer digits than rapidjson prints is the same val
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import struct
@@ -123,12 +124,23 @@ def _list(value: object, what: str) -> list[Any]:
 def _flat(value: object) -> list[Any]:
     if not isinstance(value, list):
         return [value]
-    if not any(isinstance(item, list) for item in value):
+    if list not in map(type, value):  # JSON's arrays are lists: none is nested (looked at in C)
         return value  # flat already (the usual shape): read only, never changed
     return [leaf for item in value for leaf in _flat(item)]
 
 
 def _raw(name: str, datatype: str, shape: list[int], data: object) -> bytes:
+    code = STRUCT_CODES.get(datatype)
+    if code not in (None, "?") and isinstance(data, list) and len(data) == math.prod(shape):
+        # The usual shape, flat numbers of the right count, packed at once: struct refuses a
+        # list as a number (BOOL's "?" takes any object, so it is left out), so what does not
+        # pack (nested, or a bad value) is read the checked way below, which says why.
+        with contextlib.suppress(struct.error):
+            return struct.pack(f"<{len(data)}{code}", *data)
+    return _checked_raw(name, datatype, shape, data)
+
+
+def _checked_raw(name: str, datatype: str, shape: list[int], data: object) -> bytes:
     if data is None:
         raise GenerateError(400, f"input '{name}' has neither 'data' nor binary_data_size")
     values = _flat(data)

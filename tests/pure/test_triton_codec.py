@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -21,7 +22,15 @@ from proxy.triton.codec import (
     generate_request,
     parse_body,
 )
-from proxy.triton.infer import HEADER_LENGTH, _dump, infer_answer, infer_request, number_text
+from proxy.triton.infer import (
+    HEADER_LENGTH,
+    _checked_raw,
+    _dump,
+    _raw,
+    infer_answer,
+    infer_request,
+    number_text,
+)
 
 NUMBERS = {  # datatype: (contents field, struct code, values)
     "INT8": ("int_contents", "b", [-3, 4]), "INT16": ("int_contents", "h", [-300, 4]),
@@ -193,3 +202,40 @@ _SCALARS = (
 def test_tensor_data_is_written_as_element_by_element(data: list[object]) -> None:
     body = {"model_name": "m", "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "data": data}]}
     assert _dump(body) == _element_by_element(body)
+
+
+_JSON_LEAVES = (
+    st.floats(width=32)
+    | st.floats()
+    | st.integers(-(2**70), 2**70)
+    | st.booleans()
+    | st.text(max_size=3)
+    | st.none()
+)
+_JSON_DATA = st.recursive(_JSON_LEAVES, lambda inner: st.lists(inner, max_size=6), max_leaves=20)
+
+
+def _outcome(pack: Callable[[], bytes]) -> object:
+    try:
+        return pack()
+    except GenerateError as exc:
+        return ("refused", exc.status, exc.message)
+    except (OverflowError, TypeError, ValueError) as exc:
+        return (type(exc).__name__, str(exc))
+
+
+@given(
+    st.sampled_from(["BOOL", "FP16", "BYTES", "BF16", *NUMBERS]),
+    st.lists(st.integers(0, 4), max_size=3),
+    _JSON_DATA,
+)
+def test_an_input_packed_at_once_is_packed_as_the_checked_way_packs_it(
+    datatype: str, shape: list[int], data: object
+) -> None:
+    """``_raw`` packs flat data of the right count in one call and leaves the rest to
+    ``_checked_raw``: for any JSON data, the same bytes or the same refusal."""
+    if isinstance(data, list) and data and all(not isinstance(v, list) for v in data):
+        shape = [len(data)]  # the usual case, a flat list of the right count, comes up often
+    fast = _outcome(lambda: _raw("x", datatype, shape, data))
+    checked = _outcome(lambda: _checked_raw("x", datatype, shape, data))
+    assert fast == checked
