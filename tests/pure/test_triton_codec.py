@@ -98,6 +98,121 @@ def test_a_body_that_is_no_json_object_is_refused(raw: bytes) -> None:
     assert refused.value.status == 400
 
 
+def _stdlib_parse_body(raw: bytes) -> dict[str, object]:
+    """``parse_body`` as it was before msgspec read the body."""
+    try:
+        body = json.loads(raw) if raw else None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise GenerateError(400, f"failed to parse the request JSON buffer: {exc}") from exc
+    if not isinstance(body, dict):
+        raise GenerateError(400, "the request body must be a JSON object")
+    return body
+
+
+def _read(parse: Callable[[bytes], object], raw: bytes) -> object:
+    """What a parser makes of ``raw``: the value's repr (which tells -0.0 from 0.0, a NaN, True
+    from 1, and keeps the keys' order), or its refusal."""
+    try:
+        return repr(parse(raw))
+    except GenerateError as exc:
+        return ("refused", exc.status, exc.message)
+    except (ValueError, RecursionError) as exc:
+        return (type(exc).__name__, str(exc))
+
+
+_BODY_LEAVES = (
+    st.floats(allow_nan=True, allow_infinity=True)
+    | st.floats(width=32)
+    | st.integers(-(2**80), 2**80)
+    | st.booleans()
+    | st.text(max_size=6)
+    | st.none()
+)
+_BODIES = st.recursive(
+    _BODY_LEAVES,
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=4), inner, max_size=4)
+    ),
+    max_leaves=25,
+)
+# Text that is nearly JSON: the tokens, numbers of every form, escapes, control characters,
+# non-ASCII, NaN and Infinity, so that the invalid and the odd come up as often as the valid.
+_NEARLY_JSON = st.lists(
+    st.sampled_from(
+        [
+            "{",
+            "}",
+            "[",
+            "]",
+            '"',
+            ",",
+            ":",
+            " ",
+            "\n",
+            "\t",
+            "\x0c",
+            "\x01",
+            "\x7f",
+            "é",
+            "\u2028",
+            "\\u",
+            "d834",
+            "\\ud800",
+            '\\"',
+            "\\n",
+            "-",
+            "0",
+            "1",
+            "9",
+            ".",
+            "e",
+            "E",
+            "+",
+            "1e400",
+            "1e-400",
+            "12345678901234567890",
+            "true",
+            "false",
+            "null",
+            "NaN",
+            "Infinity",
+            "-Infinity",
+            '"a"',
+            '"a":',
+        ]
+    ),
+    max_size=30,
+).map("".join)
+
+
+@given(
+    _BODIES.map(lambda v: json.dumps({"k": v}, ensure_ascii=False).encode())
+    | st.tuples(_BODIES, _BODIES).map(
+        lambda t: f'{{"k": {json.dumps(t[0])}, "j": 1, "k": {json.dumps(t[1])}}}'.encode()
+    )
+    | st.tuples(
+        _NEARLY_JSON.map(lambda text: '{"k": ' + text + "}") | _NEARLY_JSON,
+        st.sampled_from(["utf-8", "utf-16", "utf-16-le", "utf-32", "utf-8-sig"]),
+    ).map(lambda t: t[0].encode(t[1], errors="surrogatepass"))
+    | st.binary(max_size=40)
+)
+def test_a_body_is_read_as_json_reads_it(raw: bytes) -> None:
+    """msgspec reads the body, json again where msgspec refuses it: for any bytes, the value
+    json.loads makes (the same types, floats and key order) or its refusal in its words."""
+    assert _read(parse_body, raw) == _read(_stdlib_parse_body, raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b'{"a": NaN, "b": -Infinity}', b'{"a": 1e400}', b'{"a": 123456789012345678901234567890}',
+     b'{"a": 1, "a": 2, "b": 3}', '{"é": 1}'.encode("utf-16"), b'\xef\xbb\xbf{"a": 1}',
+     b'{"a": "\xed\xa0\x80"}', b'{"a": "\\udd1e"}', b'{"a": "\x01"}', b'{"a": 1,}',
+     b'{"a": "\xff"}', b"[" * 100_000, b'{"a": ' + b"1" * 5000 + b"}"],
+)  # fmt: skip
+def test_bodies_msgspec_reads_otherwise_are_read_as_json_reads_them(raw: bytes) -> None:
+    assert _read(parse_body, raw) == _read(_stdlib_parse_body, raw)
+
+
 @pytest.mark.parametrize(
     ("value", "written"),
     [(246913584.0, "246913584.0"), (1e16, "10000000000000000.0"), (1e21, "1e21"),
