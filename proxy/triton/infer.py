@@ -11,6 +11,8 @@ the JSON, the answer then ``application/octet-stream`` with its own
 ``Inference-Header-Content-Length``; others as ``data``. Numbers are written as Triton writes
 them where Python's shortest form is rapidjson's (its exponent form: ``1e-7``, ``1e21``); a
 float whose shortest form has fewer digits than rapidjson prints is the same value in fewer digits.
+The JSON is read and written by msgspec, in C (the body as ``json.loads`` reads it: see
+:func:`.codec.parse_body`; a tensor's data in one call where msgspec's layout is rapidjson's).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import math
 import struct
 from typing import Any
 
+import msgspec
+
 from hangup_contract.protos import inference_pb2 as pb
 from proxy.triton.codec import (
-    JSON_TEXT,
     STRUCT_CODES,
     GenerateError,
     elements,
@@ -33,6 +36,7 @@ from proxy.triton.codec import (
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _HTTP_ONLY = ("binary_data", "binary_data_size", "binary_data_output")
+_ENCODE = msgspec.json.Encoder().encode
 
 
 def infer_request(
@@ -184,23 +188,24 @@ def number_text(value: float) -> str:
     return f"{mantissa}e{power}"
 
 
-def _dump(value: object) -> str:
+def _rapidjson(value: object) -> object:
+    """``value`` made ready for msgspec to write as rapidjson writes it: a tensor's data (a list
+    of scalars) written by msgspec in one call where its text shows no exponent and no ``null``
+    (a number without an exponent is laid out as rapidjson lays it out, and msgspec escapes a
+    string as json does; ``null`` is how msgspec writes NaN and infinity), else element by
+    element, each float by :func:`number_text`."""
     if isinstance(value, dict):
-        return "{" + ",".join([JSON_TEXT(k) + ":" + _dump(v) for k, v in value.items()]) + "}"
+        return {k: _rapidjson(v) for k, v in value.items()}
     if isinstance(value, list):
         if value and not isinstance(value[0], (dict, list)):
-            # A tensor's data, written by json's C encoder in one call: a float without an
-            # exponent is written as repr() writes it, which is number_text's answer too; where
-            # an "e" shows (a float rapidjson lays out otherwise, or a string that has one),
-            # element by element.
-            whole = JSON_TEXT(value)
-            if "e" not in whole:
-                return whole
-        return "[" + ",".join([_dump(v) for v in value]) + "]"
+            whole = _ENCODE(value)
+            if b"e" not in whole and b"null" not in whole:
+                return msgspec.Raw(whole)
+        return [_rapidjson(v) for v in value]
     if isinstance(value, float):
-        return number_text(value)
-    return JSON_TEXT(value)
+        return msgspec.Raw(number_text(value).encode())
+    return value
 
 
 def _write(body: object) -> bytes:
-    return _dump(body).encode()
+    return _ENCODE(_rapidjson(body))

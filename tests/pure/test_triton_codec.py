@@ -25,8 +25,8 @@ from proxy.triton.codec import (
 from proxy.triton.infer import (
     HEADER_LENGTH,
     _checked_raw,
-    _dump,
     _raw,
+    _write,
     infer_answer,
     infer_request,
     number_text,
@@ -303,20 +303,43 @@ def _element_by_element(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+_INT64_EDGES = [2**63 - 1, 2**63, 2**64 - 1, 2**64, -(2**63), -(2**63) - 1, 0]
 _SCALARS = (
     st.floats(width=32)
     | st.floats()
-    | st.integers(-(2**63), 2**64)
+    # every magnitude, with up to 17 significant digits: where layouts change (1e-7, 1e-5,
+    # 1e16, 1e21) and beyond
+    | st.tuples(st.integers(-(10**17), 10**17), st.integers(-345, 310)).map(
+        lambda t: float(f"{t[0]}e{t[1]}")
+    )
+    | st.integers(-(2**100), 2**100)
+    | st.sampled_from(_INT64_EDGES)
     | st.booleans()
-    | st.text(max_size=8)
+    | st.text(max_size=8)  # non-ASCII, control characters and all
+    | st.text(st.characters(max_codepoint=0x3F), max_size=4)  # controls and ASCII, often
     | st.none()
 )
 
 
-@given(st.lists(_SCALARS, max_size=40) | st.lists(st.lists(st.floats(), max_size=5), max_size=5))
-def test_tensor_data_is_written_as_element_by_element(data: list[object]) -> None:
-    body = {"model_name": "m", "outputs": [{"name": "OUTPUT0", "datatype": "FP32", "data": data}]}
-    assert _dump(body) == _element_by_element(body)
+@given(
+    st.lists(_SCALARS, max_size=40)
+    | st.lists(st.lists(_SCALARS, max_size=5), max_size=5)
+    | st.lists(st.floats(width=32, allow_nan=False, allow_infinity=False), max_size=160),
+    st.text(max_size=6),
+    st.dictionaries(st.text(max_size=4), _SCALARS, max_size=3),
+)
+def test_an_answer_is_written_as_element_by_element(
+    data: list[object], name: str, parameters: dict[str, object]
+) -> None:
+    """msgspec writes a tensor's data where its text shows no exponent: for any data, names and
+    parameters, the bytes of the element-by-element writer (rapidjson's layout)."""
+    body = {
+        "id": name,
+        "model_name": "m",
+        "parameters": parameters,
+        "outputs": [{"name": name, "datatype": "FP32", "shape": [len(data)], "data": data}],
+    }
+    assert _write(body) == _element_by_element(body).encode()
 
 
 _JSON_LEAVES = (
