@@ -18,10 +18,11 @@ body to the ``slow`` model with no steps, which answers at once):
 
 - **the bridge floor**: a bridge of a few dozen lines, written here (:class:`_BridgeFloor`), that
   does the bridge's job with the least Python: uvloop and httptools for HTTP, a ``grpc.aio``
-  channel to Triton's gRPC port, the JSON parsed by ``json.loads``, each input packed with one
-  ``struct.pack`` into a ``ModelInferRequest``, one ``ModelInfer`` call, the answer's outputs
-  unpacked with one ``struct.unpack`` and written with ``json.dumps``. FP32 only, no checks, no
-  errors, no binary extension, no hang-up handling: a measuring stick, not a bridge;
+  channel to Triton's gRPC port, the JSON parsed by ``msgspec.json`` (in C, as the bridge reads
+  it), each input packed with one ``struct.pack`` into a ``ModelInferRequest``, one
+  ``ModelInfer`` call, the answer's outputs unpacked with one ``struct.unpack`` and written by
+  ``msgspec.json`` in one call (its own number layout, not rapidjson's). FP32 only, no checks,
+  no errors, no binary extension, no hang-up handling: a measuring stick, not a bridge;
 - **the bridge floor on bytes**: the same server and channel with no conversion at all (the
   request's protobuf bytes built once, the gRPC answer not parsed, a fixed JSON answer written):
   what HTTP in and a ``grpc.aio`` call out cost, the floor of docs/benchmarks.md's "grpcio's own
@@ -40,7 +41,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import struct
@@ -53,6 +53,7 @@ from pathlib import Path
 
 import grpc
 import httptools
+import msgspec
 import uvloop
 
 from bench.harness.envoy import envoy_binary
@@ -198,6 +199,8 @@ async def _floor(upstream: str, tasks: bool) -> None:
 # --- the bridge floor (run in a process of its own) ------------------------------------------
 
 _TRITON_PATH = "/v2/models/slow/infer"
+_READ = msgspec.json.Decoder().decode
+_WRITE = msgspec.json.Encoder().encode
 _HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
 
 
@@ -245,7 +248,7 @@ class _BridgeFloor(asyncio.Protocol):
 
 def _request(url: bytes, body: bytes) -> bytes:
     """The ``ModelInferRequest`` of a KServe v2 JSON call with FP32 inputs, serialized."""
-    parsed = json.loads(body)
+    parsed = _READ(body)
     request = pb.ModelInferRequest(model_name=url.split(b"/")[3].decode())
     for key, value in parsed.get("parameters", {}).items():
         request.parameters[key].int64_param = value
@@ -266,7 +269,7 @@ def _converted(data: bytes) -> bytes:
     ]  # fmt: skip
     answer = {"model_name": response.model_name, "model_version": response.model_version,
               "outputs": outputs}  # fmt: skip
-    return json.dumps(answer, separators=(",", ":")).encode()
+    return _WRITE(answer)
 
 
 async def _bridge_floor(target: str, convert: bool) -> None:
