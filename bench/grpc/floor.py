@@ -258,7 +258,8 @@ def _stream_client(args: argparse.Namespace) -> None:
 
 
 @contextlib.contextmanager
-def _server(way: str, messages: int) -> Iterator[tuple[str, int]]:
+def server_process(way: str, messages: int) -> Iterator[tuple[str, int]]:
+    """A bare floor server (``way``) in a process of its own: its address and pid."""
     argv = [sys.executable, "-m", "bench.grpc.floor", "--role", "server", "--way", way,
             "--messages", str(messages)]  # fmt: skip
     process = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
@@ -303,13 +304,13 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     work.mkdir(parents=True, exist_ok=True)
     for round_ in range(args.rounds):
         for way in ("aio", "aio-bytes", "sync"):
-            with _server("aio-bytes", args.messages) as (target, pid):
+            with server_process("aio-bytes", args.messages) as (target, pid):
                 row = _measure("unary", way, target, args, {"server": pid})
             rows.setdefault(f"unary {way}", []).append(row)
             print(f"round {round_ + 1} unary {way}: {_line(row)}", flush=True)
         if args.envoy:
             with (
-                _server("aio-bytes", args.messages) as (target, pid),
+                server_process("aio-bytes", args.messages) as (target, pid),
                 envoy(work, target) as (relayed, envoy_pid),
             ):
                 row = _measure(
@@ -318,7 +319,7 @@ def run(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
             rows.setdefault("unary aio-bytes via Envoy", []).append(row)
             print(f"round {round_ + 1} unary aio-bytes via Envoy: {_line(row)}", flush=True)
         for way in ("aio", "aio-bytes", "sync"):
-            with _server(way, args.messages) as (target, pid):
+            with server_process(way, args.messages) as (target, pid):
                 row = _measure("stream", way, target, args, {"server": pid})
             rows.setdefault(f"stream {way}", []).append(row)
             print(f"round {round_ + 1} stream {way}: {_line(row)}", flush=True)

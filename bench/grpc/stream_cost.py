@@ -60,7 +60,7 @@ import grpc
 import uvloop
 
 from bench.grpc.floor import SERVICE, STREAM, stream_response
-from bench.grpc.floor import _server as floor_server
+from bench.grpc.floor import server_process as floor_server
 from bench.grpc.paths import text_request
 from bench.harness.cgroups import Controller, CpuGroup, cpu_controller
 from bench.harness.processes import REPO, child_env, stop_group, wait_ready

@@ -237,13 +237,14 @@ class BalancedAcceptor:
         self._waiting = None
         if self._stopped:
             return
-        if self._board.read()[1] == accepted_before:
+        counts, accepted = self._board.read()
+        if accepted == accepted_before:
             # No sibling took anything: the less loaded ones are busy (or stalled), so this
             # process, which is running, takes what waits: up to its share of every connection
             # open or queued, and at least one, then twice as many each time they still take
             # nothing (up to a bound), looking again in between.
             self._taking = min(2 * self._taking, _TAKEN_AT_ONCE) or 1
-            for _ in range(max(self._taking, self._short_of_share())):
+            for _ in range(max(self._taking, self._short_of_share(counts))):
                 if not self._accept():
                     break
         else:
@@ -251,10 +252,10 @@ class BalancedAcceptor:
         if self._waiting is None:  # not pausing after an error accepting
             self._watch()
 
-    def _short_of_share(self) -> int:
+    def _short_of_share(self, counts: list[int]) -> int:
         """How many connections this process lacks of an even share of the live processes' open
-        connections and those waiting in the listening socket's queue."""
-        counts, _ = self._board.read()
+        connections (``counts``, from the board) and those waiting in the listening socket's
+        queue."""
         mine = self._connections() + self._pending
         others = [n for slot, n in enumerate(counts) if slot != self._slot and n >= 0]
         everyone = mine + sum(others) + queued(self.sock)
