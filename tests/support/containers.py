@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -58,18 +59,35 @@ class Engine:
 
 
 def _client(base_url: str) -> Any:
+    """A Docker SDK client on ``base_url`` that has answered a ping; NoEngine where nothing does.
+
+    A socket file with nobody listening (a Docker engine installed but stopped, or one that died)
+    is refused by the kernel: the SDK lets that through as requests' ConnectionError, not as a
+    DockerException, so both are caught here."""
     import docker
     from docker.errors import DockerException
+    from requests.exceptions import RequestException
 
     # A fixed API version: the SDK's "auto" probes the engine in its constructor and leaks the
     # socket when there is none.
     client = docker.DockerClient(base_url=base_url, version="1.41", timeout=300)
     try:
         client.ping()
-    except DockerException:
+    except (DockerException, RequestException) as exc:
         client.close()
-        raise
+        raise NoEngine(f"no engine answers at {base_url} ({exc})") from exc
     return client
+
+
+def _listening(sock: Path) -> bool:
+    """Whether something accepts connections on the unix socket ``sock`` (its file can exist a
+    moment before the service listens on it)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(sock))
+        except OSError:
+            return False
+    return True
 
 
 @contextlib.contextmanager
@@ -86,7 +104,7 @@ def podman_socket(podman: str) -> Iterator[str]:
         )
         try:
             poll_until(
-                lambda: sock.exists() or service.poll() is not None,
+                lambda: _listening(sock) or service.poll() is not None,
                 within=30,
                 what="podman's API socket",
             )
@@ -109,15 +127,18 @@ def podman_socket(podman: str) -> Iterator[str]:
 def container_engine() -> Iterator[Engine]:
     """A Docker engine where DOCKER_HOST or /var/run/docker.sock answers; else podman, once
     `make container-host` has put the base image in its store; else NoEngine."""
-    from docker.errors import DockerException
-
     host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    docker_reason = f"no Docker engine at {host}"
-    if not host.startswith("unix://") or Path(host.removeprefix("unix://")).exists():
+    path = Path(host.removeprefix("unix://")) if host.startswith("unix://") else None
+    if path is not None and not path.exists():
+        docker_reason = f"no Docker engine at {host}"
+    elif path is not None and not _listening(path):
+        # Probed before the SDK sees it: the SDK leaks its socket when a connect is refused.
+        docker_reason = f"no Docker engine listens at {host} (a stopped engine's socket file)"
+    else:
         try:
             client = _client(host)
-        except DockerException as exc:
-            docker_reason = f"no Docker engine answers at {host} ({exc})"
+        except NoEngine as exc:
+            docker_reason = str(exc)
         else:
             try:
                 version = client.version().get("Version", "?")
