@@ -5,13 +5,15 @@ A ``generate`` body is a JSON object: each key naming an input of the model beco
 (a JSON scalar is one element, shape ``[1]``; a flat array is ``[n]`` elements), typed by the
 model's metadata; ``parameters`` become the request's parameters; any other key is ignored, as
 Triton ignores it. An answer is ``{"model_name", "model_version", <each output>}``, an output of
-one element as a JSON scalar and of several as an array, written compact with non-ASCII text as
-is (Triton's rapidjson writer does the same).
+one element as a JSON scalar and of several as an array, written as Triton's rapidjson writer
+writes it: compact, non-ASCII text as is, numbers in rapidjson's form (``1e-7``, not Python's
+``1e-07``; :func:`encode`, which ``/infer``'s answers share).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -148,13 +150,54 @@ def answer(response: pb.ModelInferResponse, *, outputs_first: bool = False) -> d
     return outputs | names if outputs_first else names | outputs
 
 
-JSON_TEXT = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-"""``json.dumps(value, ensure_ascii=False, separators=(",", ":"))``, without building an encoder
-per call (as ``json.dumps`` does whenever it is given any option: a microsecond a call)."""
+_ENCODE = msgspec.json.Encoder().encode
+
+
+def number_text(value: float) -> str:
+    """A float as rapidjson writes it: from Python's shortest digits, laid out by rapidjson's
+    rules (a whole number up to 21 digits with ``.0``, down to 1e-6 as a decimal, else
+    ``1.5e-7``)."""
+    if not math.isfinite(value):
+        return json.dumps(value)
+    text = repr(value)
+    if "e" not in text:
+        return text
+    mantissa, exponent = text.split("e")
+    power = int(exponent)
+    sign, digits = ("-", mantissa[1:]) if mantissa.startswith("-") else ("", mantissa)
+    digits = digits.replace(".", "")
+    if 0 <= power <= 20:
+        return f"{sign}{digits.ljust(power + 1, '0')}.0"
+    if -6 <= power < 0:
+        return f"{sign}0.{'0' * (-power - 1)}{digits}"
+    return f"{mantissa}e{power}"
+
+
+def _rapidjson(value: object) -> object:
+    """``value`` made ready for msgspec to write as rapidjson writes it: a tensor's data (a list
+    of scalars) written by msgspec in one call where it holds no float or its text shows no
+    exponent and no ``null`` (a number without an exponent is laid out as rapidjson lays it out,
+    and msgspec escapes a string as json does; ``null`` is how msgspec writes NaN and infinity),
+    else element by element, each float by :func:`number_text`."""
+    if isinstance(value, dict):
+        return {k: _rapidjson(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if value and not isinstance(value[0], (dict, list)):
+            whole = _ENCODE(value)
+            if (b"e" not in whole and b"null" not in whole) or not any(
+                type(v) is float for v in value
+            ):
+                return msgspec.Raw(whole)
+        return [_rapidjson(v) for v in value]
+    if isinstance(value, float):
+        return msgspec.Raw(number_text(value).encode())
+    return value
 
 
 def encode(body: object) -> bytes:
-    return JSON_TEXT(body).encode()
+    """``body`` as Triton's HTTP frontend writes JSON (compact, non-ASCII text as is, numbers
+    as rapidjson writes them)."""
+    return _ENCODE(_rapidjson(body))
 
 
 def elements(datatype: str, data: bytes) -> list[Any]:

@@ -18,25 +18,22 @@ The JSON is read and written by msgspec, in C (the body as ``json.loads`` reads 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import struct
 from typing import Any
-
-import msgspec
 
 from hangup_contract.protos import inference_pb2 as pb
 from proxy.triton.codec import (
     STRUCT_CODES,
     GenerateError,
     elements,
+    encode,
     parse_body,
     set_parameters,
 )
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _HTTP_ONLY = ("binary_data", "binary_data_size", "binary_data_output")
-_ENCODE = msgspec.json.Encoder().encode
 
 
 def infer_request(
@@ -107,7 +104,7 @@ def infer_answer(
             entry["data"] = elements(output.datatype, data)
         outputs.append(entry)
     head["outputs"] = outputs
-    text = _write(head)
+    text = encode(head)
     if not tail:
         return text, {"Content-Type": "application/json"}
     return text + tail, {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(text))}
@@ -166,46 +163,3 @@ def _checked_raw(name: str, datatype: str, shape: list[int], data: object) -> by
 def _value(parameter: pb.InferParameter) -> object:
     choice = parameter.WhichOneof("parameter_choice")
     return getattr(parameter, choice) if choice else None
-
-
-def number_text(value: float) -> str:
-    """A float as rapidjson writes it: from Python's shortest digits, laid out by rapidjson's
-    rules (a whole number up to 21 digits with ``.0``, down to 1e-6 as a decimal, else
-    ``1.5e-7``)."""
-    if not math.isfinite(value):
-        return json.dumps(value)
-    text = repr(value)
-    if "e" not in text:
-        return text
-    mantissa, exponent = text.split("e")
-    power = int(exponent)
-    sign, digits = ("-", mantissa[1:]) if mantissa.startswith("-") else ("", mantissa)
-    digits = digits.replace(".", "")
-    if 0 <= power <= 20:
-        return f"{sign}{digits.ljust(power + 1, '0')}.0"
-    if -6 <= power < 0:
-        return f"{sign}0.{'0' * (-power - 1)}{digits}"
-    return f"{mantissa}e{power}"
-
-
-def _rapidjson(value: object) -> object:
-    """``value`` made ready for msgspec to write as rapidjson writes it: a tensor's data (a list
-    of scalars) written by msgspec in one call where its text shows no exponent and no ``null``
-    (a number without an exponent is laid out as rapidjson lays it out, and msgspec escapes a
-    string as json does; ``null`` is how msgspec writes NaN and infinity), else element by
-    element, each float by :func:`number_text`."""
-    if isinstance(value, dict):
-        return {k: _rapidjson(v) for k, v in value.items()}
-    if isinstance(value, list):
-        if value and not isinstance(value[0], (dict, list)):
-            whole = _ENCODE(value)
-            if b"e" not in whole and b"null" not in whole:
-                return msgspec.Raw(whole)
-        return [_rapidjson(v) for v in value]
-    if isinstance(value, float):
-        return msgspec.Raw(number_text(value).encode())
-    return value
-
-
-def _write(body: object) -> bytes:
-    return _ENCODE(_rapidjson(body))

@@ -20,16 +20,15 @@ from proxy.triton.codec import (
     answer,
     encode,
     generate_request,
+    number_text,
     parse_body,
 )
 from proxy.triton.infer import (
     HEADER_LENGTH,
     _checked_raw,
     _raw,
-    _write,
     infer_answer,
     infer_request,
-    number_text,
 )
 
 NUMBERS = {  # datatype: (contents field, struct code, values)
@@ -288,6 +287,25 @@ def test_an_output_json_cannot_carry_is_an_error_event_naming_its_datatype() -> 
     assert ok == {"model_name": "m", "model_version": "1", "text_output": "hi"}
 
 
+def test_generate_writes_numbers_as_triton_writes_them() -> None:
+    """rapidjson's exponent form (``1e-7``, ``2e20`` as a whole number), not Python's (``1e-07``,
+    ``2e+20``), in a generate answer and a generate_stream event alike: a client comparing the
+    text, or a float parser that refuses neither, sees what Triton sends."""
+    response = pb.ModelInferResponse(model_name="m", model_version="1")
+    response.outputs.add(name="x", datatype="FP64", shape=[3])
+    response.outputs.add(name="y", datatype="FP64", shape=[1])
+    response.raw_output_contents.extend(
+        [struct.pack("<3d", 1e-7, 2e20, 1e22), struct.pack("<d", -2.5e-9)]
+    )
+    written = (
+        b'{"model_name":"m","model_version":"1",'
+        b'"x":[1e-7,200000000000000000000.0,1e22],"y":-2.5e-9}'
+    )
+    assert encode(answer(response)) == written
+    message = pb.ModelStreamInferResponse(infer_response=response)
+    assert stream_event(message, first=False) == written
+
+
 def _element_by_element(value: object) -> str:
     """The answer's JSON as the bridge wrote it before its lists went through json's encoder."""
     if isinstance(value, dict):
@@ -339,7 +357,7 @@ def test_an_answer_is_written_as_element_by_element(
         "parameters": parameters,
         "outputs": [{"name": name, "datatype": "FP32", "shape": [len(data)], "data": data}],
     }
-    assert _write(body) == _element_by_element(body).encode()
+    assert encode(body) == _element_by_element(body).encode()
 
 
 _JSON_LEAVES = (

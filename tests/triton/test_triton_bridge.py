@@ -50,6 +50,10 @@ CASES: list[tuple[str, object]] = [
     ("/v2/models/streamer/versions/9/generate", HELLO),
     ("/v2/models/slow/generate", {"INPUT0": [1.5, -2.0, 3.25]}),
     ("/v2/models/slow/generate", {"INPUT0": 4.0}),
+    # Numbers in exponent form, powers of two (exact in FP32; rapidjson's digits are Python's
+    # shortest for them: docs/proxy.md says where they part)
+    ("/v2/models/slow/generate", {"INPUT0": [2**-30, 2**-20, 2.0**66, -(2**-40), 2.0**100]}),
+    ("/v2/models/slow/generate_stream", {"INPUT0": [2**-30], "parameters": {"steps": 1}}),
     ("/v2/models/slow/generate", {"INPUT0": [1, 2], "parameters": {"steps": 1}}),
     ("/v2/models/slow/generate_stream", {"INPUT0": [0.5], "parameters": {"steps": 1}}),
 ]
