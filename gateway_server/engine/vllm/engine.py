@@ -45,8 +45,9 @@ in flight on that worker raises :class:`~.base.EngineDead` and :attr:`VllmEngine
 False. Other workers are separate processes and keep serving. :attr:`VllmEngine.death_cause`
 names the core's exit status (or the signal that killed it) and vLLM's last error line, read from
 the output of the core's processes (:mod:`.output_tail`); shutting the dead engine down kills
-what is left of the process tree the core had when it became ready (:mod:`.process_tree`), and
-the pool starts a new engine for the worker. A shutdown that comes while vLLM loads (a restart
+what is left of the process tree the core had when it became ready (:mod:`.process_tree`) and
+unlinks the IPC socket files its start made (:mod:`.ipc`), and the pool starts a new engine for
+the worker. A shutdown that comes while vLLM loads (a restart
 under way) waits for the loading thread, which cannot be interrupted, then stops what it made.
 
 vLLM is imported through ``importlib`` when a worker starts: importing this module stays cheap and
@@ -64,6 +65,7 @@ import threading
 import time
 from collections.abc import AsyncGenerator
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 from gateway_server.engine.base import (
@@ -85,6 +87,7 @@ from gateway_server.engine.tools import ToolCalling, ToolSettings
 from gateway_server.engine.vllm import process_tree
 from gateway_server.engine.vllm.core_calls import abort_applied, note_held
 from gateway_server.engine.vllm.inputs import prompt_input, sampling_params
+from gateway_server.engine.vllm.ipc import IpcDirectory
 from gateway_server.engine.vllm.options import VllmOptions
 from gateway_server.engine.vllm.output_tail import OutputTail
 from gateway_server.engine.vllm.outputs import Live
@@ -115,12 +118,15 @@ class VllmEngine:
         index: int = 0,
         devices: DevicePin | None = None,
         spawn_lock: threading.Lock | None = None,
+        ipc: IpcDirectory | None = None,
     ) -> None:
         self.model = model
         self.options = options
         self.index = index
         self.devices = devices
         self._spawn_lock = spawn_lock or threading.Lock()
+        self._ipc = ipc or IpcDirectory()
+        self._ipc_files: set[Path] = set()
         self._llm: Any = None
         self._tokenizer_copy: Any = None
         self._stopped = False
@@ -205,7 +211,12 @@ class VllmEngine:
         # disable_log_stats drops vLLM's logging logger; ours takes the place of its Prometheus
         # logger and still gets every step's scheduler statistics (see .stats).
         factory = stat_logger_factory(self._stats)
-        with self._spawn_lock, device_env(self.devices), self._output.capture():
+        with (
+            self._spawn_lock,
+            device_env(self.devices),
+            self._output.capture(),
+            self._ipc.files_made() as self._ipc_files,
+        ):
             llm = async_llm.AsyncLLM.from_engine_args(args, stat_loggers=[factory])
         scheduler_statistics_only(llm)
         # vLLM tokenizes in a thread of its own; a Hugging Face tokenizer must not be used from
@@ -254,6 +265,7 @@ class VllmEngine:
                         log, "vllm_leftovers_killed", logging.WARNING, worker=self.index, pids=left
                     )
         finally:
+            self._ipc.remove(self._ipc_files)
             await asyncio.to_thread(self._output.close)
 
     # -- requests --------------------------------------------------------------------------

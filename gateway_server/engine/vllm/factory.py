@@ -4,7 +4,8 @@ Worker *i* of ``workers`` gets GPUs ``i·tp … i·tp+tp-1`` of those visible (w
 :mod:`.devices`; how they are split: :mod:`gateway_server.engine.devices`), the same ones again
 when the worker's engine is made anew after a death. Workers start one after another, off the
 event loop: the device variable is process-wide while an engine core is spawned, so every
-engine of one factory shares one spawn lock.
+engine of one factory shares one spawn lock, and one directory for vLLM's IPC sockets
+(:mod:`.ipc`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from gateway_server.engine.base import EngineError
 from gateway_server.engine.devices import DevicePin, device_groups
 from gateway_server.engine.vllm.devices import visible_devices
 from gateway_server.engine.vllm.engine import VllmEngine
+from gateway_server.engine.vllm.ipc import IpcDirectory
 from gateway_server.engine.vllm.options import VllmOptions
 
 EngineFactory = Callable[[int], VllmEngine]
@@ -34,9 +36,11 @@ def vllm_engine_factory(model: str, options: VllmOptions, workers: int) -> Engin
     if var is not None and visible:
         split = device_groups(workers, options.tensor_parallel_size, visible)
         groups = [DevicePin(var, ids) for ids in split]
-    lock = threading.Lock()
+    lock, ipc = threading.Lock(), IpcDirectory()
 
     def make(index: int) -> VllmEngine:
-        return VllmEngine(model, options, index=index, devices=groups[index], spawn_lock=lock)
+        return VllmEngine(
+            model, options, index=index, devices=groups[index], spawn_lock=lock, ipc=ipc
+        )
 
     return make

@@ -48,6 +48,7 @@ from gateway_server.engine.context import EngineContext
 from gateway_server.engine.handoff import KvHandoff
 from gateway_server.engine.vllm.engine import VllmEngine
 from gateway_server.engine.vllm.factory import vllm_engine_factory
+from gateway_server.engine.vllm.ipc import IpcDirectory
 from gateway_server.engine.vllm.kv_handoff import (
     LOAD,
     SAVE,
@@ -213,11 +214,13 @@ def vllm_pd_engine_factory(
             f"expected one of: {', '.join(KV_CONNECTORS)}"
         )
     plain = vllm_engine_factory(model, options, workers)  # checks vLLM and the devices
-    lock = threading.Lock()
+    lock, ipc = threading.Lock(), IpcDirectory()
 
     def make(index: int) -> VllmPdEngine:
         devices = plain(index).devices  # a plain engine object is only settings until started
-        return VllmPdEngine(model, options, store, index=index, devices=devices, spawn_lock=lock)
+        return VllmPdEngine(
+            model, options, store, index=index, devices=devices, spawn_lock=lock, ipc=ipc
+        )
 
     return make
 
