@@ -3,7 +3,8 @@
 ``python -m gateway_server`` and ``python -m proxy`` processes), ``deploy/`` (chart, image,
 observability), ``triton/`` (a real Triton) and ``vllm/`` (the real engine; its own conftest adds
 the vLLM session fixtures and makes ``gateway`` the shared vLLM gateway). Helpers live in
-``tests/support/``. A socket a test leaves open fails that test (``tests/support/leaks.py``)."""
+``tests/support/``. A socket a test leaves open fails that test (``tests/support/leaks.py``), and so
+does an environment variable it leaves changed (``tests/support/environment.py``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from bench.harness.stack import RawClients
 from tests.support.gateway import Gateway, running_gateway
 from tests.support.scripted_upstream import ScriptedUpstream
 
-pytest_plugins = ["tests.support.leaks"]
+pytest_plugins = ["tests.support.leaks", "tests.support.environment"]
 
 
 @pytest.fixture

@@ -21,7 +21,11 @@ def temp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """No VLLM_RPC_BASE_PATH, and a temporary directory of the test's own (short, as a unix
     socket's path must be: pytest's own are too deep)."""
     with tempfile.TemporaryDirectory(prefix="hangup-t-") as path:
-        monkeypatch.delenv(RPC_BASE_PATH, raising=False)
+        # Recorded, then removed: the code under test sets the variable, and a value left in this
+        # process would reach every server a later test starts (delenv alone records nothing
+        # when the variable is not set).
+        monkeypatch.setenv(RPC_BASE_PATH, "")
+        monkeypatch.delenv(RPC_BASE_PATH)
         monkeypatch.setattr(tempfile, "tempdir", path)
         yield Path(path)
 
