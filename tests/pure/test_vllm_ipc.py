@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway_server.engine.vllm.ipc import PREFIX, RPC_BASE_PATH, IpcDirectory
+from gateway_server.engine.vllm.ipc import OWNER, PREFIX, RPC_BASE_PATH, IpcDirectory
 
 
 @pytest.fixture
@@ -39,6 +39,11 @@ def engine_start(count: int) -> list[Path]:
     return files
 
 
+def sockets(directory: Path) -> list[Path]:
+    """What vLLM made in ``directory`` (its owner file aside)."""
+    return [p for p in directory.iterdir() if p.name != OWNER]
+
+
 def test_each_engine_unlinks_only_its_own_sockets_as_it_stops(temp: Path) -> None:
     ipc = IpcDirectory()
     with ipc.files_made() as first:
@@ -50,13 +55,13 @@ def test_each_engine_unlinks_only_its_own_sockets_as_it_stops(temp: Path) -> Non
     assert first == set(first_files) and second == set(second_files)
 
     ipc.remove(first)  # the first engine died: the next start must not find its files
-    assert sorted(ipc.path.iterdir()) == sorted(second_files)
+    assert sorted(sockets(ipc.path)) == sorted(second_files)
     ipc.remove(first)  # twice: a shutdown is idempotent
     with ipc.files_made() as restarted:
         engine_start(3)
     ipc.remove(second)
     ipc.remove(restarted)
-    assert not list(ipc.path.iterdir())
+    assert not sockets(ipc.path)
 
 
 def test_a_start_that_fails_still_owns_what_it_made(temp: Path) -> None:
@@ -66,7 +71,7 @@ def test_a_start_that_fails_still_owns_what_it_made(temp: Path) -> None:
         raise RuntimeError("the model did not load")
     assert len(made) == 2
     ipc.remove(made)
-    assert ipc.path is not None and not list(ipc.path.iterdir())
+    assert ipc.path is not None and not sockets(ipc.path)
 
 
 def test_the_operators_directory_is_never_touched(
@@ -98,3 +103,33 @@ def test_no_directory_where_a_socket_in_it_could_not_be_bound(
     assert ipc.path is None and not made
     assert RPC_BASE_PATH not in os.environ
     assert not list(deep.iterdir())
+
+
+def test_a_directory_whose_process_died_is_removed_by_the_next_one(
+    temp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process killed outright leaves its directory; the next process to make one in the same
+    place removes it (its owner lock is free), and never a live process's, nor a directory that
+    has no owner file (not ours to judge)."""
+    dead = IpcDirectory()
+    with dead.files_made():
+        engine_start(7)
+    assert dead.path is not None
+    os.close(dead._owner)  # what the kernel does when the process is killed
+    monkeypatch.delenv(RPC_BASE_PATH)  # the next process starts without it
+    live = IpcDirectory()
+    with live.files_made():
+        engine_start(7)
+    foreign = temp / f"{PREFIX}foreign1"
+    foreign.mkdir()
+
+    monkeypatch.delenv(RPC_BASE_PATH)
+    restarted = IpcDirectory()
+    with restarted.files_made():
+        engine_start(7)
+    assert live.path is not None and restarted.path is not None
+    assert sorted(p.name for p in temp.iterdir()) == sorted(
+        [live.path.name, restarted.path.name, foreign.name]
+    )
+    assert not dead.path.exists()
+    assert len(sockets(live.path)) == 7

@@ -2,7 +2,8 @@
 proxy with two workers: hang-ups through the proxy and cancels sent straight to the gateway,
 landing on either process, reach their engine request; nothing is left in flight; completed
 streams are whole; every hang-up is counted once on each side. An API process killed with
-SIGKILL takes its engine processes down with it and comes back with new ones.
+SIGKILL takes its engine processes down with it and comes back with new ones (the new process
+removes the IPC directory the killed one could not).
 
 The hang-up test failed 3 runs of 5 while each API process ran in a session of its own (Linux
 scheduled each as an autogroup, and streams and cancels were late by seconds); it passed 7 of 7
@@ -19,6 +20,7 @@ import asyncio
 import json
 import os
 import signal
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,11 +47,19 @@ LONG = 4000
 
 
 @pytest.fixture(scope="module")
+def gateway_temp() -> Iterator[Path]:
+    """The gateway's TMPDIR, where each API process keeps its vLLM IPC sockets: short, as a unix
+    socket's path must be (pytest's own directories are too deep for one)."""
+    with tempfile.TemporaryDirectory(prefix="hangup-t-") as path:
+        yield Path(path)
+
+
+@pytest.fixture(scope="module")
 def scaled(
-    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory, gateway_temp: Path
 ) -> Iterator[tuple[Process, Process]]:
-    tmp = tmp_path_factory.mktemp("vllm-api-processes")
-    with vllm_gateway(tiny_model, tmp / "gateway", workers=2, api_processes=2) as gateway:
+    tmp, env = tmp_path_factory.mktemp("vllm-api-processes"), {"TMPDIR": str(gateway_temp)}
+    with vllm_gateway(tiny_model, tmp / "gateway", workers=2, api_processes=2, env=env) as gateway:
         args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
                 "--upstream-http", gateway.url(), "--trust-client-request-id",
                 "--workers", "2"]  # fmt: skip
@@ -152,12 +162,14 @@ async def _idle(session: aiohttp.ClientSession, gateway: str) -> bool:
 
 
 async def test_a_killed_api_process_takes_its_engines_down_and_comes_back(
-    scaled: tuple[Process, Process],
+    scaled: tuple[Process, Process], gateway_temp: Path
 ) -> None:
     gateway, proxy = scaled
     victim = children(gateway.popen.pid)[0]
     engines = descendants(victim)
     assert engines  # its vLLM engine core (and the engine core's worker)
+    ipc_before = ipc_directories(gateway_temp)
+    assert len(ipc_before) == 2  # an IPC directory per API process
     async with aiohttp.ClientSession() as session:
         fresh = aiohttp.TCPConnector(force_close=True)  # each scrape: the kernel picks a process
         async with (
@@ -171,12 +183,19 @@ async def test_a_killed_api_process_takes_its_engines_down_and_comes_back(
         # Orphaned engine processes ignore SIGTERM and would hold their (GPU) memory beside the
         # new process's engines: the supervisor killed what was left of the process group.
         assert not alive(engines)
+        # The killed process could not remove its vLLM IPC directory: its successor did.
+        ipc_after = ipc_directories(gateway_temp)
+        assert len(ipc_after) == 2 and len(set(ipc_after) - set(ipc_before)) == 1, ipc_after
         body = {"model": MODEL, "prompt": "again", "max_tokens": 8}
         for _ in range(8):  # new connections: the kernel uses both processes again
             async with session.post(proxy.url() + "/v1/completions", json=body,
                                     headers={"Connection": "close"}) as resp:  # fmt: skip
                 assert resp.status == 200, await resp.text()
         await wait_until(lambda: _idle(session, gateway.url()), what="nothing in flight")
+
+
+def ipc_directories(temp: Path) -> list[Path]:
+    return sorted(temp.glob("hangup-ipc-*"))
 
 
 async def _restarted(session: aiohttp.ClientSession, gateway: str) -> bool:
