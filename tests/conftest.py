@@ -1,10 +1,11 @@
 """Fixtures every tier shares. The tiers are folders: ``pure/`` (framing and rules, no I/O),
 ``in_process/`` (real servers on 127.0.0.1 in the test's event loop), ``multi_process/`` (the real
-``python -m gateway_server`` and ``python -m proxy`` processes), ``deploy/`` (chart, image,
-observability), ``triton/`` (a real Triton) and ``vllm/`` (the real engine; its own conftest adds
-the vLLM session fixtures and makes ``gateway`` the shared vLLM gateway). Helpers live in
-``tests/support/``. A socket a test leaves open fails that test (``tests/support/leaks.py``), and so
-does an environment variable it leaves changed (``tests/support/environment.py``)."""
+``python -m gateway_server`` and ``python -m proxy`` processes), ``hostile/`` (hostile input within
+a CPU budget, attacks on live processes), ``deploy/`` (chart, image, observability), ``triton/`` (a
+real Triton) and ``vllm/`` (the real engine; its own conftest adds the vLLM session fixtures and
+makes ``gateway`` the shared vLLM gateway). Helpers live in ``tests/support/``. A socket a test
+leaves open fails that test (``tests/support/leaks.py``), and so does an environment variable it
+leaves changed (``tests/support/environment.py``)."""
 
 from __future__ import annotations
 
