@@ -24,6 +24,8 @@ from hangup_contract.runtime.options import (
     optional_size,
     parse_bool,
 )
+from proxy.calls.admin_paths import AdminGuard
+from proxy.cancel.admin_routes import BY_ADAPTER
 from proxy.upstream.grpc_target import parse_upstream_grpc
 
 ENV_PREFIX = "HANGUP_PROXY_"
@@ -84,6 +86,9 @@ class Config:
     # GET paths relayed as scrapes (Prometheus, an Endpoint Picker every 50 ms): no call, no
     # log line, no cancel; counted in hangup_proxy_scrapes_total.
     scrape_paths: tuple[str, ...] = ("/metrics", "/metrics/pool")
+    # Admin routes of the server behind that clients may reach (proxy.cancel.admin_routes): by
+    # default none; each opened on purpose, for operators who route admin traffic through here.
+    allow_admin_paths: tuple[str, ...] = ()
     loop_stall_log: float = 1.0  # seconds the event loop may stall before it is logged (0: never)
     log_level: str = "INFO"
 
@@ -96,6 +101,11 @@ class Config:
     @property
     def cancel_base_url(self) -> str:
         return (self.cancel_url or self.upstream_http).rstrip("/")
+
+    def admin_guard(self) -> AdminGuard:
+        """What refuses the admin routes of the server behind (``--cancel-adapter``'s), less
+        those opened by ``--allow-admin-path``."""
+        return AdminGuard(BY_ADAPTER[self.cancel_adapter.value], self.allow_admin_paths)
 
 
 def parse_urls(text: str) -> tuple[str, ...]:
@@ -182,6 +192,14 @@ _OPTIONS = (
         parse_paths,
         "comma-separated GET paths relayed as metric scrapes: not logged or counted as calls",
     ),
+    Option(
+        "--allow-admin-path",
+        parse_paths,
+        "an admin route of the server behind that clients may reach (refused by default; "
+        "docs/security.md lists them): repeat it, or separate them with commas",
+        field="allow_admin_paths",
+        repeatable=True,
+    ),
     Option("--log-level", str, "DEBUG, INFO, WARNING or ERROR"),
 )
 
@@ -249,6 +267,13 @@ def _validate(config: Config) -> None:
         raise ConfigError("--cancel-pool is for --cancel-adapter hangup (the gateway's cancel API)")
     if config.cancel_pool and config.cancel_url:
         raise ConfigError("--cancel-pool and --cancel-url name two cancel targets: give one")
+    try:
+        config.admin_guard()
+    except ValueError as exc:
+        raise ConfigError(
+            f"--allow-admin-path: {exc} (--cancel-adapter {config.cancel_adapter.value}; "
+            "docs/security.md lists its routes)"
+        ) from exc
     if not 1 <= config.workers <= 256:
         raise ConfigError("--workers must be between 1 and 256")
     if config.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:

@@ -60,6 +60,13 @@ class ProxyMetrics:
             ["status"],
             registry=registry,
         )
+        self.admin_refusals = Counter(
+            "hangup_proxy_admin_refusals",
+            "Calls refused because they named an admin route of the server behind (403, gRPC "
+            "PERMISSION_DENIED; --allow-admin-path opens one), by protocol and rule.",
+            ["protocol", "rule"],
+            registry=registry,
+        )
         self.cancel_calls = Counter(
             "hangup_proxy_cancel_calls",
             "Explicit upstream cancel calls, retries included, by their final result.",
@@ -147,6 +154,9 @@ class ProxyMetrics:
 
     def cancelled(self, protocol: CallProtocol, reason: Reason) -> None:
         self.cancel_reasons.labels(protocol.value, reason.value).inc()
+
+    def admin_refused(self, protocol: CallProtocol, rule: str) -> None:
+        self.admin_refusals.labels(protocol.value, rule).inc()
 
     def cancel_call(self, adapter: str, result: CancelResult, seconds: float | None) -> None:
         self.cancel_calls.labels(adapter, result.value).inc()

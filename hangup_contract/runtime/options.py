@@ -30,6 +30,9 @@ class Option:
     """The config field it sets (default: the flag's name with underscores)."""
     negatable: bool = False
     """A boolean with a ``--no-`` form (``--enable-x`` / ``--no-enable-x``)."""
+    repeatable: bool = False
+    """Given once or more on the command line, its values joined with commas for ``parse``
+    (its variable holds them comma-separated)."""
 
     @property
     def dest(self) -> str:
@@ -72,6 +75,10 @@ class OptionTable:
                     action=argparse.BooleanOptionalAction,
                     help=option.help,
                 )
+            elif option.repeatable:
+                section.add_argument(
+                    option.flag, dest=option.dest, default=None, action="append", help=option.help
+                )
             elif option.parse is parse_bool:  # a bare flag means true; a value may follow
                 section.add_argument(
                     option.flag,
@@ -102,6 +109,8 @@ class OptionTable:
                 raw, source = environ[option.env(self.env_prefix)], option.env(self.env_prefix)
             if raw is None:
                 continue
+            if isinstance(raw, list):  # a repeatable option: each value it was given
+                raw = ",".join(raw)
             parse = parse_bool if option.negatable else option.parse
             try:
                 values[option.group][option.target] = raw if isinstance(raw, bool) else parse(raw)

@@ -43,6 +43,7 @@ import grpc
 
 from hangup_contract.runtime.connections import grpc_server_options
 from hangup_contract.vocabulary import Reason
+from proxy.calls.admin_paths import Refusal
 from proxy.calls.lifecycle import CallEnding, log_call
 from proxy.calls.request_ids import RequestIds, choose_request_ids
 from proxy.calls.state import Call, ServerState
@@ -174,6 +175,7 @@ class GrpcRelay:
         self._channel: grpc.aio.Channel | None = None
         self._port = 0
         self._peers = PeerWatch()
+        self._guard = state.config.admin_guard()
 
     @property
     def port(self) -> int:
@@ -218,6 +220,10 @@ class GrpcRelay:
             self._channel = None
 
     async def _handle(self, method: str, requests: AsyncIterator[bytes], context: Any) -> None:
+        refused = self._guard.grpc(method)
+        if refused is not None:
+            self._refuse_admin(method, context, refused)
+            return
         call = Call(CallProtocol.GRPC, "POST", method, context.peer())
         ending = CallEnding(
             call,
@@ -251,6 +257,18 @@ class GrpcRelay:
         finally:
             ending.finish()  # counted before released: a flush when idle has it (proxy.metrics)
             self._state.release(call)
+
+    def _refuse_admin(self, method: str, context: Any, refusal: Refusal) -> None:
+        """``PERMISSION_DENIED`` for an admin method of the server behind, naming its rule;
+        outside the call accounting: counted, and logged once."""
+        self._state.metrics.admin_refused(CallProtocol.GRPC, refusal.rule.name)
+        log.warning(
+            "refused an admin route: %s",
+            refusal.rule.name,
+            extra={"fields": {"path": method[:200], "remote": context.peer()}},
+        )
+        context.set_code(grpc.StatusCode.PERMISSION_DENIED)
+        context.set_details(refusal.message(method))
 
     def _refuse(
         self, call: Call, context: Any, exc: BadRequestId | Overloaded | CancelledById

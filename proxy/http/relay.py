@@ -33,6 +33,7 @@ final chunk, so a truncated response never looks complete.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -40,6 +41,7 @@ from collections.abc import AsyncIterator
 from hangup_contract.cancel import cancelled_id
 from hangup_contract.runtime.connections import BodyStalled
 from hangup_contract.vocabulary import Reason
+from proxy.calls.admin_paths import Refusal
 from proxy.calls.lifecycle import CallEnding, log_call
 from proxy.calls.request_ids import REQUEST_ID, request_ids_for
 from proxy.calls.state import Call, ServerState
@@ -94,6 +96,7 @@ class HttpRelay:
         # Calls whose upstream call is open, by their client connection.
         self._relaying: dict[ClientConnection, Exchange] = {}
         self._submit = state.canceller.submitter(CallProtocol.HTTP)  # the same for every call
+        self._guard = state.config.admin_guard()
         adapter = state.canceller.adapters[CallProtocol.HTTP]
         self._cancels_upstream = adapter.calls_upstream and self._bridge is None
         config = self._config
@@ -113,6 +116,9 @@ class HttpRelay:
     async def __call__(self, request: Request) -> Answer | Stream | None:
         if request.method == "GET" and request.path in self._config.scrape_paths:
             return await scrape(request, self._upstream, self._state.metrics)
+        refused = self._guard.http(request.raw_path)
+        if refused is not None:
+            return self._refused(request, refused)
         if self._cancels is not None and request.method == "POST":
             request_id = cancelled_id(request.raw_path)
             if request_id is not None:
@@ -167,6 +173,22 @@ class HttpRelay:
             ending.close_upstream(ex.close_upstream)
             ending.finish()
             self._state.release(call)
+
+    def _refused(self, request: Request, refusal: Refusal) -> Answer:
+        """403 for an admin route of the server behind (``proxy.calls.admin_paths``), naming its
+        rule, in the shape the server answers errors (Triton's ``{"error": message}`` with the
+        bridge); outside the call accounting, as a scrape is: counted, and logged once."""
+        message = refusal.message(request.raw_path)
+        self._state.metrics.admin_refused(CallProtocol.HTTP, refusal.rule.name)
+        log.warning(
+            "refused an admin route: %s",
+            refusal.rule.name,
+            extra={"fields": {"path": request.raw_path[:200], "remote": request.remote}},
+        )
+        if self._bridge is None:
+            return error_answer(403, message, "permission_denied")
+        body = json.dumps({"error": message}).encode()
+        return Answer(403, body, content_type="application/json", headers={"Server": SERVER_HEADER})
 
     def _end_by_id(self, ex: Exchange, reason: Reason) -> CancelTask | None:
         """End a call cancelled by id (``proxy.http.cancel_api``) the way its adapter ends a
