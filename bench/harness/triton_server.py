@@ -26,7 +26,7 @@ import shutil
 import socket
 import subprocess
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -169,9 +169,10 @@ def running_triton(
     fill: dict[str, str] | None = None,
     ready_s: float = READY_S,
     env: dict[str, str] | None = None,
+    args: Sequence[str] = (),
 ) -> Iterator[TritonServer]:
     """Triton serving the models of ``models`` (``fill`` fills in their configurations; ``env``
-    added to its environment)."""
+    added to its environment; ``args`` added to its command line)."""
     records = tmp / "records"
     records.mkdir(parents=True)
     repository = _repository(tmp, records, models, fill or {})
@@ -187,7 +188,7 @@ def running_triton(
                  "--http-address", "127.0.0.1", "--http-port", str(http),
                  "--grpc-address", "127.0.0.1", "--grpc-port", str(grpc),
                  "--metrics-address", "127.0.0.1", "--metrics-port", str(metrics),
-                 "--exit-timeout-secs", "5"],
+                 "--exit-timeout-secs", "5", *args],
                 stdout=out, stderr=subprocess.STDOUT, env=environment,
                 process_group=0,  # its own group (not session): the stubs end with it
             )  # fmt: skip
