@@ -11,6 +11,9 @@
 - :mod:`.held`: the calls by id, the ids recently finished and the tombstones: what the proxy's
   own cancel by id finds in this process; :mod:`.siblings`: with ``--workers``, the same
   question asked of the other workers over Unix sockets.
+- :mod:`.admin_paths`: whether a call names an admin route of the server behind
+  (``proxy.cancel.admin_routes``), matched as the server would route it, and refused before it
+  is a call at all.
 
 The package sits below the listeners (``http``, ``grpc``, ``triton``, ``admin``), the server and
 the supervisor, and above the cancel path (``cancel``), to which a stopped call's cancel goes.
