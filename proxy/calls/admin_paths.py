@@ -18,10 +18,10 @@ of these servers routes (none of them folds case, collapses slashes or cuts para
 refused that the server would have answered 404 costs nobody anything.
 
 The routes are a tree of segments (``*`` one segment, ``**`` the rest), walked once per form,
-linear in the target's length (about a microsecond for a usual path). What each path got is
+linear in the target's length (1.5-2.6 µs for a usual path here). What each path got is
 kept (``_KNOWN`` paths per protocol, each at most ``_KNOWN_LENGTH`` characters: 256 KiB at
 most; the first ones seen, never replaced), so a call on a path seen before costs one dictionary
-lookup (0.1 µs): a client filling it with paths of its own only sends everyone else back to the
+lookup (0.1-0.3 µs): a client filling it with paths of its own only sends everyone else back to the
 walk.
 """
 
