@@ -39,6 +39,8 @@ class GatewayConfig:
     drain_timeout: float = 30.0
     ready_file: Path | None = None
     max_body_bytes: int = 8 * 1024 * 1024
+    grpc_max_message_bytes: int | None = None
+    """The largest gRPC request message; None: ``max_body_bytes`` (:attr:`grpc_message_limit`)."""
     max_header_bytes: int = 8190
     header_timeout: float = 30.0
     idle_timeout: float = 75.0
@@ -65,6 +67,13 @@ class GatewayConfig:
         return ConnectionLimits(
             self.header_timeout, self.idle_timeout, self.max_connections, self.body_timeout
         )
+
+    @property
+    def grpc_message_limit(self) -> int:
+        """The gRPC receive limit: ``--grpc-max-message-bytes``, else the HTTP body limit."""
+        if self.grpc_max_message_bytes is None:
+            return self.max_body_bytes
+        return self.grpc_max_message_bytes
 
     @property
     def roles(self) -> tuple[WorkerRole, ...]:
@@ -122,6 +131,12 @@ _OPTIONS = (
     Option("--drain-timeout", float, "seconds calls may finish after SIGTERM"),
     Option("--ready-file", Path, "write the listener map here once serving"),
     Option("--max-body-bytes", int, "request body bytes"),
+    Option(
+        "--grpc-max-message-bytes",
+        int,
+        "largest gRPC request message in bytes (RESOURCE_EXHAUSTED beyond; default: "
+        "--max-body-bytes)",
+    ),
     Option("--max-header-bytes", int, "bytes per request line or header field"),
     Option("--header-timeout", float, "seconds a client may take to send a request head"),
     Option("--idle-timeout", float, "seconds an idle keep-alive client connection stays open"),
@@ -257,6 +272,8 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--sim-faults works with --engine sim only")
     if config.max_body_bytes < 1024:
         raise ConfigError("--max-body-bytes must be at least 1024")
+    if config.grpc_max_message_bytes is not None and config.grpc_max_message_bytes < 1024:
+        raise ConfigError("--grpc-max-message-bytes must be at least 1024")
 
 
 def _validate_roles(config: GatewayConfig) -> None:

@@ -28,8 +28,6 @@ from hangup_contract.protos import cancellation_pb2, inference_pb2
 from hangup_contract.runtime.connections import grpc_server_options
 
 _SERVICES = (inference.SERVICE_NAME, cancel.SERVICE_NAME)
-# Prompts and answers can be large; the gateway's own limit is the model's context length.
-_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
 
 
 def _reflected() -> descriptor_pool.DescriptorPool:
@@ -60,8 +58,11 @@ class GrpcServerHandle:
 async def start_grpc_server(service: GenerationService, config: GatewayConfig) -> GrpcServerHandle:
     """Bind ``config.host:config.grpc_port`` (and this process's own port, if it has one) and
     serve. Raises OSError when it cannot bind."""
+    # A larger request message is refused by gRPC itself (RESOURCE_EXHAUSTED), unread: the
+    # limit is what one parse may cost the event loop (docs/security.md).
+    receive = [("grpc.max_receive_message_length", config.grpc_message_limit)]
     server = grpc.aio.server(
-        options=_OPTIONS + grpc_server_options(config.connection_limits),
+        options=receive + grpc_server_options(config.connection_limits),
         interceptors=[InvalidMessagesAreInvalidArgument()],
     )
     server.add_generic_rpc_handlers(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import pytest
 
@@ -70,7 +71,9 @@ def test_typed_contents_decode_too() -> None:
     [
         ({}, "'text_input' (BYTES) is required"),
         ({"text_input": ("INT32", b"\x00\x00\x00\x00")}, "must be BYTES, not INT32"),
-        ({"text_input": ("BYTES", encode_bytes_tensor([b"a", b"b"]))}, "one element, not 2"),
+        ({"text_input": ("BYTES", encode_bytes_tensor([b"a", b"b"]))},
+         "unexpected number of string elements 2 for inference input 'text_input' for model "
+         "'m', expecting 1"),
         ({"text_input": ("BYTES", encode_bytes_tensor([b"\xff"]))}, "not valid UTF-8"),
         ({"prompt": ("BYTES", encode_bytes_tensor([b"a"]))}, "unknown input 'prompt'"),
         (
@@ -92,6 +95,78 @@ def test_malformed_requests_name_the_problem(
         decode_request(raw_request(**tensors))
 
 
+def _shaped(shape: list[int], raw: bytes | None = None, typed: list[bytes] | None = None) -> Any:
+    request = pb.ModelInferRequest(model_name="m")
+    tensor = request.inputs.add(name="text_input", datatype="BYTES", shape=shape)
+    if raw is not None:
+        request.raw_input_contents.append(raw)
+    for element in typed or ():
+        tensor.contents.bytes_contents.append(element)
+    return request
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (_shaped([2], raw=encode_bytes_tensor([b"a"])),
+         "unexpected shape for input 'text_input' for model 'm'. Expected [1], got [2]."),
+        (_shaped([1, 1], raw=encode_bytes_tensor([b"a"])), "Expected [1], got [1,1]."),
+        (_shaped([], raw=encode_bytes_tensor([b"a"])), "Expected [1], got []."),
+        (_shaped([1] * 20, raw=encode_bytes_tensor([b"a"])), "got [1,1,1,1,1,1,1,1...]."),
+        (_shaped([-1], raw=encode_bytes_tensor([b"a"])),
+         "All input dimensions should be specified for input 'text_input' for model 'm', "
+         "got [-1]"),
+        (_shaped([1], raw=b""),
+         "expected 1 string elements for inference input 'text_input' for model 'm', got 0"),
+        (_shaped([1], typed=[]), "expected 1 string elements"),
+        (_shaped([1], typed=[b"a", b"b", b"c"]), "unexpected number of string elements 2"),
+        (_shaped([1], raw=b"\x05\x00"),
+         "incomplete string length indicator for inference input 'text_input' for model 'm', "
+         "expecting 4 bytes but only 2 bytes available."),
+        (_shaped([1], raw=encode_bytes_tensor([b"a"]) + b"\x00\x00"),
+         "expecting 4 bytes but only 2 bytes available"),
+        (_shaped([1], raw=b"\x09\x00\x00\x00abc"),
+         "incomplete string data for inference input 'text_input', expecting string of length 9 "
+         "but only 3 bytes available"),
+        (_shaped([1], raw=encode_bytes_tensor([b"a"]), typed=[b"b"]),
+         "contents field must not be specified when using raw_input_contents for 'text_input' "
+         "for model 'm'"),
+    ],
+)  # fmt: skip
+def test_tensors_are_held_to_their_framing_in_tritons_words(request_: Any, message: str) -> None:
+    """The checks Triton 2.51 makes of the same inputs, worded as it words them (each case's
+    words were read from a real Triton serving a model with these inputs)."""
+    with pytest.raises(InvalidRequest, match=re.escape(message)):
+        decode_request(request_)
+
+
+def test_bool_tensors_are_one_byte_or_one_typed_element() -> None:
+    for raw in (b"", b"\x01\x01"):
+        request = raw_request(
+            text_input=("BYTES", encode_bytes_tensor([b"a"])), stream=("BOOL", raw)
+        )
+        with pytest.raises(InvalidRequest, match=re.escape(
+            f"input byte size mismatch for input 'stream' for model 'm'. Expected 1, got {len(raw)}"
+        )):  # fmt: skip
+            decode_request(request)
+    typed = pb.ModelInferRequest(model_name="m")
+    typed.inputs.add(name="text_input", datatype="BYTES", shape=[1]).contents.bytes_contents.append(
+        b"a"
+    )
+    typed.inputs.add(name="stream", datatype="BOOL", shape=[1]).contents.bool_contents.extend(
+        [True, True]
+    )
+    with pytest.raises(InvalidRequest, match="Expected 1, got 2"):
+        decode_request(typed)
+
+
+def test_a_clients_strings_are_quoted_cut_short() -> None:
+    request = raw_request(**{"n" * 10_000: ("BYTES", encode_bytes_tensor([b"a"]))})
+    with pytest.raises(InvalidRequest) as refused:
+        decode_request(request)
+    assert "(10000 characters)" in refused.value.message and len(refused.value.message) < 200
+
+
 def test_raw_contents_must_match_the_inputs() -> None:
     request = raw_request(text_input=("BYTES", encode_bytes_tensor([b"a"])))
     request.raw_input_contents.append(b"extra")
@@ -103,6 +178,10 @@ def test_unknown_requested_output_is_refused() -> None:
     request = raw_request(text_input=("BYTES", encode_bytes_tensor([b"a"])))
     request.outputs.add(name="logits")
     with pytest.raises(InvalidRequest, match="unknown output 'logits'"):
+        decode_request(request)
+    request.outputs[0].name = "text_output"
+    request.outputs.add(name="text_output")
+    with pytest.raises(InvalidRequest, match="2 outputs requested"):
         decode_request(request)
 
 

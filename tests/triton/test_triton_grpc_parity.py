@@ -66,6 +66,19 @@ def request(
     return message
 
 
+def shaped(message: pb.ModelInferRequest, shape: list[int]) -> pb.ModelInferRequest:
+    """``message`` with ``text_input`` (its first input) of ``shape``."""
+    message.inputs[0].ClearField("shape")
+    message.inputs[0].shape.extend(shape)
+    return message
+
+
+def raw_text(message: pb.ModelInferRequest, raw: bytes) -> pb.ModelInferRequest:
+    """``message`` with ``text_input``'s raw contents replaced by ``raw``."""
+    message.raw_input_contents[0] = raw
+    return message
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
@@ -93,6 +106,12 @@ CASES = [
     Case("stream: unknown model", "ModelStreamInfer", [request(model="nope")]),
     Case("stream: unknown input", "ModelStreamInfer", [request(name="prompt")]),
     Case("stream: wrong datatype", "ModelStreamInfer", [request(5, datatype="INT32")]),
+    Case("stream: text_input of shape [2]", "ModelStreamInfer", [shaped(request(), [2])]),
+    Case("stream: text_input of two elements", "ModelStreamInfer",
+         [raw_text(request(), text("a") + text("b"))]),
+    Case("stream: text_input of no element", "ModelStreamInfer", [raw_text(request(), b"")]),
+    Case("stream: text_input cut in its length", "ModelStreamInfer",
+         [raw_text(request(), b"\x05\x00")]),
     Case("stream: streamed, empty final asked for", "ModelStreamInfer",
          [request(empty_final=True)],
          kept="the gateway ends each request with an empty final response when asked for one; "

@@ -1,0 +1,313 @@
+"""Hostile gRPC clients against the gateway (docs/security.md, "gRPC messages and streams").
+
+First the parser, with no I/O: the tensor decoder gets hostile messages up to the gRPC receive
+limit, and each must be refused (``InvalidRequest``: ``INVALID_ARGUMENT``) within the CPU budget
+of ``bench/harness/hostile.py``. Then an attack on a running gateway, with a victim client timed
+and ``/v2/health/live`` polled meanwhile: a 60 MiB message (an in-process gateway, its event loop
+watched by ``ArmedLoop``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bench.harness.hostile import MIB, ArmedLoop, Budget, timed
+from gateway_server.config import GatewayConfig
+from gateway_server.errors import InvalidRequest
+from gateway_server.grpc.common import parse
+from gateway_server.grpc.tensors import decode_request, encode_bytes_tensor
+from hangup_contract.protos import inference_pb2 as pb
+from tests.support.gateway import MODEL, running_gateway
+
+LIMIT = GatewayConfig().max_body_bytes
+"""The gRPC receive limit by default (the HTTP body limit's): the largest message a parser here
+can be handed."""
+MODEL_STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+# -- hostile messages ------------------------------------------------------------------------
+
+
+def _message(request_id: str = "h") -> pb.ModelInferRequest:
+    return pb.ModelInferRequest(model_name=MODEL, id=request_id)
+
+
+def _raw_input(message: pb.ModelInferRequest, name: str, datatype: str, raw: bytes) -> None:
+    message.inputs.add(name=name, datatype=datatype, shape=[1])
+    message.raw_input_contents.append(raw)
+
+
+def _text(prompt: str = "hi") -> bytes:
+    return encode_bytes_tensor([prompt.encode()])
+
+
+def empty_bytes_elements(size: int) -> pb.ModelInferRequest:
+    """The issue's message: a raw BYTES tensor of nothing but empty elements."""
+    message = _message()
+    _raw_input(message, "text_input", "BYTES", b"\x00" * (size // 4 * 4))
+    return message
+
+
+def one_byte_elements(size: int) -> pb.ModelInferRequest:
+    message = _message()
+    _raw_input(message, "text_input", "BYTES", b"\x01\x00\x00\x00a" * (size // 5))
+    return message
+
+
+def raw_bools(size: int) -> pb.ModelInferRequest:
+    message = _message()
+    _raw_input(message, "text_input", "BYTES", _text())
+    _raw_input(message, "stream", "BOOL", b"\x01" * size)
+    return message
+
+
+def typed_bytes(size: int) -> pb.ModelInferRequest:
+    message = _message()
+    tensor = message.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    tensor.contents.bytes_contents.extend([b""] * (size // 2))
+    return message
+
+
+def typed_bools(size: int) -> pb.ModelInferRequest:
+    message = _message()
+    message.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    message.inputs[0].contents.bytes_contents.append(b"hi")
+    tensor = message.inputs.add(name="stream", datatype="BOOL", shape=[1])
+    tensor.contents.bool_contents.extend([True] * size)
+    return message
+
+
+def many_dims(size: int) -> pb.ModelInferRequest:
+    message = _message()
+    message.inputs.add(name="text_input", datatype="BYTES", shape=[1] * size)
+    message.raw_input_contents.append(_text())
+    return message
+
+
+def huge_dims(size: int) -> pb.ModelInferRequest:
+    message = _message()
+    message.inputs.add(name="text_input", datatype="BYTES", shape=[1 << 62] * (size // 10))
+    message.raw_input_contents.append(_text())
+    return message
+
+
+def many_outputs(size: int) -> pb.ModelInferRequest:
+    message = _message()
+    _raw_input(message, "text_input", "BYTES", _text())
+    message.outputs.extend([pb.ModelInferRequest.InferRequestedOutputTensor(name="text_output")]
+                           * (size // 14))  # fmt: skip
+    return message
+
+
+def many_inputs(size: int) -> pb.ModelInferRequest:
+    message = _message()
+    for _ in range(size // 24):
+        message.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    return message
+
+
+def long_names(size: int) -> pb.ModelInferRequest:
+    message = _message()
+    _raw_input(message, "n" * (size // 2), "BYTES", _text())
+    message.outputs.add(name="o" * (size // 2))
+    return message
+
+
+def long_id(size: int) -> pb.ModelInferRequest:
+    message = _message("i" * size)
+    _raw_input(message, "text_input", "BYTES", _text())
+    return message
+
+
+def deep_sampling(size: int) -> pb.ModelInferRequest:
+    message = _message()
+    _raw_input(message, "text_input", "BYTES", _text())
+    _raw_input(message, "sampling_parameters", "BYTES", encode_bytes_tensor([b"[" * size]))
+    return message
+
+
+def long_sequence_id(size: int) -> pb.ModelInferRequest:
+    message = _message()
+    _raw_input(message, "text_input", "BYTES", _text())
+    _raw_input(message, "stream", "BOOL", b"\x01")
+    message.parameters["sequence_id"].string_param = "s" * size
+    return message
+
+
+HOSTILE: dict[str, Callable[[int], pb.ModelInferRequest]] = {
+    "raw BYTES of empty elements": empty_bytes_elements,
+    "raw BYTES of one-byte elements": one_byte_elements,
+    "raw BOOL of every byte": raw_bools,
+    "typed bytes_contents": typed_bytes,
+    "typed bool_contents": typed_bools,
+    "a shape of many dimensions": many_dims,
+    "a shape of huge dimensions": huge_dims,
+    "many outputs": many_outputs,
+    "one input many times": many_inputs,
+    "long input and output names": long_names,
+    "a long request id": long_id,
+    "sampling_parameters nested deep": deep_sampling,
+    "a long sequence id": long_sequence_id,
+}
+
+
+def sized(build: Callable[[int], pb.ModelInferRequest], target: int) -> bytes:
+    """``build``'s message as close under ``target`` bytes as its unit allows."""
+    raw = build(target).SerializeToString()
+    if len(raw) > target:  # framing overhead: scale down once, then it fits
+        raw = build(target - (len(raw) - target) - 64).SerializeToString()
+    assert len(raw) <= target
+    return raw
+
+
+# -- the parsers, within the CPU budget --------------------------------------------------------
+
+
+def decode(raw: bytes) -> Any:
+    """What ModelInfer does with a message before it reaches the service."""
+    return decode_request(parse(pb.ModelInferRequest, raw))
+
+
+def _cut(value: object) -> str:
+    """``value`` for an assertion message: a failure must not print the 8 MiB it was sent."""
+    text = repr(value)
+    return text if len(text) <= 300 else f"{text[:300]}... ({len(text)} characters)"
+
+
+REFUSED_BY_THE_DECODER = [
+    k for k in HOSTILE if k not in ("a long request id", "a long sequence id")
+]
+
+
+@pytest.mark.parametrize("kind", REFUSED_BY_THE_DECODER)
+def test_hostile_tensors_at_the_receive_limit_are_refused_within_the_budget(kind: str) -> None:
+    raw = sized(HOSTILE[kind], LIMIT)
+    outcome = timed(decode, raw)
+    assert isinstance(outcome.error, InvalidRequest), _cut(outcome.error or outcome.result)
+    Budget().check(kind, len(raw), outcome.spent)
+    assert len(outcome.error.message) < 400, _cut(outcome.error)  # a client's strings, cut
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kinds=st.lists(st.sampled_from(list(HOSTILE)), min_size=1, max_size=3),
+    size=st.integers(min_value=1, max_value=LIMIT // 3),
+)
+def test_any_mix_of_hostile_parts_is_read_or_refused_within_the_budget(
+    kinds: list[str], size: int
+) -> None:
+    """Parts of several hostile messages in one: the decoder answers within the budget, a text
+    request or an InvalidRequest, never anything else."""
+    message = pb.ModelInferRequest()
+    for kind in kinds:
+        message.MergeFrom(HOSTILE[kind](size))
+    raw = message.SerializeToString()
+    outcome = timed(decode, raw)
+    assert outcome.error is None or isinstance(outcome.error, InvalidRequest), _cut(outcome.error)
+    Budget().check(" + ".join(kinds), len(raw), outcome.spent)
+
+
+# -- clients that watch and clients that wait --------------------------------------------------
+
+
+@dataclass
+class Liveness:
+    """``/v2/health/live`` polled every 100 ms while the block runs: every answer and how long it
+    took (a probe that got no answer within 5 s counts as status 0)."""
+
+    session: aiohttp.ClientSession
+    url: str
+    answers: list[tuple[int, float]] = field(default_factory=list)
+
+    @contextlib.asynccontextmanager
+    async def polling(self) -> AsyncIterator[Liveness]:
+        task = asyncio.create_task(self._poll())
+        try:
+            yield self
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _poll(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                async with self.session.get(f"{self.url}/v2/health/live", timeout=_timeout(5)) as r:
+                    status = r.status
+            except TimeoutError:
+                status = 0
+            self.answers.append((status, time.monotonic() - started))
+            await asyncio.sleep(0.1)
+
+    def check(self, slowest: float = 1.0) -> None:
+        assert len(self.answers) >= 5, self.answers
+        failed = [a for a in self.answers if a[0] != 200 or a[1] > slowest]
+        assert not failed, f"liveness probes failed or slower than {slowest} s: {failed[:10]}"
+
+
+def _timeout(seconds: float) -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=seconds)
+
+
+async def victim_chat_gap(session: aiohttp.ClientSession, url: str, tokens: int) -> float:
+    """The longest wait between a streamed chat's events, its first included."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a victim"}],
+            "max_tokens": tokens, "stream": True, "ignore_eos": True}  # fmt: skip
+    last, longest = time.monotonic(), 0.0
+    async with session.post(f"{url}/v1/chat/completions", json=body, timeout=_timeout(60)) as r:
+        assert r.status == 200, await r.text()
+        async for _ in r.content:
+            now = time.monotonic()
+            longest, last = max(longest, now - last), now
+    return longest
+
+
+# -- a message as large as a client may send ----------------------------------------------------
+
+
+async def test_a_60_mib_message_is_refused_unread_and_nobody_else_notices() -> None:
+    huge = empty_bytes_elements(60 * MIB).SerializeToString()
+    at_limit = sized(empty_bytes_elements, LIMIT)
+    options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+    async with running_gateway() as gateway:
+        address = gateway.server.listeners["grpc"]
+        live = Liveness(gateway.session, gateway.url)
+        async with (
+            ArmedLoop(stall_limit=1.0) as armed,
+            live.polling(),
+            grpc.aio.insecure_channel(address, options=options) as channel,
+        ):
+            victim = asyncio.create_task(victim_chat_gap(gateway.session, gateway.url, 200))
+            infer = channel.unary_unary(MODEL_INFER)
+            codes = [
+                await _status(infer(message, timeout=60)) for message in (huge, at_limit, huge)
+            ]
+            stream = channel.stream_stream(MODEL_STREAM_INFER)(iter([huge]), timeout=60)
+            codes.append(await _status(stream.read()))
+            longest_gap = await victim
+    armed.check()
+    live.check()
+    assert longest_gap < 1.0, f"the victim's chat stream stood {longest_gap:.2f} s"
+    exhausted, invalid = "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT"
+    assert codes == [exhausted, invalid, exhausted, exhausted]
+
+
+async def _status(answer: Awaitable[Any]) -> str:
+    """The call's status code, or ``answered`` when it answered."""
+    try:
+        await answer
+    except grpc.aio.AioRpcError as exc:
+        return str(exc.code().name)
+    return "answered"
