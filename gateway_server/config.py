@@ -41,6 +41,8 @@ class GatewayConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     grpc_max_message_bytes: int | None = None
     """The largest gRPC request message; None: ``max_body_bytes`` (:attr:`grpc_message_limit`)."""
+    grpc_stream_max_requests: int = 16
+    grpc_stream_buffer_bytes: int = 256 * 1024
     max_header_bytes: int = 8190
     header_timeout: float = 30.0
     idle_timeout: float = 75.0
@@ -136,6 +138,18 @@ _OPTIONS = (
         int,
         "largest gRPC request message in bytes (RESOURCE_EXHAUSTED beyond; default: "
         "--max-body-bytes)",
+    ),
+    Option(
+        "--grpc-stream-max-requests",
+        int,
+        "requests of one ModelStreamInfer stream in flight at once; the stream's next message "
+        "is read when one ends",
+    ),
+    Option(
+        "--grpc-stream-buffer-bytes",
+        int,
+        "bytes of responses one ModelStreamInfer stream holds for a client that reads slower "
+        "than they are made; its requests wait beyond",
     ),
     Option("--max-header-bytes", int, "bytes per request line or header field"),
     Option("--header-timeout", float, "seconds a client may take to send a request head"),
@@ -274,6 +288,10 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--max-body-bytes must be at least 1024")
     if config.grpc_max_message_bytes is not None and config.grpc_max_message_bytes < 1024:
         raise ConfigError("--grpc-max-message-bytes must be at least 1024")
+    if config.grpc_stream_max_requests < 1:
+        raise ConfigError("--grpc-stream-max-requests must be at least 1")
+    if config.grpc_stream_buffer_bytes < 1024:
+        raise ConfigError("--grpc-stream-buffer-bytes must be at least 1024")
 
 
 def _validate_roles(config: GatewayConfig) -> None:

@@ -16,6 +16,9 @@ import threading
 HEADER = "X-Request-Id"
 METADATA_KEY = "x-request-id"
 RULE = "1-128 characters of A-Z a-z 0-9 . _ : -"
+MAX_LENGTH = 128
+"""The longest id the rule allows (the pattern's upper bound); also the longest a client's own
+name for one request of a call may be (a Triton request's ``id``: any characters)."""
 _PATTERN = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
 

@@ -30,7 +30,7 @@ from gateway_server.grpc.common import (
     refused,
     status_of,
 )
-from gateway_server.grpc.stream import MODEL_VERSION, StreamSession, prepare
+from gateway_server.grpc.stream import MODEL_VERSION, StreamLimits, StreamSession, prepare
 from gateway_server.grpc.tensors import TextRequest, text_response
 from gateway_server.registry import Call
 from gateway_server.requests import cancelled_message
@@ -78,8 +78,9 @@ def _statuses(generation: bool, request_type: Any = None) -> Callable[[Handler[R
 
 
 class InferenceServicer:
-    def __init__(self, service: GenerationService) -> None:
+    def __init__(self, service: GenerationService, limits: StreamLimits | None = None) -> None:
         self.service = service
+        self.limits = limits or StreamLimits()
 
     @_statuses(generation=False, request_type=pb.ServerLiveRequest)
     async def server_live(self, request: pb.ServerLiveRequest, context: Any) -> Any:
@@ -162,7 +163,7 @@ class InferenceServicer:
         model = self.service.model.name
         async with self.service.call(call_name, model, Protocol.KSERVE_GRPC) as call:
             await context.send_initial_metadata(((REQUEST_ID_KEY, call_name),))
-            session = StreamSession(self.service, call)
+            session = StreamSession(self.service, call, self.limits)
             try:
                 await session.serve(requests, context.write)
             except BaseException:

@@ -23,6 +23,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from gateway_server.config import GatewayConfig
 from gateway_server.grpc import cancel, inference
 from gateway_server.grpc.decoding import InvalidMessagesAreInvalidArgument
+from gateway_server.grpc.stream import StreamLimits
 from gateway_server.service import GenerationService
 from hangup_contract.protos import cancellation_pb2, inference_pb2
 from hangup_contract.runtime.connections import grpc_server_options
@@ -65,9 +66,10 @@ async def start_grpc_server(service: GenerationService, config: GatewayConfig) -
         options=receive + grpc_server_options(config.connection_limits),
         interceptors=[InvalidMessagesAreInvalidArgument()],
     )
+    limits = StreamLimits(config.grpc_stream_max_requests, config.grpc_stream_buffer_bytes)
     server.add_generic_rpc_handlers(
         [
-            inference.inference_handler(inference.InferenceServicer(service)),
+            inference.inference_handler(inference.InferenceServicer(service, limits)),
             cancel.cancellation_handler(cancel.CancellationServicer(service, config.cancel_token)),
         ]
     )

@@ -9,10 +9,20 @@ parts built once for the request (:mod:`gateway_server.grpc.responses`), not bui
 Responses to one request: with input ``stream`` true, one per chunk of text; otherwise one with
 the whole text. Each carries the bool parameter ``triton_final_response`` (true on the last), and
 the string parameter ``hangup_request_id``: the id that cancels this request alone through the
-cancel API (``<call id>:<request id>``; only for requests with an ``id``). A request that set
+cancel API (``<call id>:<request id>``; only for requests with an ``id``). A request's ``id`` is
+any string, as Triton takes it, of at most 128 characters (the id rule's length,
+``hangup_contract.request_id.MAX_LENGTH``): it is echoed in every response twice, named in the
+request's log line, and remembered as the alias for a while after the request ends. A longer one
+is refused with ``INVALID_ARGUMENT``, and that error response carries no id. A request that set
 ``triton_enable_empty_final_response`` gets its data responses with the flag false and then an
 empty response (no outputs) with the flag true. A request that fails or is cancelled alone is
 answered by one response with ``error_message`` (``"<STATUS>: <message>"``); the stream goes on.
+
+Bounds (docs/security.md): at most ``max_requests`` requests of a stream are in flight; the
+next message is not read until one of them ends, so a client that sends faster than the stream
+is answered waits in gRPC's flow control, not in the engine's queue. Responses wait for the
+writer in an :class:`~gateway_server.grpc.outbox.Outbox` of ``buffer_bytes``: a client that
+stops reading stops its requests (and so, through the cap, the reading of new ones).
 
 Sequences: requests carrying the same ``sequence_id`` run one after the other, in arrival order.
 When one of them is cancelled, the requests of that sequence still waiting behind it are
@@ -41,19 +51,28 @@ from gateway_server.errors import (
     RequestCancelled,
 )
 from gateway_server.grpc.common import parse, refused, status_of
+from gateway_server.grpc.outbox import Outbox
 from gateway_server.grpc.responses import TextResponses
-from gateway_server.grpc.tensors import TextRequest, decode_request, parameter, text_response
+from gateway_server.grpc.tensors import (
+    TextRequest,
+    decode_request,
+    parameter,
+    shown,
+    text_response,
+)
 from gateway_server.openai.fields import check_sampling
 from gateway_server.registry import Call
 from gateway_server.requests import (
     EMPTY_FINAL_OPT_IN,
     FINAL_FLAG,
+    MAX_CHOICES,
     TOKEN_BUDGET_CHAT,
     cancelled_message,
     sampling_params,
 )
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
+from hangup_contract import request_id as request_ids
 from hangup_contract.protos import inference_pb2 as pb
 from hangup_contract.vocabulary import Reason
 
@@ -62,6 +81,35 @@ CANCEL_ID = "hangup_request_id"
 
 Write = Callable[[bytes], Awaitable[None]]
 """Writes one serialized ``ModelStreamInferResponse`` to the stream."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamLimits:
+    """What one stream may hold (``--grpc-stream-max-requests``, ``--grpc-stream-buffer-bytes``)."""
+
+    max_requests: int = MAX_CHOICES
+    """Requests in flight at once, as many as one HTTP call's engine requests."""
+    buffer_bytes: int = 256 * 1024
+    """Bytes of responses waiting for the writer."""
+
+
+def cancel_alias(call_id: str, request_id: str) -> str | None:
+    """The id that cancels the request ``request_id`` of the stream ``call_id`` alone
+    (``<call id>:<request id>``, at most 128 + 1 + 128 characters), None for a request without
+    an id. Raises InvalidRequest for a request id longer than 128 characters."""
+    if not request_id:
+        return None
+    if len(request_id) > request_ids.MAX_LENGTH:
+        raise InvalidRequest(
+            f"request id {shown(request_id)} is too long: a request's id may have at most "
+            f"{request_ids.MAX_LENGTH} characters"
+        )
+    return f"{call_id}:{request_id}"
+
+
+def _echoed(request_id: str) -> str:
+    """The request id an error response carries: none for one too long to be taken."""
+    return request_id if len(request_id) <= request_ids.MAX_LENGTH else ""
 
 
 def prepare(service: GenerationService, request: pb.ModelInferRequest) -> tuple[TextRequest, Any]:
@@ -92,10 +140,15 @@ class _Sequence:
 
 
 class StreamSession:
-    def __init__(self, service: GenerationService, call: Call) -> None:
+    def __init__(
+        self, service: GenerationService, call: Call, limits: StreamLimits | None = None
+    ) -> None:
+        limits = limits or StreamLimits()
         self._service = service
         self._call = call
-        self._out: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._out = Outbox(limits.buffer_bytes)
+        self._slots = asyncio.Semaphore(limits.max_requests)
+        """One per request in flight; the reader holds one while it waits for a message."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._sequences: dict[object, _Sequence] = {}
         self.cancelled: Reason | None = None
@@ -107,7 +160,7 @@ class StreamSession:
         reader = asyncio.create_task(self._read(requests))
         try:
             while (response := await self._out.get()) is not None:
-                await write(response)
+                await write(response)  # waits while the client's flow-control window is full
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -121,31 +174,39 @@ class StreamSession:
 
     async def _read(self, requests: AsyncIterator[bytes]) -> None:
         try:
+            await self._slots.acquire()
             async for raw in requests:
                 if self.cancelled is not None:
                     break
-                self._start(raw)
+                await self._start(raw)  # the slot goes to the request, or back when refused
+                await self._slots.acquire()  # a slot for the next message before reading it
             # asyncio.wait, not gather: cancelling this reader must not cancel the requests
             # (the handler cancels them itself, once it has recorded why).
             if self._tasks:
                 await asyncio.wait(set(self._tasks))
         finally:
-            self._out.put_nowait(None)  # whatever ended the reading ends the stream
+            self._out.close()  # whatever ended the reading ends the stream
 
-    def _start(self, raw: bytes) -> None:
+    async def _start(self, raw: bytes) -> None:
         request = pb.ModelInferRequest()
         try:
             request = parse(pb.ModelInferRequest, raw)
+            alias = cancel_alias(self._call.call_id, request.id)
             text, params = prepare(self._service, request)
             sequence = self._sequence(request)
         except GatewayError as exc:
             if refused(exc):
                 self._service.record_rejected(request.model_name, Protocol.KSERVE_GRPC)
-            self._error(request, exc)
+            self._slots.release()
+            await self._error(request, exc)
             return
-        task = asyncio.create_task(self._answer(request, text, params, sequence))
+        task = asyncio.create_task(self._answer(request, alias, text, params, sequence))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._request_ended)
+
+    def _request_ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
 
     def _sequence(self, request: pb.ModelInferRequest) -> tuple[_Sequence, int] | None:
         sequence_id = parameter(request, "sequence_id")
@@ -160,48 +221,53 @@ class StreamSession:
     async def _answer(
         self,
         request: pb.ModelInferRequest,
+        alias: str | None,
         text: TextRequest,
         params: Any,
         sequence: tuple[_Sequence, int] | None,
     ) -> None:
         if sequence is None:
-            await self._guarded(request, text, params, None)
+            await self._guarded(request, alias, text, params, None)
             return
         state, epoch = sequence
         try:
             async with state.lock:
                 if state.epoch != epoch:
-                    self._error(
+                    await self._error(
                         request,
                         RequestCancelled(Reason.EXPLICIT),
                         "an earlier request of its sequence was cancelled",
                     )
                     return
-                await self._guarded(request, text, params, state)
+                await self._guarded(request, alias, text, params, state)
         finally:
             state.members -= 1
             if not state.members:
                 self._sequences.pop(parameter(request, "sequence_id"), None)
 
     async def _guarded(
-        self, request: pb.ModelInferRequest, text: TextRequest, params: Any, seq: _Sequence | None
+        self,
+        request: pb.ModelInferRequest,
+        alias: str | None,
+        text: TextRequest,
+        params: Any,
+        seq: _Sequence | None,
     ) -> None:
         try:
-            await self._generate(request, text, params)
+            await self._generate(request, alias, text, params)
         except (RequestCancelled, CancelledBeforeArrival) as exc:
             if self._call.cancel_reason is not None:
                 self._end_call(self._call.cancel_reason)
                 return
             if seq is not None:
                 seq.epoch += 1
-            self._error(request, exc)
+            await self._error(request, exc)
         except GatewayError as exc:
-            self._error(request, exc)
+            await self._error(request, exc)
 
     async def _generate(
-        self, request: pb.ModelInferRequest, text: TextRequest, params: Any
+        self, request: pb.ModelInferRequest, alias: str | None, text: TextRequest, params: Any
     ) -> None:
-        alias = f"{self._call.call_id}:{request.id}" if request.id else None
         empty_final = parameter(request, EMPTY_FINAL_OPT_IN) is True
         extra = {CANCEL_ID: alias} if alias else {}
         responses = TextResponses(request.model_name, MODEL_VERSION, request.id, FINAL_FLAG, extra)
@@ -213,13 +279,14 @@ class StreamSession:
                 if not text.stream:
                     whole += chunk.text
                 elif chunk.text or (last and not empty_final):
-                    self._out.put_nowait(responses.encode(chunk.text, last and not empty_final))
+                    # Waits while the writer is behind: the engine request is read no further.
+                    await self._out.put(responses.encode(chunk.text, last and not empty_final))
         if not text.stream:
-            self._out.put_nowait(responses.encode(whole, not empty_final))
+            await self._out.put(responses.encode(whole, not empty_final))
         if empty_final:
-            self._out.put_nowait(responses.encode(None, True))
+            await self._out.put(responses.encode(None, True))
 
-    def _error(
+    async def _error(
         self,
         request: pb.ModelInferRequest,
         exc: GatewayError | RequestCancelled,
@@ -229,15 +296,16 @@ class StreamSession:
             code, text = grpc.StatusCode.CANCELLED, cancelled_message(exc.reason)
         else:
             code, text = status_of(exc), exc.message
+        reply_id = _echoed(request.id)
         response = text_response(
-            request.model_name, MODEL_VERSION, request.id, None, {FINAL_FLAG: True}
+            request.model_name, MODEL_VERSION, reply_id, None, {FINAL_FLAG: True}
         )
         error = pb.ModelStreamInferResponse(
             error_message=f"{code.name}: {message or text}", infer_response=response
         )
-        self._out.put_nowait(error.SerializeToString())
+        await self._out.put(error.SerializeToString())
 
     def _end_call(self, reason: Reason) -> None:
         if self.cancelled is None:
             self.cancelled = reason
-            self._out.put_nowait(None)
+            self._out.close()

@@ -1,19 +1,23 @@
 """Hostile gRPC clients against the gateway (docs/security.md, "gRPC messages and streams").
 
-First the parser, with no I/O: the tensor decoder gets hostile messages up to the gRPC receive
-limit, and each must be refused (``InvalidRequest``: ``INVALID_ARGUMENT``) within the CPU budget
-of ``bench/harness/hostile.py``. Then an attack on a running gateway, with a victim client timed
-and ``/v2/health/live`` polled meanwhile: a 60 MiB message (an in-process gateway, its event loop
-watched by ``ArmedLoop``).
+First the parsers, with no I/O: the tensor decoder and a stream's request parsing get hostile
+messages up to the gRPC receive limit, and each must be refused (``InvalidRequest``, the stream's
+``INVALID_ARGUMENT``) within the CPU budget of ``bench/harness/hostile.py``. Then attacks on
+running gateways, each with a victim client timed and ``/v2/health/live`` polled meanwhile: a
+60 MiB message (an in-process gateway, its event loop watched by ``ArmedLoop``); a stream with
+huge ids that never reads its responses, and a stream of 20,000 requests (``python -m
+gateway_server --engine sim``, its memory read from ``/proc``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,16 +27,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bench.harness.hostile import MIB, ArmedLoop, Budget, timed
+from bench.harness.processes import Process, spawn
 from gateway_server.config import GatewayConfig
 from gateway_server.errors import InvalidRequest
 from gateway_server.grpc.common import parse
-from gateway_server.grpc.tensors import decode_request, encode_bytes_tensor
+from gateway_server.grpc.stream import cancel_alias
+from gateway_server.grpc.tensors import decode_request, encode_bytes_tensor, parameter
 from hangup_contract.protos import inference_pb2 as pb
 from tests.support.gateway import MODEL, running_gateway
 
 LIMIT = GatewayConfig().max_body_bytes
 """The gRPC receive limit by default (the HTTP body limit's): the largest message a parser here
 can be handed."""
+CALL_ID = "0123456789abcdef0123456789abcdef"  # a fresh call id's length (32 hex digits)
 MODEL_STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
@@ -180,6 +187,15 @@ def decode(raw: bytes) -> Any:
     return decode_request(parse(pb.ModelInferRequest, raw))
 
 
+def read_stream_request(raw: bytes) -> Any:
+    """What a stream does with a message before it reaches the service: the message, the id
+    that would cancel it, its sequence, its tensors."""
+    request = parse(pb.ModelInferRequest, raw)
+    cancel_alias(CALL_ID, request.id)
+    parameter(request, "sequence_id")
+    return decode_request(request)
+
+
 def _cut(value: object) -> str:
     """``value`` for an assertion message: a failure must not print the 8 MiB it was sent."""
     text = repr(value)
@@ -200,6 +216,20 @@ def test_hostile_tensors_at_the_receive_limit_are_refused_within_the_budget(kind
     assert len(outcome.error.message) < 400, _cut(outcome.error)  # a client's strings, cut
 
 
+@pytest.mark.parametrize("kind", list(HOSTILE))
+def test_a_streams_hostile_request_at_the_receive_limit_is_refused_within_the_budget(
+    kind: str,
+) -> None:
+    raw = sized(HOSTILE[kind], LIMIT)
+    outcome = timed(read_stream_request, raw)
+    if kind == "a long sequence id":  # a sequence id is a key, hashed once: accepted
+        assert outcome.error is None, _cut(outcome.error)
+    else:
+        assert isinstance(outcome.error, InvalidRequest), _cut(outcome.error or outcome.result)
+        assert len(outcome.error.message) < 400, _cut(outcome.error)
+    Budget().check(kind, len(raw), outcome.spent)
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     kinds=st.lists(st.sampled_from(list(HOSTILE)), min_size=1, max_size=3),
@@ -208,13 +238,13 @@ def test_hostile_tensors_at_the_receive_limit_are_refused_within_the_budget(kind
 def test_any_mix_of_hostile_parts_is_read_or_refused_within_the_budget(
     kinds: list[str], size: int
 ) -> None:
-    """Parts of several hostile messages in one: the decoder answers within the budget, a text
-    request or an InvalidRequest, never anything else."""
+    """Parts of several hostile messages in one: the stream's parsing answers within the budget,
+    a text request or an InvalidRequest, never anything else."""
     message = pb.ModelInferRequest()
     for kind in kinds:
         message.MergeFrom(HOSTILE[kind](size))
     raw = message.SerializeToString()
-    outcome = timed(decode, raw)
+    outcome = timed(read_stream_request, raw)
     assert outcome.error is None or isinstance(outcome.error, InvalidRequest), _cut(outcome.error)
     Budget().check(" + ".join(kinds), len(raw), outcome.spent)
 
@@ -261,6 +291,19 @@ def _timeout(seconds: float) -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=seconds)
 
 
+async def victim_completion(session: aiohttp.ClientSession, url: str, limit: float = 15) -> float:
+    """Seconds a 5-token completion took (``limit`` when it did not answer within it)."""
+    body = {"model": MODEL, "prompt": "a victim", "max_tokens": 5}
+    started = time.monotonic()
+    try:
+        async with session.post(f"{url}/v1/completions", json=body, timeout=_timeout(limit)) as r:
+            assert r.status == 200, await r.text()
+            await r.read()
+    except TimeoutError:
+        return limit
+    return time.monotonic() - started
+
+
 async def victim_chat_gap(session: aiohttp.ClientSession, url: str, tokens: int) -> float:
     """The longest wait between a streamed chat's events, its first included."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "a victim"}],
@@ -272,6 +315,15 @@ async def victim_chat_gap(session: aiohttp.ClientSession, url: str, tokens: int)
             now = time.monotonic()
             longest, last = max(longest, now - last), now
     return longest
+
+
+def request_bytes(request_id: str, *, stream: bool, max_tokens: int) -> bytes:
+    message = _message(request_id)
+    _raw_input(message, "text_input", "BYTES", _text("an attacker"))
+    _raw_input(message, "stream", "BOOL", bytes([stream]))
+    sampling = json.dumps({"max_tokens": max_tokens, "ignore_eos": True}).encode()
+    _raw_input(message, "sampling_parameters", "BYTES", encode_bytes_tensor([sampling]))
+    return message.SerializeToString()
 
 
 # -- a message as large as a client may send ----------------------------------------------------
@@ -311,3 +363,113 @@ async def _status(answer: Awaitable[Any]) -> str:
     except grpc.aio.AioRpcError as exc:
         return str(exc.code().name)
     return "answered"
+
+
+# -- streams against a gateway process ----------------------------------------------------------
+
+
+@pytest.fixture
+def live_gateway(tmp_path: Path) -> Iterator[Process]:
+    args = ["--engine", "sim", "--http-port", "0", "--grpc-port", "0"]
+    with spawn("gateway_server", args, tmp_path) as process:
+        yield process
+        process.terminate()
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+async def _write_all(call: Any, messages: Iterator[bytes]) -> None:
+    for message in messages:
+        await call.write(message)
+
+
+async def _engine_requests(session: aiohttp.ClientSession, url: str, call_id: str) -> int:
+    async with session.get(f"{url}/v2/requests") as r:
+        calls = (await r.json())["requests"]
+    return sum(c["engine_requests"] for c in calls if c["request_id"] == call_id)
+
+
+async def test_a_stream_that_never_reads_its_responses_holds_little_and_nobody_waits(
+    live_gateway: Process,
+) -> None:
+    """Ten requests with 1 MiB ids, then 200 with the longest id allowed, every one streaming
+    60 tokens, and not one response read: the ids are refused, the rest wait in gRPC's flow
+    control, and the gateway's memory and engine stay free for others."""
+    pid, url, call_id = live_gateway.popen.pid, live_gateway.url(), "unread-stream"
+    huge = [request_bytes(f"{i}" * MIB, stream=True, max_tokens=60) for i in range(10)]
+    valid = (request_bytes(f"{i:0128d}", stream=True, max_tokens=60) for i in range(200))
+    before = rss_mib(pid)
+    growth, most_requests = 0.0, 0
+    async with (
+        aiohttp.ClientSession() as session,
+        Liveness(session, url).polling() as live,
+        grpc.aio.insecure_channel(live_gateway.listeners["grpc"]) as channel,
+    ):
+        call = channel.stream_stream(MODEL_STREAM_INFER)(
+            metadata=(("x-request-id", call_id),), timeout=120
+        )
+        writer = asyncio.create_task(_write_all(call, iter([*huge, *valid])))
+        victim = None
+        started = time.monotonic()
+        while time.monotonic() - started < 6 and growth < 512:
+            await asyncio.sleep(0.2)
+            growth = max(growth, rss_mib(pid) - before)
+            most_requests = max(most_requests, await _engine_requests(session, url, call_id))
+            if victim is None and time.monotonic() - started > 2:
+                victim = asyncio.create_task(victim_completion(session, url))
+        waited = await victim if victim is not None else float("inf")
+        writer.cancel()
+        call.cancel()
+        await asyncio.gather(writer, return_exceptions=True)
+    assert growth < 64, f"the gateway's memory grew {growth:.0f} MiB for a stream nobody reads"
+    assert waited < 5, f"a victim's 5-token completion took {waited:.1f} s"
+    assert 0 < most_requests <= 16, most_requests
+    logged = live_gateway.log_path.stat().st_size
+    assert logged < MIB, f"the gateway logged {logged:,} bytes: ids cut or refused, not whole"
+    live.check()
+
+
+async def test_a_stream_of_20000_requests_holds_16_at_a_time_and_nobody_waits(
+    live_gateway: Process,
+) -> None:
+    pid, url, call_id = live_gateway.popen.pid, live_gateway.url(), "busy-stream"
+    message = request_bytes("", stream=False, max_tokens=16)
+    before = rss_mib(pid)
+    async with (
+        aiohttp.ClientSession() as session,
+        Liveness(session, url).polling() as live,
+        grpc.aio.insecure_channel(live_gateway.listeners["grpc"]) as channel,
+    ):
+        call = channel.stream_stream(MODEL_STREAM_INFER)(
+            metadata=(("x-request-id", call_id),), timeout=120
+        )
+        answers: list[Any] = []
+
+        async def read() -> None:
+            while (answer := await call.read()) is not grpc.aio.EOF:
+                answers.append(len(answer))
+
+        clients = [
+            asyncio.create_task(_write_all(call, (message for _ in range(20_000)))),
+            asyncio.create_task(read()),
+        ]
+        samples = []
+        for _ in range(5):
+            await asyncio.sleep(0.2)
+            samples.append(await _engine_requests(session, url, call_id))
+        waited = await victim_completion(session, url)
+        samples.append(await _engine_requests(session, url, call_id))
+        growth = rss_mib(pid) - before
+        for task in clients:
+            task.cancel()
+        call.cancel()
+        await asyncio.gather(*clients, return_exceptions=True)
+    assert waited < 5, f"a victim's 5-token completion took {waited:.1f} s"
+    assert max(samples) <= 16 and answers, (samples, len(answers))
+    assert growth < 64, f"the gateway's memory grew {growth:.0f} MiB"
+    live.check()

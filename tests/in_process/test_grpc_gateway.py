@@ -298,10 +298,48 @@ async def test_bytes_that_are_not_a_request_are_invalid_argument(gateway: Gatewa
     await wait_until(lambda: len(gateway.server.registry) == 0, what="the call closed")
 
 
-def text_request(request_id: str, prompt: str, max_tokens: int) -> Any:
+async def test_a_stream_request_id_is_any_string_of_at_most_128_characters(
+    gateway: Gateway,
+) -> None:
+    """A request's id is echoed twice in every response (``id``, ``hangup_request_id``): a 262 KB
+    request once made 105 MB of responses (issue 60). Any string of up to 128 characters is taken,
+    as Triton takes it, and its alias cancels that request alone; a longer id is refused in the
+    stream with an error that carries no id, and the stream goes on."""
+    own = "a request / ünïcode " + "x" * 108
+    assert len(own) == 128
+    async with grpc.aio.insecure_channel(gateway.server.listeners["grpc"]) as channel:
+        call = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )(metadata=(("x-request-id", "ids-stream"),))
+        await call.write(text_request("i" * (1 << 20), "refused", 3).SerializeToString())
+        refused = await call.read()
+        assert refused.error_message.startswith("INVALID_ARGUMENT: request id 'iiii")
+        assert "at most 128 characters" in refused.error_message
+        assert refused.infer_response.id == "" and refused.ByteSize() < 500
+        await call.write(text_request(own, "keep going", LONG, ignore_eos=True).SerializeToString())
+        await wait_until(lambda: len(gateway.server.registry) == 1, what="the stream's call")
+        await wait_until(
+            lambda: gateway.server.registry.holds(f"ids-stream:{own}"), what="the request"
+        )
+        answer = await cancel_stub(channel)(
+            cancellation_pb2.CancelRequest(request_id=f"ids-stream:{own}")
+        )
+        assert answer.state == "cancelled"
+        cancelled = await call.read()
+        assert cancelled.error_message.startswith("CANCELLED")
+        assert cancelled.infer_response.id == own
+        await call.write(text_request("next", "still served", 2).SerializeToString())
+        good = await call.read()
+        assert not good.error_message and good.infer_response.id == "next"
+        call.cancel()
+
+
+def text_request(request_id: str, prompt: str, max_tokens: int, **sampling: Any) -> Any:
     request = pb.ModelInferRequest(model_name=MODEL, id=request_id)
     text = request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
     text.contents.bytes_contents.append(prompt.encode())
     params = request.inputs.add(name="sampling_parameters", datatype="BYTES", shape=[1])
-    params.contents.bytes_contents.append(json.dumps({"max_tokens": max_tokens}).encode())
+    body = {"max_tokens": max_tokens, **sampling}
+    params.contents.bytes_contents.append(json.dumps(body).encode())
     return request

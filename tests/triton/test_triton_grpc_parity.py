@@ -112,6 +112,12 @@ CASES = [
     Case("stream: text_input of no element", "ModelStreamInfer", [raw_text(request(), b"")]),
     Case("stream: text_input cut in its length", "ModelStreamInfer",
          [raw_text(request(), b"\x05\x00")]),
+    Case("stream: an id of 128 characters", "ModelStreamInfer",
+         [request(id="a request / " + "x" * 116)]),
+    Case("stream: an id of 129 characters", "ModelStreamInfer", [request(id="x" * 129)],
+         kept="refused in the stream (INVALID_ARGUMENT) before it runs: Triton takes an id of "
+              "any length and repeats it in every response (a 262 KB request, 105 MB of "
+              "responses); the gateway takes any string of up to 128 characters"),
     Case("stream: streamed, empty final asked for", "ModelStreamInfer",
          [request(empty_final=True)],
          kept="the gateway ends each request with an empty final response when asked for one; "
