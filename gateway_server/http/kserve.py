@@ -16,6 +16,11 @@ The generation body takes ``text_input`` and the sampling fields (``max_tokens``
 ``exclude_input_in_output`` drops the prompt from a non-streamed answer (streamed answers never
 repeat it).
 
+A body's ``id`` is echoed in the answer (in every event of a stream) as Triton echoes it: any
+string (an empty one is left out), but unlike Triton at most 128 characters
+(``hangup_contract.request_id.MAX_LENGTH``), so that no client makes the gateway repeat a long
+string in every event.
+
 Streamed events carry ``triton_final_response``: false on every event but the last. When the
 request sets ``parameters.triton_enable_empty_final_response``, the last data event keeps false
 and an empty final event (no ``text_output``, flag true) closes the answer.
@@ -59,6 +64,7 @@ from gateway_server.requests import (
 )
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
+from hangup_contract import request_id as request_ids
 
 MODEL_VERSION = "1"
 MODEL_PATHS = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
@@ -239,6 +245,7 @@ async def _start(request: web.Request) -> tuple[GenerationService, str, dict[str
 async def generate(request: web.Request) -> web.Response:
     service, call_id, body, model = await _start(request)
     prompt, params, options = _parse(service, body)
+    echoed = _echoed_id(body)
     text = ""
     async with service.call(call_id, model, Protocol.KSERVE_HTTP) as call:
         try:
@@ -249,9 +256,7 @@ async def generate(request: web.Request) -> web.Response:
             raise CancelledWhileRunning(exc.reason) from exc
     if not options.get("exclude_input_in_output", False):
         text = prompt + text
-    answer = {"model_name": model, "model_version": MODEL_VERSION, "text_output": text}
-    if "id" in body:
-        answer["id"] = str(body["id"])
+    answer = echoed | {"model_name": model, "model_version": MODEL_VERSION, "text_output": text}
     return json_answer(answer, headers={REQUEST_ID_HEADER: call_id})
 
 
@@ -259,9 +264,7 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
     service, call_id, body, model = await _start(request)
     prompt, params, options = _parse(service, body)
     empty_final = bool(options.get(EMPTY_FINAL_OPT_IN, False))
-    head: dict[str, Any] = {"model_name": model, "model_version": MODEL_VERSION}
-    if "id" in body:
-        head["id"] = str(body["id"])
+    head: dict[str, Any] = _echoed_id(body) | {"model_name": model, "model_version": MODEL_VERSION}
     async with service.call(call_id, model, Protocol.KSERVE_HTTP) as call:
         response = web.StreamResponse(
             headers={
@@ -307,6 +310,25 @@ def _parse(service: GenerationService, body: dict[str, Any]) -> tuple[str, Any, 
     field(options, "exclude_input_in_output", bool, False)
     field(options, EMPTY_FINAL_OPT_IN, bool, False)
     return prompt, params, options
+
+
+def _echoed_id(body: dict[str, Any]) -> dict[str, str]:
+    """``{"id": …}`` to echo in the answer, or nothing. Raises InvalidRequest for an id that is
+    not a string (Triton's words; it answers 500) or is longer than 128 characters."""
+    if "id" not in body:
+        return {}
+    value = body["id"]
+    if not isinstance(value, str):
+        raise InvalidRequest(
+            "Unable to parse 'id': attempt to access JSON non-string as string", param="id"
+        )
+    if not value:
+        return {}
+    if len(value) > request_ids.MAX_LENGTH:
+        raise InvalidRequest(
+            f"'id' is too long: at most {request_ids.MAX_LENGTH} characters", param="id"
+        )
+    return {"id": value}
 
 
 def _compact(body: object) -> str:

@@ -171,3 +171,27 @@ async def test_stream_cancelled_ends_with_an_error_event(gateway: Gateway) -> No
                 assert (await gateway.cancel("ks-1"))[0] == 200
     assert events[-1] == {"error": "request cancelled (explicit)"}
     assert gateway.cancellations("explicit", "decode") == 1
+
+
+async def test_a_body_id_is_echoed_only_when_a_string_of_at_most_128_characters(
+    gateway: Gateway,
+) -> None:
+    """Triton echoes any string ``id`` in every event; a 1 MiB one made the gateway write 300 MiB
+    (issue 60). Any characters are taken, as Triton takes them, up to 128; a longer id, or one
+    that is not a string, is refused in Triton's shape before anything runs."""
+    for path in ("generate", "generate_stream"):
+        url = f"{gateway.url}/v2/models/{MODEL}/{path}"
+        for bad, says in (("i" * 129, "'id' is too long"), (7, "Unable to parse 'id'")):
+            body = {"text_input": "x", "id": bad, "max_tokens": 3}
+            async with gateway.session.post(url, json=body) as r:
+                assert r.status == 400, (path, bad)
+                answer = await r.json()
+            assert list(answer) == ["error"] and says in answer["error"]
+            assert len(json.dumps(answer)) < 200
+    own = "ünïcode id / with spaces " + "x" * 103
+    assert len(own) == 128
+    events = await stream_events(gateway, {"text_input": "x", "id": own, "max_tokens": 3})
+    assert [e["id"] for e in events] == [own] * 3
+    events = await stream_events(gateway, {"text_input": "x", "id": "", "max_tokens": 1})
+    assert "id" not in events[0]  # as Triton: an empty id is left out
+    assert gateway.requests("completed", protocol="kserve_http") == 2

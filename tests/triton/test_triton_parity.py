@@ -80,6 +80,15 @@ CASES = [
          {"text_input": 5}, kept=CLIENT_FAULT),
     Case("generate, body not JSON", "POST", "/v2/models/{m}/generate", "not json",
          kept=CLIENT_FAULT),
+    Case("generate, an id of 128 characters", "POST", "/v2/models/{m}/generate",
+         {"text_input": "hi", "id": "a request / " + "x" * 116, "sampling_parameters": SAMPLING}),
+    Case("generate_stream, an id of 129 characters", "POST", "/v2/models/{m}/generate_stream",
+         {"text_input": "hi", "id": "x" * 129, "sampling_parameters": SAMPLING},
+         kept="refused (400) before it runs: Triton takes an id of any length and repeats it in "
+              "every event (a 1 MiB id, 300 MiB of events); the gateway takes any string of up "
+              "to 128 characters"),
+    Case("generate, an id not a string", "POST", "/v2/models/{m}/generate",
+         {"text_input": "hi", "id": 7}, kept=CLIENT_FAULT),
     Case("generate, unknown model", "POST", "/v2/models/nope/generate", {"text_input": "hi"}),
     Case("generate, wrong method", "PUT", "/v2/models/{m}/generate", {}),
     Case("infer on the decoupled model", "POST", "/v2/models/{m}/infer",
