@@ -7,14 +7,16 @@ every running sequence that finished its prefill and prefills up to ``prefill_ch
 prompt tokens of those still reading their prompt (chunked prefill). The step lasts
 ``step_base_s + step_per_seq_s * batch + prefill_per_token_s * prefilled`` seconds: time grows
 with batch size and prompt length. A request is ``queued`` until admitted, ``prefill`` until its
-first token, ``decode`` after. Tokens are words of a fixed vocabulary drawn by
-:mod:`.sampling` (a tiny language model with real temperature, top-k, top-p, min-p, logit
-bias and log-probabilities) with a PRNG seeded from (engine seed, request seed, prompt): the same
-request always gets the same text. Prompt "tokens" are whitespace-separated words (or token ids,
-vocabulary indices). The simulation never emits end-of-sequence: requests end on ``max_tokens``
-(finish ``length``), a stop string or a stop token id (``stop``; not before ``min_tokens``).
-It has no penalties, no special tokens and no prompt log-probabilities: those fields are
-refused by the OpenAI layer (:attr:`SimulatedEngine.features`).
+first token, ``decode`` after. Tokens are words of a fixed vocabulary drawn by :mod:`.sampling`
+(a tiny language model with real temperature, top-k, top-p, min-p, logit bias and
+log-probabilities) with a PRNG seeded from (engine seed, request seed, prompt): the same request
+always gets the same text. Prompt "tokens" are whitespace-separated words, and never fewer than
+one per ``CHARS_PER_TOKEN`` characters (a real tokenizer makes a long word many tokens: so the
+context length bounds a prompt's bytes too); or token ids, vocabulary indices. The simulation
+never emits end-of-sequence: requests end on ``max_tokens`` (finish ``length``), a stop string
+or a stop token id (``stop``; not before ``min_tokens``). It has no penalties, no special tokens
+and no prompt log-probabilities: those fields are refused by the OpenAI layer
+(:attr:`SimulatedEngine.features`).
 
 Disaggregated prefill/decode (:mod:`.handoff`): ``prefill`` runs a prompt like any request but,
 once read, keeps its KV in the engine's :class:`~.kv.SavedKv` (counted in its cache use)
@@ -58,7 +60,7 @@ from gateway_server.engine.base import (
 from gateway_server.engine.handoff import KvHandoff
 from gateway_server.engine.sim.config import SIM_BLOCK_SIZE, SimConfig
 from gateway_server.engine.sim.kv import SavedKv, SimKvStore
-from gateway_server.engine.sim.sampling import VOCAB, Sampler, piece
+from gateway_server.engine.sim.sampling import VOCAB, Prepared, Sampler, piece
 from gateway_server.engine.sim.sequence import Sequence
 from gateway_server.engine.sim.tools import NoTools
 from gateway_server.engine.tools import ToolCalling, ToolSettings
@@ -90,6 +92,7 @@ class SimulatedEngine:
         self._saved = SavedKv(self._kv, SIM_BLOCK_SIZE)
         self._stall_transfers = False
         self._waiting: deque[Sequence] = deque()
+        self._prepared = Prepared()
         self._running: list[Sequence] = []
         self._by_id: dict[str, Sequence] = {}
         # Pending aborts: request id → one future per caller waiting for the step boundary.
@@ -157,7 +160,11 @@ class SimulatedEngine:
         self._resolve_aborts()
 
     def count_prompt_tokens(self, prompt: str | tuple[int, ...]) -> int:
-        return len(prompt) if isinstance(prompt, tuple) else max(1, len(prompt.split()))
+        """Token ids, or the words of a text and at least one per ``CHARS_PER_TOKEN`` of its
+        characters (whitespace too)."""
+        if isinstance(prompt, tuple):
+            return len(prompt)
+        return max(1, len(prompt.split()), -(-len(prompt) // CHARS_PER_TOKEN))
 
     def prompt_text(self, prompt: str | tuple[int, ...]) -> str:
         return " ".join(VOCAB[i] for i in prompt) if isinstance(prompt, tuple) else prompt
@@ -222,8 +229,10 @@ class SimulatedEngine:
         if request.request_id in self._by_id:
             raise EngineError(f"engine request id {request.request_id} is already running")
         seed = f"{self._config.seed}:{request.params.seed}:{request.prompt}"
-        sampler = Sampler(request.params, random.Random(seed))
-        seq = Sequence(request, self.count_prompt_tokens(request.prompt), sampler)
+        bias, stop_ids = self._prepared.read(request.params)
+        sampler = Sampler(request.params, random.Random(seed), bias)
+        prompt_tokens = self.count_prompt_tokens(request.prompt)
+        seq = Sequence(request, prompt_tokens, sampler, stop_ids)
         self._by_id[request.request_id] = seq
         self._waiting.append(seq)
         self._wake.set()
@@ -279,6 +288,7 @@ class SimulatedEngine:
                 await self._stepping.wait()
                 self._resolve_aborts()
                 self._admit()
+                self._prepared.forget()  # the choices of a call came together: keep nothing
                 if not self._running:
                     self._wake.clear()
                     if not self._aborts and not self._waiting:
@@ -398,16 +408,15 @@ class SimulatedEngine:
         token = seq.sampler.next()
         text = piece(token, first)
         seq.generated += 1
-        seq.text += text
         logprobs = None
         if params.logprobs is not None:  # only when asked for: it costs a sort per token
             logprobs = (seq.sampler.logprob(prev, token, first),)
         finish: FinishReason | None = None
-        if seq.generated > params.min_tokens:
-            if token in params.stop_token_ids:
-                finish = FinishReason.STOP
-            elif params.stop:
-                text, finish = seq.cut_at_stop(text)
+        search = seq.generated > params.min_tokens
+        if search and token in seq.stop_ids:
+            finish = FinishReason.STOP
+        elif params.stop:
+            text, finish = seq.cut_at_stop(text, search)
         if finish is None and (
             seq.generated >= params.max_tokens
             or seq.prompt_tokens + seq.generated >= self._config.max_model_len
@@ -427,6 +436,9 @@ class SimulatedEngine:
             seq.out.put_nowait(TokenChunk("", 0, seq.prompt_tokens, reason))
 
 
+CHARS_PER_TOKEN = 16
+"""A prompt is at least one token per this many characters: a real tokenizer's tokens average
+about four characters of English and seldom pass sixteen."""
 _PD_FAULTS = ("lose_notification", "expire_leases", "stall_transfer")
 FAULTS = ("kill", "hang", "resume", *_PD_FAULTS)
 """The faults :meth:`SimulatedEngine.inject_fault` knows."""

@@ -8,7 +8,11 @@ seeded PRNG draws from what is left. Log-probabilities are the model's raw ones 
 ``raw_logprobs``: before bias, temperature and truncation), computed only when asked for.
 
 A request's distributions depend only on its knobs, so they are built once per set of knobs
-(cached) and a token costs one PRNG draw and a bisection.
+(cached) and a token costs one PRNG draw and a bisection. The knobs a client sizes,
+``logit_bias`` and ``stop_token_ids``, are read once per request into what the vocabulary
+holds (:class:`Prepared`): a pair or an id per word at most, however many the request named.
+So a cache entry is at most ``len(VOCAB)`` biases and their tables (about 40 KB), whatever the
+requests, and no token's work depends on a field's size.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ _EPS = 1e-5
 """Temperatures below this are greedy (vLLM's ``_SAMPLING_EPS``)."""
 MAX_LOGPROBS = 20
 """Most top candidates a request may ask for (vLLM's default ``max_logprobs``)."""
+MAX_BIAS = 100.0
+"""vLLM clamps each logit bias to this, either way (``SamplingParams``, as OpenAI's API)."""
 
 
 def _logits(prev: int) -> list[float]:
@@ -84,17 +90,52 @@ def _truncate(probs: list[float], top_k: int, top_p: float, min_p: float) -> set
     return {i for i in kept if probs[i] >= floor}
 
 
+def merged_bias(bias: tuple[tuple[int, float], ...]) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as vLLM applies it: one bias per token id (the last one given wins, as in
+    the dict vLLM makes of them), each clamped to ``MAX_BIAS``, in token order."""
+    merged = dict(bias)
+    return tuple((t, min(MAX_BIAS, max(-MAX_BIAS, merged[t]))) for t in sorted(merged))
+
+
+class Prepared:
+    """A request's ``logit_bias`` merged and its ``stop_token_ids`` as a set, read once.
+
+    The choices of one call (``n``) share these fields' tuples and arrive together, so the last
+    ones read are kept by identity and reused: a field of a million entries costs one pass per
+    call, not one per choice, and nothing per token. It holds one request's fields at most,
+    until :meth:`forget` (the engine's next step).
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[object, object, tuple[tuple[int, float], ...], frozenset[int]] | None
+        self._last = None
+
+    def read(self, params: SamplingParams) -> tuple[tuple[tuple[int, float], ...], frozenset[int]]:
+        """``(merged logit bias, stop token ids)`` of ``params``."""
+        last = self._last
+        if last is None or last[0] is not params.logit_bias or last[1] is not params.stop_token_ids:
+            bias, stops = merged_bias(params.logit_bias), frozenset(params.stop_token_ids)
+            last = self._last = (params.logit_bias, params.stop_token_ids, bias, stops)
+        return last[2], last[3]
+
+    def forget(self) -> None:
+        self._last = None
+
+
 class Sampler:
-    """One request's next-token draws (see module doc)."""
+    """One request's next-token draws (see module doc); ``bias`` is its merged logit bias
+    (:func:`merged_bias`)."""
 
     __slots__ = ("_prev", "_rng", "_tables", "_top")
 
-    def __init__(self, params: SamplingParams, rng: random.Random) -> None:
+    def __init__(
+        self, params: SamplingParams, rng: random.Random, bias: tuple[tuple[int, float], ...]
+    ) -> None:
         top_k = params.top_k if params.top_k > 0 else 0
         self._rng = rng
-        self._tables = _tables(
-            params.temperature, top_k, params.top_p, params.min_p, params.logit_bias
-        )
+        self._tables = _tables(params.temperature, top_k, params.top_p, params.min_p, bias)
         self._prev = rng.randrange(len(VOCAB))
         self._top = params.logprobs
 
