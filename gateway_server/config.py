@@ -51,6 +51,8 @@ class GatewayConfig:
     tombstone_ttl: float = 60.0
     responses_max_stored: int = 1000
     responses_ttl: float = 3600.0
+    client_header: str | None = None
+    """The header naming a call's client for fair shares; None: the peer address."""
     engine_restart_backoff: float = 1.0
     engine_restart_backoff_max: float = 30.0
     engine_down_limit: float = 600.0
@@ -165,6 +167,13 @@ _OPTIONS = (
     ),
     Option("--responses-ttl", float, "seconds a stored Responses API response is kept"),
     Option(
+        "--client-header",
+        str,
+        "header (gRPC: metadata key) whose last comma-separated element names a call's client "
+        "for fair shares, e.g. x-forwarded-for behind the sidecar; only where every request "
+        "comes through a proxy that sets it (default: the connection's address)",
+    ),
+    Option(
         "--engine-restart-backoff",
         float,
         "seconds before a dead engine's second restart "
@@ -232,6 +241,8 @@ def from_args(
         top["cancel_token"] = read_secret(token_file, "--cancel-token-file")
     if isinstance(top.get("log_level"), str):
         top["log_level"] = str(top["log_level"]).upper()
+    if isinstance(top.get("client_header"), str):
+        top["client_header"] = str(top["client_header"]).strip() or None
     engine = top.get("engine", EngineName.SIM)
     assert isinstance(engine, EngineName)
     config = GatewayConfig(**top, engine_settings=engine_kind(engine).settings(**values[engine]))

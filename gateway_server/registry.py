@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from gateway_server.engine.base import Share
 from gateway_server.errors import CancelledBeforeArrival, DuplicateRequestId, RequestNotFound
 from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.placement import Placement
@@ -70,6 +71,8 @@ class EngineCall:
     placement: Placement
     """Where it runs (:mod:`gateway_server.placement`): one worker, or two legs."""
     alias: str | None = None
+    share: Share = field(default_factory=Share)
+    """Whose turn it waits for in an engine's admission queue (its call's client, its call)."""
     generated_tokens: int = 0
     cancel_reason: Reason | None = None
     cancel_phase: Phase | None = None
@@ -91,6 +94,8 @@ class Call:
     started: float
     hangup_reason: Reason = Reason.CLIENT_DISCONNECT
     """Reason recorded if the handler is cancelled under this call (the client went away)."""
+    client: str = ""
+    """Who sent it, for fair shares (``gateway_server.clients``)."""
     requests: dict[str, EngineCall] = field(default_factory=dict)
     cancel_reason: Reason | None = None
     generated_tokens: int = 0

@@ -30,6 +30,7 @@ from functools import partial
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from gateway_server.clients import ClientRule
 from gateway_server.config import GatewayConfig
 from gateway_server.engine.base import Engine
 from gateway_server.engine.pool import EnginePool, RestartPolicy
@@ -151,6 +152,7 @@ class GatewayServer:
             self.scope.directory,
             tools=engine.tool_calling(tools, cfg.model or model.name),
             liveness=liveness(self.pool.down_for, cfg.engine_down_limit, self.watchdog),
+            clients=ClientRule(cfg.client_header.lower() if cfg.client_header else None),
         )
         store = ResponseStore(cfg.responses_max_stored, cfg.responses_ttl)
         self.responses = ResponsesRunner(self.service, store)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from gateway_server.clients import ClientRule
 from gateway_server.engine.base import (
     ChatOptions,
     Engine,
@@ -37,6 +38,7 @@ from gateway_server.engine.base import (
     NoLiveWorker,
     RequestRejected,
     SamplingParams,
+    Share,
     TokenChunk,
 )
 from gateway_server.engine.pool import EnginePool
@@ -81,11 +83,13 @@ class GenerationService:
         *,
         tools: ToolCalling,
         liveness: Callable[[], str | None] | None = None,
+        clients: ClientRule | None = None,
     ) -> None:
         """``directory``: where ids are claimed, cancelled and listed gateway-wide (default:
         this process is the gateway; see :mod:`gateway_server.siblings.scope`). ``tools``: how
         ``tools`` are read (the engine's, with ``--tool-call-parser``). ``liveness``: None
-        while this process is live, else why not (``gateway_server.health``; default: live)."""
+        while this process is live, else why not (``gateway_server.health``; default: live).
+        ``clients``: who a call's client is (default: its peer address)."""
         self.pool = pool
         self.registry = registry
         self.metrics = metrics
@@ -96,6 +100,7 @@ class GenerationService:
         self.draining = False
         self.liveness: Callable[[], str | None] = liveness or (lambda: None)
         self.tools = tools
+        self.clients = clients or ClientRule()
         # Every call runs the one served model (``call`` checks it): the per-token series are
         # bound once, as a labels() lookup costs more than the update it leads to.
         self._tokens = metrics.generated_tokens.labels(model.name)
@@ -120,8 +125,11 @@ class GenerationService:
             )
 
     @asynccontextmanager
-    async def call(self, call_id: str, model: str, protocol: Protocol) -> AsyncIterator[Call]:
-        """Open a call for the duration of the block.
+    async def call(
+        self, call_id: str, model: str, protocol: Protocol, client: str = ""
+    ) -> AsyncIterator[Call]:
+        """Open a call for the duration of the block; ``client``: who sent it
+        (``gateway_server.clients``), whose turn its engine requests wait for.
 
         Raises ModelNotFound, Unavailable (draining), DuplicateRequestId, or
         CancelledBeforeArrival (counted as a cancellation in the queued phase).
@@ -131,6 +139,7 @@ class GenerationService:
             raise Unavailable("the gateway is shutting down")
         try:
             call = self.registry.open(call_id, model, protocol)
+            call.client = client
             await self._claim(call_id, partial(self.registry.close, call, remember=False))
         except CancelledBeforeArrival as exc:  # here or at the id's home
             self._cancelled_before_running(call_id, model, protocol, exc.reason)
@@ -280,7 +289,7 @@ class GenerationService:
             placement = self.placer.place(request_id)
         except NoLiveWorker as exc:
             raise Unavailable(str(exc)) from exc
-        request = EngineCall(request_id, placement, alias)
+        request = EngineCall(request_id, placement, alias, Share(call.client, call.call_id))
         try:
             self.registry.attach(call, request)
             if alias is not None:

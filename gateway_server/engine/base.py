@@ -107,12 +107,25 @@ class ChatOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class Share:
+    """Whose turn an engine request waits for in an admission queue that the gateway keeps:
+    its client's among the clients, then its call's among that client's calls (:mod:`.fair`;
+    docs/security.md, "Fair shares"). vLLM's scheduler keeps its own queue and ignores it."""
+
+    client: str = ""
+    """Who sent the call (``gateway_server.clients``); "" for every request that names none."""
+    call: str = ""
+    """The call id: one HTTP request or one gRPC call, however many engine requests it holds."""
+
+
+@dataclass(frozen=True, slots=True)
 class EngineRequest:
     request_id: str
     """Unique among the engine's live requests (the gateway derives it from the call id)."""
     prompt: str | tuple[int, ...]
     """Text, or token ids (engines with ``Feature.TOKEN_PROMPTS``)."""
     params: SamplingParams
+    share: Share = Share()
 
 
 @dataclass(frozen=True, slots=True)

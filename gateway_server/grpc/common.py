@@ -39,6 +39,7 @@ from gateway_server.errors import (
     Unavailable,
 )
 from gateway_server.registry import Call
+from gateway_server.service import GenerationService
 from hangup_contract import request_id as request_ids
 from hangup_contract.vocabulary import Reason
 
@@ -86,6 +87,11 @@ def metadata_value(context: Any, key: str) -> str | None:
         if name == key and isinstance(value, str):
             return value
     return None
+
+
+def client_of(context: Any, service: GenerationService) -> str:
+    """Who made the call, for fair shares (:mod:`gateway_server.clients`)."""
+    return service.clients.key(context.peer(), lambda key: metadata_value(context, key))
 
 
 def call_id(context: Any, fresh: Callable[[], str]) -> str:

@@ -24,6 +24,7 @@ from gateway_server.errors import GatewayError, RequestCancelled
 from gateway_server.grpc.common import (
     REQUEST_ID_KEY,
     call_id,
+    client_of,
     generate_guarded,
     hangup_reason,
     parse,
@@ -145,7 +146,10 @@ class InferenceServicer:
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> Any:
         call_name = call_id(context, self.service.fresh_call_id)
         text, params = prepare(self.service, request)
-        async with self.service.call(call_name, request.model_name, Protocol.KSERVE_GRPC) as call:
+        client = client_of(context, self.service)
+        async with self.service.call(
+            call_name, request.model_name, Protocol.KSERVE_GRPC, client
+        ) as call:
             whole = await generate_guarded(call, context, self._complete(call, text, params))
         await context.send_initial_metadata(((REQUEST_ID_KEY, call_name),))
         return text_response(request.model_name, MODEL_VERSION, request.id, whole, {})
@@ -161,7 +165,8 @@ class InferenceServicer:
     async def model_stream_infer(self, requests: AsyncIterator[bytes], context: Any) -> None:
         call_name = call_id(context, self.service.fresh_call_id)
         model = self.service.model.name
-        async with self.service.call(call_name, model, Protocol.KSERVE_GRPC) as call:
+        client = client_of(context, self.service)
+        async with self.service.call(call_name, model, Protocol.KSERVE_GRPC, client) as call:
             await context.send_initial_metadata(((REQUEST_ID_KEY, call_name),))
             session = StreamSession(self.service, call, self.limits)
             try:

@@ -24,6 +24,11 @@ PROTOCOL = web.RequestKey("protocol", Protocol)
 MODEL = web.RequestKey("model", str)
 
 
+def client_of(request: web.Request) -> str:
+    """Who sent ``request``, for fair shares (:mod:`gateway_server.clients`)."""
+    return request.app[SERVICE].clients.key(request.remote, request.headers.get)
+
+
 def request_id(request: web.Request) -> str:
     """The caller's ``X-Request-Id``, or a fresh 128-bit random id (the service's: with API
     processes, one whose home is this process). Raises InvalidRequest for one that breaks the

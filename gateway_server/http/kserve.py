@@ -50,6 +50,7 @@ from gateway_server.http.common import (
     PROTOCOL,
     REQUEST_ID_HEADER,
     SERVICE,
+    client_of,
     read_json_object,
     request_id,
 )
@@ -247,7 +248,7 @@ async def generate(request: web.Request) -> web.Response:
     prompt, params, options = _parse(service, body)
     echoed = _echoed_id(body)
     text = ""
-    async with service.call(call_id, model, Protocol.KSERVE_HTTP) as call:
+    async with service.call(call_id, model, Protocol.KSERVE_HTTP, client_of(request)) as call:
         try:
             async with aclosing(service.generate(call, prompt, params)) as chunks:
                 async for chunk in chunks:
@@ -265,7 +266,7 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
     prompt, params, options = _parse(service, body)
     empty_final = bool(options.get(EMPTY_FINAL_OPT_IN, False))
     head: dict[str, Any] = _echoed_id(body) | {"model_name": model, "model_version": MODEL_VERSION}
-    async with service.call(call_id, model, Protocol.KSERVE_HTTP) as call:
+    async with service.call(call_id, model, Protocol.KSERVE_HTTP, client_of(request)) as call:
         response = web.StreamResponse(
             headers={
                 "Content-Type": EVENT_STREAM,

@@ -43,6 +43,7 @@ from gateway_server.http.common import (
     PROTOCOL,
     REQUEST_ID_HEADER,
     SERVICE,
+    client_of,
     read_json_object,
     request_id,
 )
@@ -124,7 +125,7 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
         request[MODEL] = body["model"]
     job = parse(body, service, chat=chat)
     answer = _Answer(job)
-    async with service.call(call_id, job.model, Protocol.OPENAI) as call:
+    async with service.call(call_id, job.model, Protocol.OPENAI, client_of(request)) as call:
         streams = [service.generate(call, c.prompt, c.params) for c in job.choices]
         if job.stream:
             return await _stream(request, call, answer, merge(streams))

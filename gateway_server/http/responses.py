@@ -33,6 +33,7 @@ from gateway_server.http.common import (
     PROTOCOL,
     REQUEST_ID_HEADER,
     SERVICE,
+    client_of,
     read_json_object,
     request_id,
 )
@@ -76,7 +77,7 @@ async def create(request: web.Request) -> web.StreamResponse:
         return await _background(request, runner, job, call_id)
     record = new_record(job, call_id)
     headers = {REQUEST_ID_HEADER: call_id}
-    async with service.call(call_id, job.model, Protocol.OPENAI) as call:
+    async with service.call(call_id, job.model, Protocol.OPENAI, client_of(request)) as call:
         store.start(record)
         try:
             if job.stream:
@@ -161,7 +162,7 @@ async def _stream(
 async def _background(
     request: web.Request, runner: ResponsesRunner, job: ResponsesJob, post_id: str
 ) -> web.StreamResponse:
-    record = await runner.start_background(job)
+    record = await runner.start_background(job, client_of(request))
     log_event(
         log,
         "response_background",

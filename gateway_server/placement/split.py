@@ -57,7 +57,7 @@ class Split:
         try:
             try:
                 handoff = await engine.prefill(
-                    EngineRequest(prefill.request_id, prompt, params), legs.key
+                    EngineRequest(prefill.request_id, prompt, params, progress.share), legs.key
                 )
             finally:
                 _give_back(pool, prefill)
@@ -73,7 +73,8 @@ class Split:
             assert decode is not None
             try:
                 stream = decode.decode(
-                    EngineRequest(legs.decode.request_id, prompt, params), handoff
+                    EngineRequest(legs.decode.request_id, prompt, params, progress.share),
+                    handoff,
                 )
                 async with contextlib.aclosing(stream):
                     async for chunk in stream:

@@ -33,7 +33,7 @@ class Whole:
     def run(
         self, prompt: str | tuple[int, ...], params: SamplingParams, progress: Progress
     ) -> AsyncGenerator[TokenChunk, None]:
-        return self._engine.generate(EngineRequest(self.request_id, prompt, params))
+        return self._engine.generate(EngineRequest(self.request_id, prompt, params, progress.share))
 
     def give_back(self) -> None:
         if not self._given_back:

@@ -1,6 +1,7 @@
 """The simulated engine under hostile requests: what a request's fields may cost it (CPU of the
 engine's thread against ``bench.harness.hostile.Budget`` for the field's bytes as a client sent
-them, memory kept after the request ended), and what its tokenizer makes of a long word.
+them, memory kept after the request ended), what its tokenizer makes of a long word, and whose
+request it admits next when one call floods its queue.
 
 The fields are built as the gateway's parser builds them (``gateway_server.requests``), without
 going through it: the engine is held to its own share of the work whatever the parser accepts.
@@ -23,7 +24,8 @@ from dataclasses import replace
 import pytest
 
 from bench.harness.hostile import MIB, Budget
-from gateway_server.engine.base import EngineRequest, SamplingParams
+from bench.harness.waiting import wait_until
+from gateway_server.engine.base import EngineRequest, SamplingParams, Share, TokenChunk
 from gateway_server.engine.sim.config import SimConfig
 from gateway_server.engine.sim.engine import SimulatedEngine
 from gateway_server.engine.sim.sampling import VOCAB
@@ -47,7 +49,7 @@ async def run_choices(
     and the engine thread's CPU seconds until the last ended."""
 
     async def one(i: int) -> str:
-        request = EngineRequest(f"{name}-{i}", "hello there", params)
+        request = EngineRequest(f"{name}-{i}", "hello there", params, Share("", name))
         return "".join([chunk.text async for chunk in engine.generate(request)])
 
     start = time.thread_time()
@@ -155,3 +157,31 @@ async def test_stored_responses_hold_a_context_of_text_not_a_body() -> None:
                 assert resp.status == 400, answer
                 assert "context length" in answer["error"]["message"]
         assert len(gw.server.responses.store) == 0
+
+
+async def test_one_calls_twenty_thousand_requests_wait_behind_another_calls_first(
+    engine: SimulatedEngine,
+) -> None:
+    """Was: the queue was FIFO: a call (a gRPC stream) that queued 20,000 requests first
+    delayed every other call until all of them were admitted."""
+    flooding = SamplingParams(max_tokens=50)
+    flood = [
+        asyncio.create_task(drain(engine, EngineRequest(f"f{i}", "x", flooding, Share("", "f"))))
+        for i in range(20_000)
+    ]
+    await wait_until(lambda: engine.load().waiting >= 19_000, what="the flood queued")
+    victim = EngineRequest("v", "hello", SamplingParams(max_tokens=5), Share("", "victim"))
+    async with asyncio.timeout(30):
+        chunks = await drain(engine, victim)
+    assert chunks[-1].finish_reason is not None and sum(c.new_tokens for c in chunks) == 5
+    assert engine.load().waiting >= 19_000 - 2 * FAST.slots
+    start = time.thread_time()
+    for task in flood:
+        task.cancel()
+    await asyncio.gather(*flood, return_exceptions=True)
+    await wait_until(lambda: engine.load().waiting == 0, what="the flood's aborts applied")
+    assert time.thread_time() - start < 5.0
+
+
+async def drain(engine: SimulatedEngine, request: EngineRequest) -> list[TokenChunk]:
+    return [chunk async for chunk in engine.generate(request)]

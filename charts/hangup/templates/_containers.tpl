@@ -44,6 +44,9 @@ exec:
     - --engine-down-limit={{ $g.engineDownLimitSeconds }}
     - --loop-stall-limit={{ $g.loopStallLimitSeconds }}
     - --responses-max-stored={{ $g.responses.maxStored }}
+    # Fair shares (docs/security.md): a call's client is whom the proxy saw, the address it
+    # appends to X-Forwarded-For (every connection to the gateway comes from the proxy).
+    - --client-header=x-forwarded-for
     - --responses-ttl={{ $g.responses.ttlSeconds }}
     {{- with $g.extraArgs }}
     {{- toYaml . | nindent 4 }}

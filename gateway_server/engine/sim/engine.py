@@ -2,8 +2,9 @@
 cancellation is concerned.
 
 How it works. One task runs engine steps. Before each step it applies pending aborts (a step
-boundary), then admits waiting requests FIFO into free batch slots. A step decodes one token for
-every running sequence that finished its prefill and prefills up to ``prefill_chunk_tokens``
+boundary), then admits waiting requests into free batch slots, clients in turn and each client's
+calls in turn (:mod:`gateway_server.engine.fair`; FIFO within a call). A step decodes one token
+for every running sequence that finished its prefill and prefills up to ``prefill_chunk_tokens``
 prompt tokens of those still reading their prompt (chunked prefill). The step lasts
 ``step_base_s + step_per_seq_s * batch + prefill_per_token_s * prefilled`` seconds: time grows
 with batch size and prompt length. A request is ``queued`` until admitted, ``prefill`` until its
@@ -41,7 +42,6 @@ import asyncio
 import contextlib
 import random
 import time
-from collections import deque
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -57,6 +57,7 @@ from gateway_server.engine.base import (
     SamplingParams,
     TokenChunk,
 )
+from gateway_server.engine.fair import FairQueue
 from gateway_server.engine.handoff import KvHandoff
 from gateway_server.engine.sim.config import SIM_BLOCK_SIZE, SimConfig
 from gateway_server.engine.sim.kv import SavedKv, SimKvStore
@@ -91,7 +92,7 @@ class SimulatedEngine:
         self._kv = kv if kv is not None else SimKvStore()
         self._saved = SavedKv(self._kv, SIM_BLOCK_SIZE)
         self._stall_transfers = False
-        self._waiting: deque[Sequence] = deque()
+        self._waiting = FairQueue[Sequence]()
         self._prepared = Prepared()
         self._running: list[Sequence] = []
         self._by_id: dict[str, Sequence] = {}
@@ -234,7 +235,7 @@ class SimulatedEngine:
         prompt_tokens = self.count_prompt_tokens(request.prompt)
         seq = Sequence(request, prompt_tokens, sampler, stop_ids)
         self._by_id[request.request_id] = seq
-        self._waiting.append(seq)
+        self._waiting.push(request.share, request.request_id, seq)
         self._wake.set()
         return seq
 
@@ -339,8 +340,7 @@ class SimulatedEngine:
                 if seq in self._running:
                     self._running.remove(seq)
                 else:
-                    with contextlib.suppress(ValueError):
-                        self._waiting.remove(seq)
+                    self._waiting.remove(seq.request.share, request_id)
                 self._finish(seq, FinishReason.ABORT)
             for done in waiters:
                 if not done.done():
@@ -349,7 +349,7 @@ class SimulatedEngine:
 
     def _admit(self) -> None:
         while self._waiting and len(self._running) < self._config.slots:
-            seq = self._waiting.popleft()
+            seq = self._waiting.pop()
             seq.phase = Phase.PREFILL
             if seq.handoff is not None:  # the prompt's blocks are allocated, the KV is on its way
                 seq.phase, seq.prefilled = Phase.TRANSFER, seq.prompt_tokens

@@ -11,7 +11,7 @@ A request's distributions depend only on its knobs, so they are built once per s
 (cached) and a token costs one PRNG draw and a bisection. The knobs a client sizes,
 ``logit_bias`` and ``stop_token_ids``, are read once per request into what the vocabulary
 holds (:class:`Prepared`): a pair or an id per word at most, however many the request named.
-So a cache entry is at most ``len(VOCAB)`` biases and their tables (about 40 KB), whatever the
+So a cache entry is at most ``len(VOCAB)`` biases and their tables (about 27 KiB), whatever the
 requests, and no token's work depends on a field's size.
 """
 

@@ -78,10 +78,11 @@ class ResponsesRunner:
         if emit is not None:
             await emit(events.ended())
 
-    async def start_background(self, job: ResponsesJob) -> ResponseRecord:
-        """Start a background response as a task of its own; return its record once its call
-        holds its id. Raises what opening the call raises (the gateway drains)."""
+    async def start_background(self, job: ResponsesJob, client: str = "") -> ResponseRecord:
+        """Start a background response for ``client`` as a task of its own; return its record
+        once its call holds its id. Raises what opening the call raises (the gateway drains)."""
         record = new_record(job, self.service.fresh_call_id())
+        record.client = client
         self.store.start(record)
         opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         record.task = asyncio.create_task(self._work(record, job, opened))
@@ -97,7 +98,8 @@ class ResponsesRunner:
             record.emit(events)
 
         try:
-            async with self.service.call(record.call_id, job.model, Protocol.OPENAI) as call:
+            model, client = job.model, record.client
+            async with self.service.call(record.call_id, model, Protocol.OPENAI, client) as call:
                 call.hangup_reason = Reason.SHUTDOWN  # only shutdown cancels this task
                 record.emit([record.events.created(), record.events.queued()])
                 opened.set_result(None)

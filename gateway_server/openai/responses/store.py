@@ -32,6 +32,8 @@ class ResponseRecord:
     background: bool
     turns: list[dict[str, Any]]
     """The conversation without the instructions; the answer is added when it ends."""
+    client: str = ""
+    """Who started it (a background response's engine requests wait in that client's turn)."""
     events: Events = field(init=False)
     task: asyncio.Task[None] | None = None
     _ends: array[int] = field(default_factory=lambda: array("I"))

@@ -1,0 +1,159 @@
+"""Fair shares, attacked on a live gateway (simulated engine): one client or one call floods the
+engine's admission queue or the background-response store while a victim's call is timed.
+
+A client is whom ``--client-header`` names (behind the sidecar: the last element of
+``X-Forwarded-For``, the address the proxy saw), else the connection's address: the tests set
+the header as the sidecar would, so each test's attacker and victim are different clients (or,
+where it says so, one address with many calls). docs/security.md, "Fair shares".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+
+from bench.harness.waiting import wait_until
+from gateway_server.engine.sim.config import SimConfig
+from hangup_contract.protos import inference_pb2 as pb
+from tests.support.gateway import MODEL, Gateway, running_gateway
+
+QUICK = SimConfig(slots=8, step_base_s=0.002, step_per_seq_s=0.0, prefill_per_token_s=0.0)
+BEHIND_SIDECAR = {"client_header": "x-forwarded-for"}
+
+
+def sidecar_saw(address: str) -> dict[str, str]:
+    """The header the sidecar sends for a client at ``address`` that wrote its own first."""
+    return {"X-Forwarded-For": f"203.0.113.9, {address}"}
+
+
+def waiting(gw: Gateway) -> int:
+    return sum(w.engine.load().waiting for w in gw.server.pool.workers)
+
+
+async def timed_completion(gw: Gateway, headers: dict[str, str]) -> float:
+    """A 5-token completion's seconds, failing past 10 s (the flood takes minutes)."""
+    start = time.monotonic()
+    async with asyncio.timeout(10):
+        async with gw.session.post(
+            f"{gw.url}/v1/completions",
+            json={"model": MODEL, "prompt": "victim", "max_tokens": 5},
+            headers=headers,
+        ) as resp:
+            body = await resp.json()
+    assert resp.status == 200, body
+    assert body["usage"]["completion_tokens"] == 5
+    return time.monotonic() - start
+
+
+@pytest.fixture
+async def flooder() -> AsyncIterator[aiohttp.ClientSession]:
+    """The attacker's own client: no connection limit, closed when it leaves."""
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        yield session
+
+
+async def test_a_clients_1600_requests_do_not_delay_another_clients_completion(
+    flooder: aiohttp.ClientSession,
+) -> None:
+    """Was: the engine's queue was FIFO: a victim waited behind every request queued before
+    its own (here 1,600: about a minute). Now the queue serves clients in turn, and the
+    attacker's queued work is cancelled when it leaves (it is not background work)."""
+    async with running_gateway(sim=QUICK, **BEHIND_SIDECAR) as gw:
+        body = {"model": MODEL, "prompt": "flood", "n": 16, "max_tokens": 40}
+
+        async def flood_call() -> None:
+            url = f"{gw.url}/v1/completions"
+            async with flooder.post(url, json=body, headers=sidecar_saw("10.0.0.1")) as resp:
+                await resp.read()
+
+        calls = [asyncio.create_task(flood_call()) for _ in range(100)]
+        try:
+            await wait_until(lambda: waiting(gw) >= 1_500, within=30, what="the flood queued")
+            took = await timed_completion(gw, sidecar_saw("10.0.0.2"))
+            assert waiting(gw) >= 1_300, "the victim was served after the flood, not beside it"
+            assert took < 5.0, f"the victim's 5 tokens took {took:.1f} s"
+        finally:
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+            await flooder.close()  # the attacker leaves: its queued requests are cancelled
+        await wait_until(
+            lambda: gw.requests("cancelled") >= 1_500, within=30, what="the flood cancelled"
+        )
+        assert waiting(gw) == 0
+
+
+async def test_one_streams_thousands_of_requests_do_not_delay_another_calls_first() -> None:
+    """Was: one ModelStreamInfer stream queued 20,000 engine requests and a victim's 5-token
+    completion, from the same address, got no answer in 10 s. The queue serves a client's
+    calls in turn: the stream is one call."""
+    async with (
+        running_gateway(sim=QUICK) as gw,
+        grpc.aio.insecure_channel(gw.server.listeners["grpc"]) as channel,
+    ):
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )()
+        answered = 0
+
+        async def read() -> None:
+            nonlocal answered
+            async for _ in stream:
+                answered += 1
+
+        reader = asyncio.create_task(read())
+        try:
+            for i in range(3_000):
+                await stream.write(_stream_request(f"s{i}", 20))
+            await wait_until(lambda: waiting(gw) >= 1_000, within=30, what="the stream queued")
+            took = await timed_completion(gw, {})
+            assert answered < 2_000, "the victim was served after the stream, not beside it"
+            assert took < 5.0, f"the victim's 5 tokens took {took:.1f} s"
+        finally:
+            stream.cancel()
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+        await wait_until(lambda: waiting(gw) == 0, within=30, what="the stream's requests ended")
+
+
+def _stream_request(request_id: str, max_tokens: int) -> bytes:
+    request = pb.ModelInferRequest(model_name=MODEL, id=request_id)
+    text = request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    text.contents.bytes_contents.append(b"flood")
+    params = request.inputs.add(name="sampling_parameters", datatype="BYTES", shape=[1])
+    params.contents.bytes_contents.append(json.dumps({"max_tokens": max_tokens}).encode())
+    return request.SerializeToString()
+
+
+async def background(gw: Gateway, session: aiohttp.ClientSession, address: str | None,
+                     tokens: int) -> tuple[int, dict[str, Any]]:  # fmt: skip
+    headers = sidecar_saw(address) if address else {}
+    body = {"model": MODEL, "input": "x", "max_output_tokens": tokens, "background": True}
+    async with session.post(f"{gw.url}/v1/responses", json=body, headers=headers) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_a_departed_clients_background_work_runs_without_holding_the_queue(
+    flooder: aiohttp.ClientSession,
+) -> None:
+    """Was: a client's queued background responses (992 of ~4,090 tokens) held the FIFO queue
+    against everyone after it left. They still run (they outlive their client), in its turn."""
+    two_slots = SimConfig(slots=2, step_base_s=0.002, step_per_seq_s=0.0)
+    async with running_gateway(sim=two_slots, drain_timeout=0.0, **BEHIND_SIDECAR) as gw:
+        made = [await background(gw, flooder, "10.0.0.1", 100) for _ in range(20)]
+        assert all(status == 200 for status, _ in made)
+        await flooder.close()  # the attacker leaves
+        await wait_until(lambda: waiting(gw) >= 17, what="its background responses queued")
+        took = await timed_completion(gw, sidecar_saw("10.0.0.2"))
+        assert waiting(gw) >= 15, "the victim was served after the background work"
+        assert took < 5.0, f"the victim's 5 tokens took {took:.1f} s"
+        async with gw.session.get(f"{gw.url}/v1/responses/{made[-1][1]['id']}") as resp:
+            assert (await resp.json())["status"] in ("queued", "in_progress")
