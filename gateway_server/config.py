@@ -50,6 +50,7 @@ class GatewayConfig:
     body_timeout: float = 60.0
     tombstone_ttl: float = 60.0
     responses_max_stored: int = 1000
+    responses_background_per_client: int = 100
     responses_ttl: float = 3600.0
     client_header: str | None = None
     """The header naming a call's client for fair shares; None: the peer address."""
@@ -164,6 +165,12 @@ _OPTIONS = (
         int,
         "stored Responses API responses kept (oldest dropped first); also the most background "
         "responses in flight",
+    ),
+    Option(
+        "--responses-background-per-client",
+        int,
+        "background Responses API responses one client may have in flight (0: only "
+        "--responses-max-stored bounds them)",
     ),
     Option("--responses-ttl", float, "seconds a stored Responses API response is kept"),
     Option(
@@ -289,6 +296,7 @@ def validate(config: GatewayConfig) -> None:
         "loop_stall_limit",
         "loop_stall_log",
         "responses_max_stored",
+        "responses_background_per_client",
         "responses_ttl",
     ):
         if getattr(config, name) < 0:

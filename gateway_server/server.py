@@ -154,7 +154,11 @@ class GatewayServer:
             liveness=liveness(self.pool.down_for, cfg.engine_down_limit, self.watchdog),
             clients=ClientRule(cfg.client_header.lower() if cfg.client_header else None),
         )
-        store = ResponseStore(cfg.responses_max_stored, cfg.responses_ttl)
+        store = ResponseStore(
+            cfg.responses_max_stored,
+            cfg.responses_ttl,
+            background_per_client=cfg.responses_background_per_client,
+        )
         self.responses = ResponsesRunner(self.service, store)
         self.watchdog.start()
         await self.scope.start()

@@ -141,6 +141,25 @@ async def background(gw: Gateway, session: aiohttp.ClientSession, address: str |
         return resp.status, await resp.json()
 
 
+async def test_one_client_cannot_take_every_background_slot() -> None:
+    """Was: one client took all 1,000 background slots in 0.6 s and every other client got
+    429. Now a client holds at most --responses-background-per-client of them."""
+    one_slot = SimConfig(slots=1, step_base_s=0.005)
+    store = {"responses_max_stored": 20, "responses_background_per_client": 5,
+             "drain_timeout": 0.0}  # fmt: skip
+    async with running_gateway(sim=one_slot, **store, **BEHIND_SIDECAR) as gw:
+        taken = [await background(gw, gw.session, "10.0.0.1", 2000) for _ in range(5)]
+        assert [status for status, _ in taken] == [200] * 5
+        status, refused = await background(gw, gw.session, "10.0.0.1", 2000)
+        assert status == 429, refused
+        assert "--responses-background-per-client" in refused["error"]["message"]
+        status, victim = await background(gw, gw.session, "10.0.0.2", 1)
+        assert status == 200, victim
+    async with running_gateway(sim=one_slot, **store) as gw:  # no header: one address
+        statuses = [(await background(gw, gw.session, None, 2000))[0] for _ in range(6)]
+        assert statuses == [200] * 5 + [429]
+
+
 async def test_a_departed_clients_background_work_runs_without_holding_the_queue(
     flooder: aiohttp.ClientSession,
 ) -> None:

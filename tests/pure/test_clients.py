@@ -7,6 +7,7 @@ import pytest
 
 from gateway_server.clients import MAX_CLIENT_CHARS, ClientRule, peer_host
 from gateway_server.config import from_args
+from hangup_contract.runtime.options import ConfigError
 
 
 def headers(**given: str) -> dict[str, str]:
@@ -47,7 +48,11 @@ def test_behind_the_sidecar_the_client_is_the_address_it_appended() -> None:
 
 
 def test_the_flags() -> None:
-    assert from_args([], {}).client_header is None
-    set_ = from_args(["--client-header", "X-Forwarded-For"], {})
-    assert set_.client_header == "X-Forwarded-For"
+    defaults = from_args([], {})
+    assert defaults.client_header is None and defaults.responses_background_per_client == 100
+    set_ = from_args(["--client-header", "X-Forwarded-For",
+                      "--responses-background-per-client", "3"], {})  # fmt: skip
+    assert set_.client_header == "X-Forwarded-For" and set_.responses_background_per_client == 3
     assert from_args([], {"HANGUP_GATEWAY_CLIENT_HEADER": " "}).client_header is None
+    with pytest.raises(ConfigError, match="--responses-background-per-client"):
+        from_args(["--responses-background-per-client", "-1"], {})

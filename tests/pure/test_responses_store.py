@@ -1,5 +1,6 @@
 """The Responses API's store: held while running, kept by count and age when stored, forgotten
-otherwise; background responses in flight bounded; a resumed stream's replay and follow."""
+otherwise; background responses in flight bounded, and per client; a resumed stream's replay and
+follow."""
 
 from __future__ import annotations
 
@@ -92,3 +93,28 @@ async def test_a_follower_gets_the_events_the_response_emitted_byte_for_byte() -
     assert await read(-1) == want  # replayed after the end
     assert await read(5) == want[6:]
     assert b'"status": "cancelled"' in want[-1] and b"response.incomplete" in want[-1]
+
+
+async def test_a_client_holds_at_most_its_share_of_background_responses() -> None:
+    store = ResponseStore(10, 60.0, ManualClock(), background_per_client=2)
+
+    def of(n: int, client: str) -> ResponseRecord:
+        r = record(n, background=True)
+        r.client = client
+        return r
+
+    mine = [of(1, "a"), of(2, "a")]
+    for r in mine:
+        store.start(r)
+    with pytest.raises(TooManyRequests, match="2 background responses of this client"):
+        store.start(of(3, "a"))
+    store.start(of(4, "b"))  # another client's share is its own
+    store.forget(mine[0])  # one that never ran gives its place back, as one that ended does
+    store.start(of(5, "a"))
+    with pytest.raises(TooManyRequests, match="--responses-background-per-client"):
+        store.start(of(6, "a"))
+    store.finish(mine[1])
+    store.finish(mine[1])  # idempotent: a place is given back once
+    store.start(of(7, "a"))
+    with pytest.raises(TooManyRequests):
+        store.start(of(8, "a"))

@@ -44,6 +44,7 @@ exec:
     - --engine-down-limit={{ $g.engineDownLimitSeconds }}
     - --loop-stall-limit={{ $g.loopStallLimitSeconds }}
     - --responses-max-stored={{ $g.responses.maxStored }}
+    - --responses-background-per-client={{ $g.responses.backgroundPerClient }}
     # Fair shares (docs/security.md): a call's client is whom the proxy saw, the address it
     # appends to X-Forwarded-For (every connection to the gateway comes from the proxy).
     - --client-header=x-forwarded-for

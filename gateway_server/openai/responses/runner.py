@@ -80,7 +80,8 @@ class ResponsesRunner:
 
     async def start_background(self, job: ResponsesJob, client: str = "") -> ResponseRecord:
         """Start a background response for ``client`` as a task of its own; return its record
-        once its call holds its id. Raises what opening the call raises (the gateway drains)."""
+        once its call holds its id. Raises TooManyRequests past the store's bounds (the
+        client's share included), and what opening the call raises (the gateway drains)."""
         record = new_record(job, self.service.fresh_call_id())
         record.client = client
         self.store.start(record)

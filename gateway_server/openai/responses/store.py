@@ -1,13 +1,15 @@
 """Responses in flight and stored ones, in this API process.
 
 A response is held from its start to its end whatever its ``store``: its cancel answers its
-object. When it ends, one with ``store: true`` is kept for ``--responses-ttl`` seconds and at most
-``--responses-max-stored`` of them, oldest dropped first; one with ``store: false`` is
-forgotten. Background responses in flight are bounded by the same count (a new one past it is
-refused with 429), so memory is bounded: each record holds one answer's text and, for a
-background response, where each of its text deltas ended (4 bytes a delta): a resumed stream
-(``GET ...?stream=true``) rebuilds the events from those, byte for byte the ones the response
-emitted, rather than the gateway keeping every event's bytes (226 for a one-word delta).
+object. When it ends, one with ``store: true`` is kept for ``--responses-ttl`` seconds and at
+most ``--responses-max-stored`` of them, oldest dropped first; one with ``store: false`` is
+forgotten. Background responses in flight are bounded by the same count, and each client
+(``gateway_server.clients``) to ``--responses-background-per-client`` of them (a new one past
+either is refused with 429: one client cannot take every slot), so memory is bounded: each
+record holds one answer's text and, for a background response, where each of its text deltas
+ended (4 bytes a delta): a resumed stream (``GET ...?stream=true``) rebuilds the events from
+those, byte for byte the ones the response emitted, rather than the gateway keeping every
+event's bytes (226 for a one-word delta).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class ResponseRecord:
     turns: list[dict[str, Any]]
     """The conversation without the instructions; the answer is added when it ends."""
     client: str = ""
-    """Who started it (a background response's engine requests wait in that client's turn)."""
+    """Who started it: a background response counts in that client's share, and its engine
+    requests wait in that client's turn."""
     events: Events = field(init=False)
     task: asyncio.Task[None] | None = None
     _ends: array[int] = field(default_factory=lambda: array("I"))
@@ -111,29 +114,58 @@ def _copy_end(live: Answer, scratch: Answer) -> None:
 
 class ResponseStore:
     def __init__(
-        self, max_stored: int, ttl: float, clock: Callable[[], float] = time.monotonic
+        self,
+        max_stored: int,
+        ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        background_per_client: int = 0,
     ) -> None:
+        """``background_per_client``: the most background responses one client may have in
+        flight (0: only ``max_stored`` bounds them)."""
         self._max = max_stored
         self._ttl = ttl
         self._clock = clock
+        self._per_client = background_per_client
         self._running: dict[str, ResponseRecord] = {}
+        self._counted: set[ResponseRecord] = set()  # background responses in flight
+        self._background: dict[str, int] = {}  # client → how many of them are its
         self._stored: OrderedDict[str, tuple[float, ResponseRecord]] = OrderedDict()
 
     def start(self, record: ResponseRecord) -> None:
         """Hold a response from its start. Raises TooManyRequests for a background one past the
-        bound."""
+        bound, or past its client's share."""
         if record.background:
-            running = sum(1 for r in self._running.values() if r.background)
-            if running >= self._max:
+            if len(self._counted) >= self._max:
                 raise TooManyRequests(
-                    f"{running} background responses are in flight, the most this gateway "
-                    "holds (--responses-max-stored); wait for one to end or cancel one"
+                    f"{len(self._counted)} background responses are in flight, the most this "
+                    "gateway holds (--responses-max-stored); wait for one to end or cancel one"
                 )
+            held = self._background.get(record.client, 0)
+            if self._per_client and held >= self._per_client:
+                raise TooManyRequests(
+                    f"{held} background responses of this client are in flight, the most one "
+                    "client may hold (--responses-background-per-client); wait for one to end "
+                    "or cancel one"
+                )
+            self._background[record.client] = held + 1
+            self._counted.add(record)
         self._running[record.id] = record
+
+    def _stop_running(self, record: ResponseRecord) -> None:
+        if self._running.get(record.id) is record:
+            del self._running[record.id]
+        if record in self._counted:
+            self._counted.remove(record)
+            left = self._background[record.client] - 1
+            if left:
+                self._background[record.client] = left
+            else:
+                del self._background[record.client]
 
     def finish(self, record: ResponseRecord) -> None:
         """The response ended: keep it if it asked to be stored, wake its followers."""
-        self._running.pop(record.id, None)
+        self._stop_running(record)
         record.end()
         if record.store and self._max > 0:
             self._stored[record.id] = (self._clock() + self._ttl, record)
@@ -143,7 +175,7 @@ class ResponseStore:
 
     def forget(self, record: ResponseRecord) -> None:
         """A response that never ran (its call could not open): not stored."""
-        self._running.pop(record.id, None)
+        self._stop_running(record)
         record.end()
 
     def get(self, response_id: str) -> ResponseRecord | None:
