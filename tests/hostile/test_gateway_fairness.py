@@ -13,12 +13,14 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc
 import pytest
 
+from bench.harness.stack import running_stack
 from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from hangup_contract.protos import inference_pb2 as pb
@@ -176,3 +178,28 @@ async def test_a_departed_clients_background_work_runs_without_holding_the_queue
         assert took < 5.0, f"the victim's 5 tokens took {took:.1f} s"
         async with gw.session.get(f"{gw.url}/v1/responses/{made[-1][1]['id']}") as resp:
             assert (await resp.json())["status"] in ("queued", "in_progress")
+
+
+async def test_behind_the_real_sidecar_a_client_is_the_address_it_saw(tmp_path: Path) -> None:
+    """The chart's choice, end to end: the proxy appends its client's address to
+    X-Forwarded-For, so a client behind it cannot take another's share by writing the header
+    (two clients on loopback, from 127.0.0.2 and 127.0.0.3)."""
+    gateway_args = ["--client-header", "x-forwarded-for", "--responses-background-per-client",
+                    "2", "--sim-slots", "1", "--drain-timeout", "0"]  # fmt: skip
+    with running_stack(tmp_path, gateway_args) as stack:
+        body = {"model": MODEL, "input": "x", "max_output_tokens": 2000, "background": True}
+
+        async def start(source: str, forged: str | None = None) -> int:
+            headers = {"X-Forwarded-For": forged} if forged else {}
+            connector = aiohttp.TCPConnector(local_addr=(source, 0))
+            url = f"{stack.proxy_url}/v1/responses"
+            async with (
+                aiohttp.ClientSession(connector=connector) as session,
+                session.post(url, json=body, headers=headers) as resp,
+            ):
+                await resp.read()
+                return resp.status
+
+        assert [await start("127.0.0.2") for _ in range(2)] == [200, 200]
+        assert await start("127.0.0.2", forged="127.0.0.3") == 429  # the proxy's word is last
+        assert await start("127.0.0.3") == 200
