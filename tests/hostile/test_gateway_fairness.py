@@ -79,15 +79,17 @@ async def test_a_clients_1600_requests_do_not_delay_another_clients_completion(
         try:
             await wait_until(lambda: waiting(gw) >= 1_500, within=30, what="the flood queued")
             took = await timed_completion(gw, sidecar_saw("10.0.0.2"))
-            assert waiting(gw) >= 1_300, "the victim was served after the flood, not beside it"
+            # FIFO, the victim's request would have been admitted after the whole flood
+            assert waiting(gw) >= 500, "the victim was served after the flood, not beside it"
             assert took < 5.0, f"the victim's 5 tokens took {took:.1f} s"
         finally:
+            left = waiting(gw)
             for call in calls:
                 call.cancel()
             await asyncio.gather(*calls, return_exceptions=True)
             await flooder.close()  # the attacker leaves: its queued requests are cancelled
         await wait_until(
-            lambda: gw.requests("cancelled") >= 1_500, within=30, what="the flood cancelled"
+            lambda: gw.requests("cancelled") >= left, within=30, what="the flood cancelled"
         )
         assert waiting(gw) == 0
 
@@ -174,7 +176,7 @@ async def test_a_departed_clients_background_work_runs_without_holding_the_queue
         await flooder.close()  # the attacker leaves
         await wait_until(lambda: waiting(gw) >= 17, what="its background responses queued")
         took = await timed_completion(gw, sidecar_saw("10.0.0.2"))
-        assert waiting(gw) >= 15, "the victim was served after the background work"
+        assert waiting(gw) >= 10, "the victim was served after the background work"
         assert took < 5.0, f"the victim's 5 tokens took {took:.1f} s"
         async with gw.session.get(f"{gw.url}/v1/responses/{made[-1][1]['id']}") as resp:
             assert (await resp.json())["status"] in ("queued", "in_progress")
