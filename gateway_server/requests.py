@@ -7,6 +7,8 @@ naming the field.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, TypeVar
 
 from gateway_server.engine.base import Engine, SamplingParams
@@ -26,6 +28,26 @@ T = TypeVar("T")
 def cancelled_message(reason: Reason) -> str:
     """What a client is told when its request was cancelled under it."""
     return f"request cancelled ({reason})"
+
+
+def json_object(raw: bytes | str, what: str, param: str | None = None) -> dict[str, Any]:
+    """``raw`` read as a JSON object. Raises InvalidRequest naming ``what`` for anything else:
+    not JSON, not UTF-8, nested deeper than Python's JSON reader goes (about 1,000 levels: a
+    ``RecursionError`` there), a number of more than 4,300 digits (Python's limit on reading an
+    integer), or a JSON value that is no object. The reader's work is linear in ``raw``."""
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"{what} is not valid JSON: {exc}", param=param) from exc
+    except UnicodeDecodeError as exc:
+        raise InvalidRequest(f"{what} is not valid UTF-8: {exc.reason}", param=param) from exc
+    except RecursionError as exc:
+        raise InvalidRequest(f"{what} is nested too deeply", param=param) from exc
+    except ValueError as exc:  # an integer past sys.get_int_max_str_digits()
+        raise InvalidRequest(f"{what} holds a number with too many digits", param=param) from exc
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{what} must be a JSON object", param=param)
+    return value
 
 
 def field(body: dict[str, Any], name: str, kind: type[T] | tuple[type, ...], default: Any) -> Any:
@@ -130,10 +152,10 @@ def sampling_params(
 
 
 def _number(body: dict[str, Any], name: str, default: float, low: float, high: float) -> float:
-    value = float(field(body, name, (int, float), default))
-    if not low <= value <= high:
+    value = field(body, name, (int, float), default)
+    if not low <= value <= high:  # compared as given: an integer too large for a float is out
         raise InvalidRequest(f"'{name}' must be between {low:g} and {high:g}", param=name)
-    return value
+    return float(value)
 
 
 def _token_ids(body: dict[str, Any], name: str, vocab: int) -> tuple[int, ...]:
@@ -143,17 +165,25 @@ def _token_ids(body: dict[str, Any], name: str, vocab: int) -> tuple[int, ...]:
     return tuple(ids)
 
 
+_TOKEN_ID_KEY = re.compile(r"-?[0-9]{1,20}")
+"""A ``logit_bias`` key: a token id in ASCII digits (vLLM reads any spelling ``int()`` takes:
+other digits, signs, spaces, underscores; they are refused here, so one token has few keys)."""
+
+
 def _logit_bias(body: dict[str, Any], vocab: int) -> tuple[tuple[int, float], ...]:
+    """``logit_bias``: token ids to numbers, each clamped to [-100, 100] as vLLM clamps it. A
+    key that is no token id, a value that is no number, and ids outside the vocabulary (the
+    first few named, in vLLM's words) are refused."""
     given = field(body, "logit_bias", dict, {})
     out = []
     for key, value in given.items():
-        if not key.lstrip("-").isdigit() or type(value) not in (int, float):
+        if not _TOKEN_ID_KEY.fullmatch(key) or type(value) not in (int, float):
             raise InvalidRequest("'logit_bias' must map token ids to numbers", param="logit_bias")
-        out.append((int(key), float(value)))
+        out.append((int(key), float(min(100.0, max(-100.0, value)))))  # clamped before float()
     outside = [token for token, _ in out if not 0 <= token < vocab]
     if outside:
         raise InvalidRequest(
-            f"token_id(s) {outside} in 'logit_bias' contain out-of-vocab token ids. "
+            f"token_id(s) {outside[:8]} in 'logit_bias' contain out-of-vocab token ids. "
             f"Vocabulary size: {vocab}",
             param="logit_bias",
         )

@@ -71,7 +71,7 @@ def parse_request(body: bytes) -> Reason:
         return Reason.EXPLICIT
     try:
         parsed = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # not JSON or UTF-8; too deep; too many digits
         raise ValueError(f"cancel body is not valid JSON: {exc}") from exc
     if not isinstance(parsed, dict):
         raise ValueError("cancel body must be a JSON object")

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -41,6 +40,7 @@ from gateway_server.errors import (
 from gateway_server.registry import Call
 from gateway_server.service import GenerationService
 from hangup_contract import request_id as request_ids
+from hangup_contract.cancel import bearer_matches
 from hangup_contract.vocabulary import Reason
 
 REQUEST_ID_KEY = request_ids.METADATA_KEY
@@ -108,10 +108,7 @@ def check_token(context: Any, token: str | None) -> None:
     """Raise Unauthorized unless the metadata carries ``authorization: Bearer <token>``."""
     if token is None:
         return
-    scheme, _, value = (metadata_value(context, "authorization") or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(
-        value.strip().encode(), token.encode()
-    ):
+    if not bearer_matches(metadata_value(context, "authorization"), token):
         raise Unauthorized("the cancel API needs metadata 'authorization: Bearer <token>'")
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
 
 from gateway_server.errors import BodyTimeout, InvalidRequest, RequestTooLarge
+from gateway_server.requests import json_object
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
 from hangup_contract import request_id as request_ids
@@ -64,12 +64,9 @@ async def read_body(request: web.Request) -> bytes:
 
 async def read_json_object(request: web.Request) -> dict[str, Any]:
     """The body as a JSON object. Raises RequestTooLarge, BodyTimeout or InvalidRequest naming
-    the problem."""
+    the problem (``gateway_server.requests.json_object``: malformed, nested too deeply, a number
+    too long, or no object)."""
     raw = await read_body(request)
-    try:
-        body = json.loads(raw) if raw else None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
+    if not raw:
         raise InvalidRequest("request body must be a JSON object")
-    return body
+    return json_object(raw, "request body")

@@ -61,6 +61,7 @@ from gateway_server.requests import (
     TOKEN_BUDGET_CHAT,
     cancelled_message,
     field,
+    json_object,
     sampling_params,
 )
 from gateway_server.service import GenerationService
@@ -222,10 +223,7 @@ def _sampling_body(body: dict[str, Any], service: GenerationService) -> dict[str
     merged.update(parameters)
     raw = body.get("sampling_parameters", parameters.get("sampling_parameters"))
     if raw is not None:
-        try:
-            extra = json.loads(raw) if isinstance(raw, str) else raw
-        except json.JSONDecodeError as exc:
-            raise InvalidRequest(f"'sampling_parameters' is not valid JSON: {exc}") from exc
+        extra = json_object(raw, "'sampling_parameters'") if isinstance(raw, str) else raw
         if not isinstance(extra, dict):
             raise InvalidRequest("'sampling_parameters' must be a JSON object")
         check_sampling(extra, engine.features, engine.name, strict=True)

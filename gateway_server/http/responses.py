@@ -20,6 +20,7 @@ What each kind of response is to its client (docs/openai.md, "The Responses API"
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from aiohttp import web
@@ -51,6 +52,8 @@ from hangup_contract.vocabulary import CancelState, Reason
 log = logging.getLogger("hangup.gateway")
 
 RUNNER = web.AppKey("responses", ResponsesRunner)
+_SEQUENCE_NUMBER = re.compile(r"-1|[0-9]{1,18}")
+"""``starting_after``: -1 (every event) or an event's number, in ASCII digits."""
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -96,10 +99,7 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
         return web.json_response(record.answer.to_json())
     if not record.background:
         raise InvalidRequest("only background responses can be streamed again", param="stream")
-    raw = request.query.get("starting_after", "-1")
-    after = int(raw) if raw.removeprefix("-").isdigit() else -2
-    if after < -1:
-        raise InvalidRequest("'starting_after' must be a sequence number", param="starting_after")
+    after = sequence_number(request.query.get("starting_after", "-1"))
     return await _follow(request, record, after, {REQUEST_ID_HEADER: request_id(request)})
 
 
@@ -189,6 +189,14 @@ async def _follow(
 
 
 # -- ids and records ---------------------------------------------------------------------------
+
+
+def sequence_number(raw: str) -> int:
+    """``starting_after`` read: -1 (every event) or an event's number, in ASCII digits (at most
+    18). Raises InvalidRequest naming it."""
+    if not _SEQUENCE_NUMBER.fullmatch(raw):
+        raise InvalidRequest("'starting_after' must be a sequence number", param="starting_after")
+    return int(raw)
 
 
 def _call_id(response_id: str) -> str:

@@ -1,0 +1,136 @@
+"""Attacks on the gateway's routes, ids and token, against live processes (``python -m
+gateway_server --engine sim``, with and without ``--cancel-token-file`` and ``--api-processes``):
+
+- client input that was a 500 with an error-level traceback (``logit_bias`` keys, JSON nested
+  past Python's reader, numbers past its digits, the Responses list's ``starting_after``) is a
+  400 in the shape of the API, and the gateway logs nothing at error level;
+- no response route cancels, reads or replaces another client's call or response: response ids
+  are the gateway's own, a response cancel acts only on a response record (no call id, no gRPC
+  stream alias, no tombstone), and a reused ``X-Request-Id`` never replaces a stored response;
+- a cancel id past the cancel rule is refused before it is looked up, remembered or sent to
+  another API process, so it holds no memory and never breaks the channel between them;
+- a gateway that would serve the cancel API open on an address other than loopback does not
+  start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import grpc
+import pytest
+
+from bench.harness.log_records import records
+from bench.harness.processes import Process, enter_together, spawn
+from hangup_contract.protos import cancellation_pb2
+from hangup_contract.protos import inference_pb2 as pb
+
+MODEL = "hangup-sim"
+TOKEN = "routes-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+AUTH_METADATA = (("authorization", f"Bearer {TOKEN}"),)
+SIM = ["--engine", "sim", "--http-port", "0", "--grpc-port", "0", "--sim-step-base", "0.005"]
+
+
+@pytest.fixture(scope="module")
+def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Process]]:
+    """``open``: no token; ``guarded``: a token; ``pair``: a token and two API processes, each
+    with a gRPC port of its own (so a call picks the process it lands on)."""
+    tmp = tmp_path_factory.mktemp("routes")
+    token = tmp / "token"
+    token.write_text(TOKEN)
+    guarded = [*SIM, "--cancel-token-file", str(token)]
+    pair = [*guarded, "--workers", "2", "--api-processes", "2", "--grpc-process-ports", "0"]
+    with contextlib.ExitStack() as stack:
+        started = enter_together(
+            stack,
+            spawn("gateway_server", SIM, tmp / "open"),
+            spawn("gateway_server", guarded, tmp / "guarded"),
+            spawn("gateway_server", pair, tmp / "pair"),
+        )
+        yield dict(zip(["open", "guarded", "pair"], started, strict=True))
+
+
+async def _post(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], rid: str | None = None
+) -> dict[str, Any]:
+    headers = {"X-Request-Id": rid} if rid else {}
+    async with session.post(f"{url}/v1/responses", json=body, headers=headers) as resp:
+        assert resp.status == 200, await resp.text()
+        return dict(await resp.json())
+
+
+def _text_request(request_id: str, max_tokens: int) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name=MODEL, id=request_id)
+    text = request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+    text.contents.bytes_contents.append(b"hi")
+    params = request.inputs.add(name="sampling_parameters", datatype="BYTES", shape=[1])
+    sampling = {"max_tokens": max_tokens, "ignore_eos": True}
+    params.contents.bytes_contents.append(json.dumps(sampling).encode())
+    return request
+
+
+def _cancel_method(channel: grpc.aio.Channel) -> Any:
+    return channel.unary_unary(
+        "/hangup.v1.Cancellation/Cancel",
+        request_serializer=cancellation_pb2.CancelRequest.SerializeToString,
+        response_deserializer=cancellation_pb2.CancelResponse.FromString,
+    )
+
+
+def errors_logged(gateway: Process) -> list[dict[str, Any]]:
+    """The gateway's log records at error level (a traceback is one)."""
+    return [r for r in records(gateway.log()) if str(r.get("level")).lower() == "error"]
+
+
+# -- client input that was a 500 -----------------------------------------------------------------
+
+
+def _completion(extra: str) -> str:
+    return f'{{"model": "{MODEL}", "prompt": "x", "max_tokens": 2, {extra}}}'
+
+
+DIGITS = "9" * 5000
+DEEP = "[" * 100_000 + "]" * 100_000
+WERE_500S = [
+    ("/v1/completions", _completion('"logit_bias": {"²": 1}'), "logit_bias"),
+    ("/v1/completions", _completion('"logit_bias": {"--1": 1}'), "logit_bias"),
+    ("/v1/completions", _completion(f'"logit_bias": {{"{DIGITS}": 1}}'), "logit_bias"),
+    ("/v1/completions", _completion(f'"temperature": 1{"0" * 400}'), "temperature"),
+    ("/v1/completions", _completion(f'"max_tokens": {DIGITS}'), None),
+    ("/v1/completions", _completion(f'"metadata": {DEEP}'), None),
+    ("/v1/chat/completions", DEEP, None),
+    ("/v1/responses", f'{{"model": "{MODEL}", "input": {DEEP}}}', None),
+    ("/v2/models/hangup-sim/generate", f'{{"text_input": {DEEP}}}', None),
+    ("/v2/requests/x/cancel", DEEP, None),
+]
+
+
+async def test_client_input_that_was_a_500_is_a_400_and_logs_no_error(
+    gateways: dict[str, Process], session: aiohttp.ClientSession
+) -> None:
+    gateway = gateways["open"]
+    url = gateway.url()
+    for path, body, param in WERE_500S:
+        headers = {"Content-Type": "application/json"}
+        async with session.post(url + path, data=body.encode(), headers=headers) as resp:
+            answer = await resp.json()
+            assert resp.status == 400, (path, body[:60], answer)
+        if path.startswith("/v1/"):  # OpenAI's error shape, naming the field where there is one
+            assert answer["error"]["type"] == "invalid_request_error"
+            assert answer["error"]["param"] == param
+    clamped = _completion(f'"logit_bias": {{"5": 1{"0" * 400}}}')  # as vLLM: clamped to 100
+    async with session.post(url + "/v1/completions", data=clamped) as resp:
+        assert resp.status == 200, await resp.text()
+    made = await _post(session, url, {"model": MODEL, "input": "x", "background": True})
+    for after in ("²", DIGITS, "--1"):
+        listing = f"{url}/v1/responses/{made['id']}"
+        params = {"stream": "true", "starting_after": after}
+        async with session.get(listing, params=params) as resp:
+            assert resp.status == 400
+            assert (await resp.json())["error"]["param"] == "starting_after"
+    assert errors_logged(gateway) == []
