@@ -49,6 +49,8 @@ class GatewayConfig:
     max_connections: int = 4096
     body_timeout: float = 60.0
     tombstone_ttl: float = 60.0
+    max_remembered_ids: int = 100_000
+    max_remembered_bytes: int = 16 * 1024 * 1024
     responses_max_stored: int = 1000
     responses_background_per_client: int = 100
     responses_ttl: float = 3600.0
@@ -160,6 +162,18 @@ _OPTIONS = (
     Option("--body-timeout", float, "seconds a request body may go without a byte (then 408)"),
     Option("--max-connections", int, "open HTTP client connections (0: no limit)"),
     Option("--tombstone-ttl", float, "seconds a cancel for an unknown id waits for its request"),
+    Option(
+        "--max-remembered-ids",
+        int,
+        "ids each of an API process's id memories holds (ended calls, early-cancel tombstones), "
+        "oldest dropped first",
+    ),
+    Option(
+        "--max-remembered-bytes",
+        int,
+        "bytes each of an API process's id memories may take (ids and their entries), oldest "
+        "dropped first",
+    ),
     Option(
         "--responses-max-stored",
         int,
@@ -311,6 +325,10 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--grpc-stream-max-requests must be at least 1")
     if config.grpc_stream_buffer_bytes < 1024:
         raise ConfigError("--grpc-stream-buffer-bytes must be at least 1024")
+    if config.max_remembered_ids < 1 or config.max_remembered_bytes < 64 * 1024:
+        raise ConfigError(
+            "--max-remembered-ids must be at least 1 and --max-remembered-bytes at least 65536"
+        )
 
 
 def _validate_roles(config: GatewayConfig) -> None:

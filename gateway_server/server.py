@@ -99,7 +99,12 @@ class GatewayServer:
             on_stall=self.metrics.event_loop_stalls.inc,
             log=log,
         )
-        self.registry = CallRegistry(self.metrics, tombstone_ttl=config.tombstone_ttl)
+        self.registry = CallRegistry(
+            self.metrics,
+            tombstone_ttl=config.tombstone_ttl,
+            max_remembered=config.max_remembered_ids,
+            max_remembered_bytes=config.max_remembered_bytes,
+        )
         self.api_process = api_process
         self.scope = self._scope()
         self.service: GenerationService | None = None
@@ -130,6 +135,7 @@ class GatewayServer:
             live,
             loads,
             tombstone_ttl=self.config.tombstone_ttl,
+            remembered=(self.config.max_remembered_ids, self.config.max_remembered_bytes),
             model=model,
         )
 

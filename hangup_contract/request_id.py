@@ -57,3 +57,25 @@ def new_request_id() -> str:
         pool.bytes, at = os.urandom(16 * _IDS_PER_READ), 0
     pool.at = at + 16
     return pool.bytes[at : at + 16].hex()
+
+
+ALIAS_MAX = 128 + 1 + 128
+"""The longest cancel id: a gRPC stream's request alias, ``<call id>:<the request's id>``."""
+CANCEL_RULE = (
+    f"a request id ({RULE}), or a stream request's alias '<call id>:<its id>' of at most "
+    f"{ALIAS_MAX} characters"
+)
+
+
+def is_cancel_id(value: str) -> bool:
+    """Whether ``value`` may name something to cancel: a request id (the rule), or the alias of
+    one request of a gRPC stream, ``<call id>:<the request's id>``: a call id by the rule, a
+    colon, then the client's own id for that request (any characters; the whole at most
+    ``ALIAS_MAX``). Anything else names nothing the gateway holds, and is refused before it is
+    looked up, forwarded or remembered."""
+    if len(value) > ALIAS_MAX:
+        return False
+    if _PATTERN.fullmatch(value) is not None:
+        return True
+    call_id, colon, own = value.partition(":")
+    return bool(colon and own) and _PATTERN.fullmatch(call_id) is not None

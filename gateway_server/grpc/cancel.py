@@ -2,7 +2,9 @@
 
 Same behaviour as ``POST /v2/requests/{id}/cancel``: cancels a running call (or one aliased
 request of a stream), answers ``finished`` for one that already ended, ``NOT_FOUND`` for an id
-never seen (leaving a tombstone, so a request still on its way is rejected when it arrives).
+never seen (leaving a tombstone, so a request still on its way is rejected when it arrives). An
+id that breaks the cancel rule (``hangup_contract.request_id.is_cancel_id``) is
+``INVALID_ARGUMENT``, before it is looked up.
 With a cancel token, the metadata ``authorization: Bearer <token>`` is required
 (``UNAUTHENTICATED`` otherwise). An unknown reason is ``INVALID_ARGUMENT``.
 """
@@ -16,6 +18,7 @@ import grpc
 from gateway_server.errors import GatewayError, InvalidRequest
 from gateway_server.grpc.common import check_token, status_of
 from gateway_server.service import GenerationService
+from hangup_contract import request_id as request_ids
 from hangup_contract.protos import cancellation_pb2 as pb
 from hangup_contract.vocabulary import Reason
 
@@ -32,6 +35,8 @@ class CancellationServicer:
             check_token(context, self._token)
             if not request.request_id:
                 raise InvalidRequest("request_id is required")
+            if not request_ids.is_cancel_id(request.request_id):
+                raise InvalidRequest(f"request_id must be {request_ids.CANCEL_RULE}")
             try:
                 reason = Reason.parse(request.reason or None)
             except ValueError as exc:

@@ -9,6 +9,7 @@ from aiohttp import web
 from gateway_server.errors import InvalidRequest, Unauthorized
 from gateway_server.http.common import CANCEL_TOKEN, SERVICE, read_body
 from gateway_server.service import GenerationService
+from hangup_contract import request_id as request_ids
 from hangup_contract.cancel import ROUTE, bearer_matches, parse_request
 
 
@@ -34,8 +35,16 @@ async def cancel(request: web.Request) -> web.Response:
         reason = parse_request(await read_body(request))
     except ValueError as exc:
         raise InvalidRequest(str(exc)) from exc
-    answer = await service.cancel(request.match_info["request_id"], reason)
+    answer = await service.cancel(cancel_id(request.match_info["request_id"]), reason)
     return web.json_response(answer.to_json())
+
+
+def cancel_id(given: str) -> str:
+    """``given`` if it may name a call or a stream request (``hangup_contract.request_id``'s
+    cancel rule), else InvalidRequest: nothing longer is looked up, forwarded or remembered."""
+    if not request_ids.is_cancel_id(given):
+        raise InvalidRequest(f"the id to cancel must be {request_ids.CANCEL_RULE}")
+    return given
 
 
 async def list_requests(request: web.Request) -> web.Response:

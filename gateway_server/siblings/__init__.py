@@ -74,11 +74,14 @@ class Siblings:
         worker_loads: Callable[[], Iterable[WorkerLoad]],
         *,
         tombstone_ttl: float,
+        remembered: tuple[int, int] = (100_000, 16 * 1024 * 1024),
         model: str,
     ) -> None:
+        """``remembered``: how many ids, and how many bytes of them, each of the home's id
+        memories holds (ended ids, tombstones; as the registry's)."""
         self.channel = Channel(me)
         self.directory = SiblingDirectory(
-            self.channel, registry, metrics, tombstone_ttl=tombstone_ttl
+            self.channel, registry, metrics, tombstone_ttl=tombstone_ttl, remembered=remembered
         )
         self.metrics = SiblingMetrics(me, self.channel, live, worker_loads, model=model)
 

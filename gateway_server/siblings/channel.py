@@ -9,6 +9,14 @@ socket is gone, is :class:`SiblingUnreachable`.
 What a process answers is a table from :class:`Op` to a handler of the message (its users
 register theirs). A handler that awaits (a cancel waits for its engines' abort) answers from a
 task of its own, so the connection goes on reading; the others answer inline, in order.
+
+One bad message never breaks the channel: a line longer than :data:`LINE_LIMIT` is skipped to
+its end, and one that is no message (not JSON, no known ``op``, a field missing or of the wrong
+kind) is answered with ``{"error": "malformed"}`` when it carries a sequence number; either way
+it is logged and the connection reads on, so the questions of every other call on it are
+answered. A question or answer too large to send is never written: the question fails as
+unreachable, the answer becomes an error. (Every id in a message is held to the id or cancel
+rule before it gets here, so none is large.)
 """
 
 from __future__ import annotations
@@ -18,9 +26,9 @@ import contextlib
 import enum
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from gateway_server.siblings.processes import ApiProcess
 from hangup_contract.runtime.logs import log_event
@@ -133,33 +141,103 @@ class Channel:
         assert me is not None
         self._serving[me] = writer
         try:
-            while line := await reader.readline():
-                message = json.loads(line)
-                op = Op(message["op"])
-                awaited = self._awaited.get(op)
-                if awaited is not None:
-                    task = asyncio.get_running_loop().create_task(
-                        _answer_later(awaited, message, writer)
-                    )
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-                    continue
-                reply = self._handlers[op](message)
-                if reply is not None:
-                    writer.write(_line({**reply, "n": message["n"]}))
-        except (OSError, ValueError, KeyError) as exc:
+            async for message in _messages(reader):
+                self._answer(message, writer)
+        except OSError as exc:
             log_event(log, "sibling_channel_error", logging.WARNING, error=repr(exc))
         finally:
             del self._serving[me]
             writer.close()
 
+    def _answer(self, message: Message, writer: asyncio.StreamWriter) -> None:
+        """Answer one message (inline, or from a task); a malformed one is answered with an
+        error, when it can be, and logged: the connection goes on."""
+        seq = message.get("n")
+        try:
+            op = Op(message["op"])
+            awaited = self._awaited.get(op)
+            if awaited is not None:
+                _check_seq(seq)
+                task = asyncio.get_running_loop().create_task(
+                    _answer_later(awaited, message, writer)
+                )
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                return
+            reply = self._handlers[op](message)
+        except (ValueError, KeyError, TypeError) as exc:
+            _malformed(exc)
+            reply = {"error": "malformed"}
+        if reply is None:
+            return
+        if _is_seq(seq):
+            _write_answer(writer, reply, seq)
+        else:
+            _malformed(ValueError("a question without a sequence number"))
+
+
+def _is_seq(seq: object) -> TypeGuard[int]:
+    return isinstance(seq, int) and not isinstance(seq, bool)
+
+
+def _check_seq(seq: object) -> None:
+    if not _is_seq(seq):
+        raise ValueError("a question without a sequence number")
+
+
+def _malformed(exc: BaseException) -> None:
+    log_event(log, "sibling_message_malformed", logging.WARNING, error=repr(exc)[:200])
+
+
+def _write_answer(writer: asyncio.StreamWriter, reply: Message, seq: int) -> None:
+    if writer.is_closing():
+        return
+    try:
+        writer.write(_line({**reply, "n": seq}))
+    except MessageTooLarge as exc:
+        log_event(log, "sibling_answer_too_large", logging.WARNING, error=str(exc))
+        writer.write(_line({"error": "answer too large", "n": seq}))
+
 
 async def _answer_later(
     handler: AwaitedHandler, message: Message, writer: asyncio.StreamWriter
 ) -> None:
-    reply = await handler(message)
-    if not writer.is_closing():
-        writer.write(_line({**reply, "n": message["n"]}))
+    try:
+        reply = await handler(message)
+    except (ValueError, KeyError, TypeError) as exc:
+        _malformed(exc)
+        reply = {"error": "malformed"}
+    _write_answer(writer, reply, message["n"])
+
+
+async def _messages(reader: asyncio.StreamReader) -> AsyncIterator[Message]:
+    """Each JSON object sent on ``reader``, one a line, until the end. A line over the limit is
+    skipped to its end (the reader's buffer never holds more than the limit), one that is no
+    JSON object is skipped; both are logged."""
+    skipping = False
+    while True:
+        try:
+            line = await reader.readuntil(b"\n")
+        except asyncio.IncompleteReadError:
+            return  # the end (a last line without its newline is no message)
+        except asyncio.LimitOverrunError as exc:
+            await reader.readexactly(exc.consumed)  # drop what is buffered of the long line
+            if not skipping:
+                log_event(log, "sibling_line_too_long", logging.WARNING, limit=LINE_LIMIT)
+            skipping = True
+            continue
+        if skipping:  # the end of the long line
+            skipping = False
+            continue
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            _malformed(exc)
+            continue
+        if isinstance(message, dict):
+            yield message
+        else:
+            _malformed(TypeError(f"a message must be a JSON object, not {type(message).__name__}"))
 
 
 class _Peer:
@@ -182,26 +260,32 @@ class _Peer:
                 self._seq += 1
                 seq = self._seq
                 answer: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+                line = _line({**message, "n": seq})
                 self._pending[seq] = answer
-                writer.write(_line({**message, "n": seq}))
+                writer.write(line)
                 try:
                     return await answer
                 finally:
                     self._pending.pop(seq, None)
-        except (OSError, TimeoutError) as exc:
+        except (OSError, TimeoutError, MessageTooLarge) as exc:
             raise SiblingUnreachable(f"{self._path.name}: {exc or type(exc).__name__}") from exc
 
     def tell(self, message: Message) -> None:
+        try:
+            line = _line(message)
+        except MessageTooLarge as exc:
+            log_event(log, "sibling_notice_too_large", logging.WARNING, error=str(exc))
+            return
         writer = self._writer
         if writer is not None and not writer.is_closing():
-            writer.write(_line(message))
+            writer.write(line)
         else:
-            asyncio.get_running_loop().create_task(self._tell_later(message))
+            asyncio.get_running_loop().create_task(self._tell_later(line))
 
-    async def _tell_later(self, message: Message) -> None:
+    async def _tell_later(self, line: bytes) -> None:
         with contextlib.suppress(OSError, TimeoutError):
             writer = await asyncio.wait_for(self._connect(), ASK_WAIT)
-            writer.write(_line(message))
+            writer.write(line)
 
     async def _connect(self) -> asyncio.StreamWriter:
         if self._writer is not None and not self._writer.is_closing():
@@ -215,12 +299,12 @@ class _Peer:
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
-            while line := await reader.readline():
-                message = json.loads(line)
-                answer = self._pending.get(message.get("n", -1))
+            async for message in _messages(reader):
+                seq = message.get("n", -1)
+                answer = self._pending.get(seq) if isinstance(seq, int) else None
                 if answer is not None and not answer.done():
                     answer.set_result(message)
-        except (OSError, ValueError):
+        except OSError:
             pass
         finally:
             if self._writer is not None:
@@ -238,5 +322,14 @@ class _Peer:
             await asyncio.gather(self._reading, return_exceptions=True)
 
 
+class MessageTooLarge(ValueError):
+    """A message whose line would pass :data:`LINE_LIMIT`: never written."""
+
+
 def _line(message: Message) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+    """``message`` as one line. Raises MessageTooLarge past the limit (the other side would
+    skip it: better it is never sent)."""
+    line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+    if len(line) > LINE_LIMIT:
+        raise MessageTooLarge(f"a {message.get('op', 'answer')} message of {len(line):,} bytes")
+    return line

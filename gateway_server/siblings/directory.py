@@ -41,7 +41,9 @@ def home_of(request_id: str, processes: int) -> int:
 
 class HomeEntries:
     """The ids whose home is this process: where each runs, which ended, which were cancelled
-    before they arrived. Bounded like the registry (same TTLs and limit)."""
+    before they arrived. Bounded like the registry (same TTLs and limits, in ids and bytes, and
+    expiring on a timer of their own). ``live`` holds only ids in flight somewhere: each runs a
+    call held to the id rule, and leaves it when the call ends or its owner restarts."""
 
     def __init__(
         self,
@@ -49,10 +51,12 @@ class HomeEntries:
         finished_ttl: float = 600.0,
         max_remembered: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
+        max_remembered_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.live: dict[str, int] = {}  # id -> owner
-        self.ended = Remembered[int](finished_ttl, max_remembered, clock)
-        self.tombstones = Remembered[Reason](tombstone_ttl, max_remembered, clock)
+        bounds = (max_remembered, clock, max_remembered_bytes)
+        self.ended = Remembered[int](finished_ttl, *bounds)
+        self.tombstones = Remembered[Reason](tombstone_ttl, *bounds)
 
     def claim(self, request_id: str, owner: int) -> None:
         """Record that ``owner`` runs ``request_id``. Raises DuplicateRequestId or
@@ -86,10 +90,12 @@ class SiblingDirectory:
         metrics: GatewayMetrics,
         *,
         tombstone_ttl: float,
+        remembered: tuple[int, int] = (100_000, 16 * 1024 * 1024),
     ) -> None:
         self.slot = channel.slot
         self.count = channel.count
-        self.entries = HomeEntries(tombstone_ttl)
+        ids, size = remembered
+        self.entries = HomeEntries(tombstone_ttl, max_remembered=ids, max_remembered_bytes=size)
         self._channel = channel
         self._registry = registry
         self._metrics = metrics

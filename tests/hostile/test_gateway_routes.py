@@ -25,7 +25,9 @@ import grpc
 import pytest
 
 from bench.harness.log_records import records
-from bench.harness.processes import Process, enter_together, spawn
+from bench.harness.processes import Process, enter_together, log_events, spawn
+from bench.harness.waiting import wait_until
+from gateway_server.siblings import home_of
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.protos import inference_pb2 as pb
 
@@ -134,3 +136,73 @@ async def test_client_input_that_was_a_500_is_a_400_and_logs_no_error(
             assert resp.status == 400
             assert (await resp.json())["error"]["param"] == "starting_after"
     assert errors_logged(gateway) == []
+
+
+# -- cancel ids held to the rule ---------------------------------------------------------------
+
+
+async def test_a_cancel_id_past_the_rule_is_refused_before_it_is_held(
+    gateways: dict[str, Process], session: aiohttp.ClientSession
+) -> None:
+    """No token: 20 gRPC cancels of 4 MiB ids (each was a tombstone kept for a minute, and its
+    answer echoed it whole) and an HTTP cancel of a 300-character id are refused as invalid, at
+    once. (What an id the rule takes may hold, in bytes and time, is tests/pure/test_registry.py's
+    to show: the gateway's RSS after such messages says more of gRPC's and the allocator's pools
+    than of what the gateway keeps.)"""
+    gateway = gateways["open"]
+    async with session.post(f"{gateway.url()}/v2/requests/{'x' * 300}/cancel") as resp:
+        assert resp.status == 400
+        assert "the id to cancel must be" in (await resp.json())["error"]
+    async with grpc.aio.insecure_channel(gateway.listeners["grpc"]) as channel:
+        cancel = _cancel_method(channel)
+        for i in range(20):
+            request = cancellation_pb2.CancelRequest(request_id=f"{i}-" + "x" * (4 << 20))
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await cancel(request, timeout=30)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert len(refused.value.details() or "") < 300
+
+
+async def test_a_cancel_id_past_the_line_limit_never_reaches_the_channel_between_api_processes(
+    gateways: dict[str, Process], session: aiohttp.ClientSession
+) -> None:
+    """An id whose JSON passes the sibling channel's line limit (12 MiB of control characters:
+    72 MiB as JSON), sent to the process that is not its home, is refused there; the channel
+    between the API processes never sees it, and a cancel across them still works."""
+    gateway = gateways["pair"]
+    first, second = gateway.listeners["grpc_processes"].split(",")
+    huge = "\x01" * (12 << 20)
+    while home_of(huge, 2) != 1:
+        huge += "\x01"
+    async with grpc.aio.insecure_channel(first) as channel:
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _cancel_method(channel)(
+                cancellation_pb2.CancelRequest(request_id=huge), metadata=AUTH_METADATA, timeout=60
+            )
+    assert refused.value.code() in (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    )
+    far = "far-" + next(str(i) for i in range(100) if home_of(f"far-{i}", 2) == 0)
+    async with grpc.aio.insecure_channel(second) as channel:  # runs on process 1, home 0
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )(metadata=[("x-request-id", far)])
+        await stream.write(_text_request("r1", 2000).SerializeToString())
+        await _wait_in_flight(session, gateway, far)
+        async with grpc.aio.insecure_channel(first) as other:
+            answer = await _cancel_method(other)(
+                cancellation_pb2.CancelRequest(request_id=far), metadata=AUTH_METADATA, timeout=30
+            )
+        assert answer.state == "cancelled"
+        stream.cancel()
+    assert log_events(gateway, "sibling_channel_error", "sibling_line_too_long") == []
+
+
+async def _wait_in_flight(session: aiohttp.ClientSession, gateway: Process, rid: str) -> None:
+    async def held() -> bool:
+        async with session.get(f"{gateway.url()}/v2/requests", headers=AUTH) as resp:
+            return any(r["request_id"] == rid for r in (await resp.json())["requests"])
+
+    await wait_until(held, what=f"{rid} in flight")

@@ -12,6 +12,7 @@ import ast
 import importlib
 import inspect
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -139,6 +140,29 @@ def test_ids_the_rule_accepts(good: str) -> None:
 @pytest.mark.parametrize("bad", ["", "0" * 129, "a b", "a/b", "a?b", "é", "a\nb", "a,b"])
 def test_ids_the_rule_refuses(bad: str) -> None:
     assert not request_id.is_valid(bad)
+
+
+@pytest.mark.parametrize(
+    "good", ["a", "0" * 128, "call-1:7", "call-1:a/b ?#%é", "c:" + "x" * 255, "a:b:c"]
+)
+def test_cancel_ids_the_rule_accepts(good: str) -> None:
+    """An id, or a stream request's alias: a call id, a colon, the client's own id (any
+    characters), 257 characters at most in all."""
+    assert request_id.is_cancel_id(good)
+
+
+@pytest.mark.parametrize(
+    "bad", ["", "0" * 129, "a b", "c:" + "x" * 256, "é:1", "a b:c", "/x:y", "c:x\n" * 100]
+)
+def test_cancel_ids_the_rule_refuses(bad: str) -> None:
+    assert not request_id.is_cancel_id(bad)
+
+
+def test_a_cancel_id_of_20_mib_is_refused_without_reading_it_all() -> None:
+    huge = "c:" + "9" * (20 << 20)
+    started = time.thread_time()
+    assert not request_id.is_cancel_id(huge)
+    assert time.thread_time() - started < 0.005
 
 
 def test_fresh_ids_follow_the_rule_and_differ() -> None:

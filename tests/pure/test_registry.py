@@ -5,9 +5,15 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gateway_server.errors import CancelledBeforeArrival, DuplicateRequestId, RequestNotFound
+from bench.harness.waiting import wait_until
+from gateway_server.errors import (
+    CancelledBeforeArrival,
+    DuplicateRequestId,
+    InvalidRequest,
+    RequestNotFound,
+)
 from gateway_server.metrics.gateway import GatewayMetrics
-from gateway_server.registry import CallRegistry
+from gateway_server.registry import ENTRY_BYTES, SWEEP_GRANULE, CallRegistry, EngineCall
 from gateway_server.vocabulary import Protocol
 from hangup_contract.vocabulary import Reason
 
@@ -73,3 +79,46 @@ async def test_memory_is_bounded() -> None:
     assert (await reg.cancel("c9", Reason.EXPLICIT)).state == "finished"
     with pytest.raises(RequestNotFound):
         await reg.cancel("c0", Reason.EXPLICIT)
+
+
+async def test_memory_is_bounded_in_bytes_as_well_as_ids() -> None:
+    """Cancels of long ids that were never seen (each leaves a tombstone) fill no more than the
+    byte bound, whatever their count; the newest is kept, the oldest dropped."""
+    reg = make(ManualClock(), max_remembered_bytes=64 * 1024)
+    ids = [f"{i:06d}:" + "x" * 250 for i in range(2000)]  # alias-sized: 257 characters
+    for rid in ids:
+        with pytest.raises(RequestNotFound):
+            await reg.cancel(rid, Reason.EXPLICIT)
+    assert 60 * 1024 < reg.remembered_bytes <= 64 * 1024
+    assert reg.remembered_bytes // (len(ids[0]) + ENTRY_BYTES) < 2000 / 10
+    with pytest.raises(CancelledBeforeArrival):
+        reg.open(ids[-1], "m", Protocol.OPENAI)
+    reg.close(reg.open(ids[0], "m", Protocol.OPENAI))  # its tombstone went first
+
+
+async def test_tombstones_and_ended_ids_expire_by_themselves() -> None:
+    """No call arrives, nothing is looked up: the ids' memory is given back at the TTL anyway."""
+    reg = CallRegistry(
+        GatewayMetrics(CollectorRegistry(), ["m"]), tombstone_ttl=0.05, finished_ttl=0.05
+    )
+    for i in range(100):
+        with pytest.raises(RequestNotFound):
+            await reg.cancel(f"unknown-{i}", Reason.EXPLICIT)
+        reg.close(reg.open(f"ended-{i}", "m", Protocol.OPENAI))
+    assert reg.remembered_bytes > 0
+    await wait_until(
+        lambda: reg.remembered_bytes == 0, SWEEP_GRANULE + 5.0, what="the ids' memory given back"
+    )
+
+
+async def test_an_alias_no_cancel_can_name_is_refused() -> None:
+    """A stream request whose own id makes an alias past the cancel rule is refused: no id
+    longer than a cancel may name is held."""
+    reg = make(ManualClock())
+    call = reg.open("stream-1", "m", Protocol.KSERVE_GRPC)
+    too_long = EngineCall("stream-1-1", placement=None, alias="stream-1:" + "r" * 300)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest, match="at most 257 characters"):
+        reg.attach(call, too_long)
+    fits = EngineCall("stream-1-2", placement=None, alias="stream-1:" + "r" * 248)  # type: ignore[arg-type]
+    reg.attach(call, fits)
+    assert reg.holds("stream-1:" + "r" * 248)
