@@ -166,6 +166,7 @@ class GatewayServer:
             background_per_client=cfg.responses_background_per_client,
         )
         self.responses = ResponsesRunner(self.service, store)
+        self.responses.homes = self.scope.response_homes(self.responses.cancel_here)
         self.watchdog.start()
         await self.scope.start()
         http = await self._start_http(self.service, self.responses)

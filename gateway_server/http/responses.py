@@ -6,15 +6,18 @@ What each kind of response is to its client (docs/openai.md, "The Responses API"
 
 - synchronous and streaming: the handler runs the call under the request's ``X-Request-Id``
   (the proxy's id), as a chat completion does: a client that hangs up, or the proxy's cancel of
-  that id, cancels it (``client_disconnect``). Its id is ``resp_<call id>``.
+  that id, cancels it (``client_disconnect``).
 - background: a task of the gateway's runs it as a call of its own, under a fresh id; the
   POST answers at once (or, streaming, follows the task's events), so a client that hangs up on
   the POST or on a resumed ``GET ...?stream=true`` stops only its own reading, and the proxy's
-  cancel of the POST's or the GET's id reaches no engine request. Its id is ``resp_<its call
-  id>``; only its cancel (or the cancel API with that call id, or shutdown) stops it.
+  cancel of the POST's or the GET's id reaches no engine request. Only its cancel (or the cancel
+  API with its call id, or shutdown) stops it.
 
-``POST /v1/responses/{id}/cancel`` is the cancel API's cancel of the response's call (reason
-``explicit``), then answers the response object once it ended.
+Every response's id is the gateway's own, random (``resp_`` and 32 hex digits; a background
+response's call id is those digits), never made from a client's header: the routes below act
+only on the response record an id names. ``POST /v1/responses/{id}/cancel`` cancels that
+record's call (reason ``explicit``), then answers the response object once it ended; an id that
+names no response is 404 and leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -25,10 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway_server.errors import (
-    InvalidRequest,
-    RequestNotFound,
-)
+from gateway_server.errors import InvalidRequest
 from gateway_server.http.common import (
     MODEL,
     PROTOCOL,
@@ -38,16 +38,18 @@ from gateway_server.http.common import (
     read_json_object,
     request_id,
 )
-from gateway_server.openai.responses.objects import Answer, Status, encode
+from gateway_server.openai.responses.objects import encode
 from gateway_server.openai.responses.request import ResponsesJob, read
-from gateway_server.openai.responses.runner import PREFIX, ResponsesRunner, new_record
+from gateway_server.openai.responses.runner import (
+    ResponsesRunner,
+    new_record,
+    response_not_found,
+)
 from gateway_server.openai.responses.store import ResponseRecord
 from gateway_server.registry import Call
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
-from hangup_contract import request_id as request_ids
 from hangup_contract.runtime.logs import log_event
-from hangup_contract.vocabulary import CancelState, Reason
 
 log = logging.getLogger("hangup.gateway")
 
@@ -78,7 +80,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     job = read(body, service, runner.earlier(body.get("previous_response_id")))
     if job.background:
         return await _background(request, runner, job, call_id)
-    record = new_record(job, call_id)
+    record = new_record(job, call_id, runner.fresh_id())
     headers = {REQUEST_ID_HEADER: call_id}
     async with service.call(call_id, job.model, Protocol.OPENAI, client_of(request)) as call:
         store.start(record)
@@ -115,28 +117,12 @@ async def delete(request: web.Request) -> web.Response:
 
 
 async def cancel(request: web.Request) -> web.Response:
-    """Cancel any response in flight (background, synchronous or streaming) through the cancel
-    API (reason ``explicit``); answer its object once it ended. Idempotent: an ended one answers
-    its final status. 404 for an id never seen, or a ``store: false`` response that ended."""
-    service: GenerationService = request.app[SERVICE]
-    response_id = request.match_info["response_id"]
-    call_id = _call_id(response_id)
-    record = request.app[RUNNER].store.get(response_id)
-    if record is not None and record.ended:
-        return web.json_response(record.answer.to_json())
-    try:
-        answer = await service.cancel(call_id, Reason.EXPLICIT)
-    except RequestNotFound as exc:
-        raise _not_found(response_id) from exc
-    if record is not None:
-        await record.wait_ended()  # the engine confirmed its abort: the run is ending now
-        return web.json_response(record.answer.to_json())
-    if answer.state is not CancelState.CANCELLED:
-        raise _not_found(response_id)
-    # Running in another API process (or a call of the cancel API's): what is known here.
-    gone = Answer(response_id, service.model.name, {}, status=Status.CANCELLED)
-    gone.output_tokens = answer.generated_tokens
-    return web.json_response(gone.to_json())
+    """Cancel a response in flight (background, synchronous or streaming; its call, reason
+    ``explicit``); answer its object once it ended. Idempotent: an ended one answers its final
+    status. 404 for an id that names no response here (or, with API processes, at its home),
+    and for a ``store: false`` response that ended."""
+    answer = await request.app[RUNNER].cancel(request.match_info["response_id"])
+    return web.json_response(answer)
 
 
 async def _stream(
@@ -199,23 +185,9 @@ def sequence_number(raw: str) -> int:
     return int(raw)
 
 
-def _call_id(response_id: str) -> str:
-    """The id of the call a response id names. Raises RequestNotFound when it names none."""
-    call_id = response_id.removeprefix(PREFIX)
-    if call_id == response_id or not request_ids.is_valid(call_id):
-        raise _not_found(response_id)
-    return call_id
-
-
 def _stored(request: web.Request) -> ResponseRecord:
     response_id = request.match_info["response_id"]
     record = request.app[RUNNER].store.get(response_id)
     if record is None or not record.store:  # store: false: held only to be cancelled
-        raise _not_found(response_id)
+        raise response_not_found(response_id)
     return record
-
-
-def _not_found(response_id: str) -> RequestNotFound:
-    return RequestNotFound(
-        f"no response with id {response_id!r} is in flight or stored here", param="response_id"
-    )

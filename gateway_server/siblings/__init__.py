@@ -39,7 +39,8 @@ The package, one concern a module:
 - :mod:`.channel`: the Unix-socket channel (JSON lines, one connection per pair, answers
   matched by sequence number, a deadline on every question) and its operations (``Op``);
 - :mod:`.directory`: the homes' entries and the service's call directory over the channel;
-- :mod:`.metrics`: ``/metrics`` and ``/metrics/pool`` gathered from every process.
+- :mod:`.metrics`: ``/metrics`` and ``/metrics/pool`` gathered from every process;
+- :mod:`.responses`: a response's cancel, asked of the process that made its id.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ from gateway_server.siblings.channel import Channel
 from gateway_server.siblings.directory import SiblingDirectory, home_of
 from gateway_server.siblings.metrics import SiblingMetrics
 from gateway_server.siblings.processes import ApiProcess
+from gateway_server.siblings.responses import SiblingResponses
+from gateway_server.siblings.scope import CancelHere
 
 __all__ = ["SiblingDirectory", "SiblingMetrics", "Siblings", "home_of"]
 
@@ -84,6 +87,9 @@ class Siblings:
             self.channel, registry, metrics, tombstone_ttl=tombstone_ttl, remembered=remembered
         )
         self.metrics = SiblingMetrics(me, self.channel, live, worker_loads, model=model)
+
+    def response_homes(self, cancel_here: CancelHere) -> SiblingResponses:
+        return SiblingResponses(self.channel, cancel_here)
 
     async def start(self) -> None:
         """Listen, then say hello (see :meth:`SiblingDirectory.greet`)."""

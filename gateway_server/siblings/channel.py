@@ -64,6 +64,8 @@ class Op(enum.StrEnum):
     """The engine workers' loads (``/metrics/pool``)."""
     GAUGES = "gauges"
     """The live gauges and the workers' loads (``/metrics``)."""
+    CANCEL_RESPONSE = "cancel_response"
+    """To a response id's home (the process that made it and holds its record): cancel it."""
 
 
 class SiblingUnreachable(Exception):

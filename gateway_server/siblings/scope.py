@@ -5,6 +5,7 @@ process count goes through it:
 
 - the service's :class:`CallDirectory`: where a call's id is claimed and released, how a
   cancel finds it, what ``GET /v2/requests`` lists;
+- where a response id made by another API process is cancelled (:class:`ResponseHomes`);
 - ``/metrics`` and ``/metrics/pool``.
 
 :class:`SingleProcess` is the whole gateway in this process: the registry's own checks are the
@@ -14,8 +15,8 @@ gateway's, its metrics registry is the exposition. With ``--api-processes`` it i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
@@ -54,10 +55,28 @@ class CallDirectory(Protocol):
         ...
 
 
+class ResponseHomes(Protocol):
+    """The other API processes, as the homes of the response ids each made."""
+
+    async def cancel(self, response_id: str) -> dict[str, Any]:
+        """Cancel the response at its home; its object once it ended. Raises RequestNotFound
+        when the home holds none under that id (or is this process, or does not answer)."""
+        ...
+
+
+CancelHere = Callable[[str], Awaitable[dict[str, Any]]]
+"""Cancel a response held in this process, by id (RequestNotFound when none is)."""
+
+
 class Scope(Protocol):
     @property
     def directory(self) -> CallDirectory:
         """The service's call directory."""
+        ...
+
+    def response_homes(self, cancel_here: CancelHere) -> ResponseHomes | None:
+        """Where response ids made elsewhere are cancelled, answering the siblings' own with
+        ``cancel_here``; None when this process is the gateway. Before :meth:`start`."""
         ...
 
     async def start(self) -> None:
@@ -117,6 +136,9 @@ class SingleProcess:
         self._metrics = metrics
         self._pool = CollectorRegistry(auto_describe=False)
         self._pool.register(pool)
+
+    def response_homes(self, cancel_here: CancelHere) -> None:
+        return None
 
     async def start(self) -> None:
         return None

@@ -15,8 +15,10 @@ gateway_server --engine sim``, with and without ``--cancel-token-file`` and ``--
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -136,6 +138,112 @@ async def test_client_input_that_was_a_500_is_a_400_and_logs_no_error(
             assert resp.status == 400
             assert (await resp.json())["error"]["param"] == "starting_after"
     assert errors_logged(gateway) == []
+
+
+# -- response routes: records only, ids the gateway's own ------------------------------------------
+
+
+async def _chat_stream(
+    session: aiohttp.ClientSession, url: str, rid: str
+) -> aiohttp.ClientResponse:
+    """A victim's chat stream under ``rid`` (about a second long), read up to its first chunk."""
+    body = {
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 200,
+        "ignore_eos": True, "stream": True,
+    }  # fmt: skip
+    resp = await session.post(
+        f"{url}/v1/chat/completions", json=body, headers={"X-Request-Id": rid}
+    )
+    assert resp.status == 200
+    await resp.content.readuntil(b"\n\n")
+    return resp
+
+
+async def _ends_whole(resp: aiohttp.ClientResponse) -> None:
+    rest = await resp.content.read()
+    assert rest.rstrip().endswith(b"data: [DONE]") and b'"cancelled"' not in rest, rest[-300:]
+
+
+async def test_a_response_cancel_never_cancels_a_call_and_needs_what_the_token_guards(
+    gateways: dict[str, Process], session: aiohttp.ClientSession
+) -> None:
+    """With a token: ``/v2/requests/V/cancel`` is 401, and ``/v1/responses/resp_V/cancel`` names
+    no response, so it is 404 and the victim's chat stream goes on to its end."""
+    url = gateways["guarded"].url()
+    victim = await _chat_stream(session, url, "victim-chat-1")
+    async with session.post(f"{url}/v2/requests/victim-chat-1/cancel") as resp:
+        assert resp.status == 401
+    async with session.post(f"{url}/v1/responses/resp_victim-chat-1/cancel") as resp:
+        assert resp.status == 404
+        assert (await resp.json())["error"]["param"] == "response_id"
+    await _ends_whole(victim)
+
+
+async def test_a_response_cancel_of_an_unknown_id_leaves_no_tombstone(
+    gateways: dict[str, Process], session: aiohttp.ClientSession
+) -> None:
+    url = gateways["guarded"].url()
+    async with session.post(f"{url}/v1/responses/resp_victim-later/cancel") as resp:
+        assert resp.status == 404
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with session.post(
+        f"{url}/v1/chat/completions", json=body, headers={"X-Request-Id": "victim-later"}
+    ) as resp:
+        assert resp.status == 200  # not 499: nothing was left waiting for it
+
+
+async def test_a_response_cancel_never_cancels_a_stream_request_by_its_alias(
+    gateways: dict[str, Process], session: aiohttp.ClientSession
+) -> None:
+    gateway = gateways["guarded"]
+    async with grpc.aio.insecure_channel(gateway.listeners["grpc"]) as channel:
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )(metadata=[("x-request-id", "victim-stream")])
+        await stream.write(_text_request("r1", 200).SerializeToString())
+        async with session.post(
+            f"{gateway.url()}/v1/responses/resp_victim-stream:r1/cancel"
+        ) as resp:
+            assert resp.status == 404
+        answer = await asyncio.wait_for(stream.read(), 30)
+        assert not answer.error_message, answer.error_message
+        assert answer.infer_response.id == "r1"
+        stream.cancel()
+
+
+async def test_a_reused_request_id_never_reads_or_replaces_another_clients_response(
+    gateways: dict[str, Process], session: aiohttp.ClientSession
+) -> None:
+    """The attacker reuses the victim's ended ``X-Request-Id``: its response gets an id of its
+    own, the victim's stored record is untouched (its ``previous_response_id`` runs on its own
+    turn), and a response id made of the request id names nothing to read or delete."""
+    url = gateways["guarded"].url()
+    asked = {"model": MODEL, "max_output_tokens": 4}
+    victim = await _post(session, url, asked | {"input": "the victim's question"}, "shared-1")
+    attacker = await _post(session, url, asked | {"input": "an attacker's turn"}, "shared-1")
+    async with session.get(f"{url}/v1/responses/{victim['id']}") as resp:
+        assert (await resp.json())["output"] == victim["output"]
+    assert attacker["id"] != victim["id"]
+    again = await _post(
+        session, url, asked | {"input": "go on", "previous_response_id": victim["id"]}
+    )
+    alone = {"input": [{"role": "user", "content": "the victim's question"},
+                       {"role": "assistant", "content": _text(victim)},
+                       {"role": "user", "content": "go on"}]}  # fmt: skip
+    expected = await _post(session, url, asked | alone)
+    assert again["usage"]["input_tokens"] == expected["usage"]["input_tokens"]
+    assert _text(again) == _text(expected)
+    for method in ("GET", "DELETE"):
+        async with session.request(method, f"{url}/v1/responses/resp_shared-1") as resp:
+            assert resp.status == 404, method
+    async with session.get(f"{url}/v1/responses/{victim['id']}") as resp:
+        assert resp.status == 200  # the DELETE above reached nothing of the victim's
+    assert all(re.fullmatch(r"resp_[0-9a-f]{32}", r["id"]) for r in (victim, attacker, again))
+
+
+def _text(response: dict[str, Any]) -> str:
+    return str(response["output"][0]["content"][0]["text"])
 
 
 # -- cancel ids held to the rule ---------------------------------------------------------------

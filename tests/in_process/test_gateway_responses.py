@@ -38,6 +38,13 @@ async def events_of(resp: aiohttp.ClientResponse) -> list[dict[str, Any]]:
     return out
 
 
+async def created_id(resp: aiohttp.ClientResponse) -> str:
+    """The response's id, from its stream's first event (``response.created``)."""
+    block = await resp.content.readuntil(b"\n\n")
+    assert block.startswith(b"event: response.created\n"), block
+    return str(json.loads(block.split(b"data: ", 1)[1])["response"]["id"])
+
+
 async def first_delta(resp: aiohttp.ClientResponse) -> None:
     """Read up to the end of the first text delta: the response is decoding."""
     await resp.content.readuntil(b"event: response.output_text.delta\n")
@@ -114,10 +121,12 @@ async def test_cancel_a_streaming_response_frees_the_engine(gateway: Gateway) ->
         rid="str-1",
     )
     assert resp.headers["X-Request-Id"] == "str-1"
+    response_id = await created_id(resp)
+    assert response_id != "resp_str-1"  # the gateway's own, whatever the request's id
     await first_delta(resp)
     async with client(gateway) as c:
-        cancelled = await c.responses.cancel("resp_str-1")
-        again = await c.responses.cancel("resp_str-1")  # idempotent
+        cancelled = await c.responses.cancel(response_id)
+        again = await c.responses.cancel(response_id)  # idempotent
     assert cancelled.status == "cancelled" and again.model_dump() == cancelled.model_dump()
     events = await events_of(resp)
     assert events[-1]["type"] == "response.incomplete"
@@ -128,7 +137,10 @@ async def test_cancel_a_streaming_response_frees_the_engine(gateway: Gateway) ->
     assert gateway.requests("cancelled") == 1
 
 
-async def test_cancel_a_synchronous_response(gateway: Gateway) -> None:
+async def test_cancel_a_synchronous_response_by_its_call(gateway: Gateway) -> None:
+    """Its client learns its id only with the answer (as in OpenAI and vLLM, which cancel only
+    background responses by id); the cancel API cancels its call, and the client gets the
+    response so far, cancelled."""
     async with client(gateway) as c:
         made = asyncio.create_task(
             c.responses.create(
@@ -139,9 +151,11 @@ async def test_cancel_a_synchronous_response(gateway: Gateway) -> None:
             )
         )
         await wait_until(lambda: _decoding(gateway, "sync-1"), what="sync-1 decoding")
-        cancelled = await c.responses.cancel("resp_sync-1")
+        status, body = await gateway.cancel("sync-1")
         answered = await made
-    assert cancelled.status == answered.status == "cancelled"
+        assert (await c.responses.cancel(answered.id)).status == "cancelled"  # ended: as it ended
+    assert (status, body["state"]) == (200, "cancelled")
+    assert answered.status == "cancelled" and answered.id != "resp_sync-1"
     assert 0 < len(answered.output_text.split()) < LONG
     assert await gateway.in_flight() == {}
     assert gateway.cancellations("explicit", "decode") == 1
@@ -153,12 +167,13 @@ async def test_the_cancel_api_and_the_response_cancel_are_one(gateway: Gateway) 
         {"model": MODEL, "input": "x", "stream": True, "max_output_tokens": LONG},
         rid="one",
     )
+    response_id = await created_id(resp)
     await first_delta(resp)
     status, body = await gateway.cancel("one")
     assert (status, body["state"]) == (200, "cancelled")
     assert (await events_of(resp))[-1]["response"]["status"] == "cancelled"
     async with client(gateway) as c:
-        answered = await c.responses.cancel("resp_one")  # ended: its final status
+        answered = await c.responses.cancel(response_id)  # ended: its final status
     assert answered.status == "cancelled"
     assert gateway.cancellations("explicit", "decode") == 1
 
@@ -169,6 +184,7 @@ async def test_hang_up_on_a_streaming_response_cancels_it(gateway: Gateway) -> N
         {"model": MODEL, "input": "x", "stream": True, "max_output_tokens": LONG},
         rid="gone",
     )
+    response_id = await created_id(resp)
     await first_delta(resp)
     resp.close()
     await wait_until(
@@ -177,7 +193,7 @@ async def test_hang_up_on_a_streaming_response_cancels_it(gateway: Gateway) -> N
     )
     assert await gateway.in_flight() == {}
     async with client(gateway) as c:
-        kept = await c.responses.retrieve("resp_gone")
+        kept = await c.responses.retrieve(response_id)
     assert kept.status == "cancelled"
 
 
@@ -371,12 +387,14 @@ async def test_a_response_cancel_reaches_another_api_process(tmp_path: Path) -> 
             {"model": MODEL, "input": "x", "stream": True, "max_output_tokens": LONG},
             rid="far",
         )
+        response_id = await created_id(resp)
         await first_delta(resp)
         async with client(other) as c:
-            answered = await c.responses.cancel("resp_far")
+            answered = await c.responses.cancel(response_id)  # asked of the process holding it
             with pytest.raises(openai.NotFoundError):  # the store is per API process
-                await c.responses.retrieve("resp_far")
-        assert answered.status == "cancelled" and answered.id == "resp_far"
+                await c.responses.retrieve(response_id)
+        assert answered.status == "cancelled" and answered.id == response_id
+        assert answered.output_text  # the whole object, from the process that ran it
         assert (await events_of(resp))[-1]["response"]["status"] == "cancelled"
         assert await runs.in_flight() == {}
 

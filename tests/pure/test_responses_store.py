@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gateway_server.errors import TooManyRequests
+from bench.harness.waiting import wait_until
+from gateway_server.errors import DuplicateRequestId, TooManyRequests
 from gateway_server.openai.responses.objects import Answer, Status, encode
 from gateway_server.openai.responses.store import ResponseRecord, ResponseStore
 
@@ -39,6 +40,32 @@ async def test_stored_responses_are_kept_by_count_then_age() -> None:
     assert store.get("resp_1") is kept[1] and len(store) == 2
     clock.now += 60.0
     assert store.get("resp_2") is None and len(store) == 0
+
+
+async def test_a_record_is_never_replaced_by_another_under_its_id() -> None:
+    """An id held (running or stored) takes no other record, and a record the store did not
+    take for the id never lands on the stored one when its response ends."""
+    store = ResponseStore(10, 60.0, ManualClock())
+    victim = record(1)
+    store.start(victim)
+    store.finish(victim)
+    intruder = record(1)
+    intruder.turns.append({"role": "user", "content": "the attacker's turn"})
+    with pytest.raises(DuplicateRequestId):
+        store.start(intruder)
+    store.finish(intruder)
+    assert store.get("resp_1") is victim and victim.turns == []
+
+
+async def test_stored_responses_expire_by_themselves() -> None:
+    """Nothing reads the store (a read expires what is due: ``_stored`` is looked at instead),
+    and its responses go at their TTL anyway."""
+    store = ResponseStore(10, 0.05)
+    for i in range(3):
+        store.start(r := record(i))
+        store.finish(r)
+    assert len(store._stored) == 3
+    await wait_until(lambda: not store._stored, 5.0, what="the stored responses expired")
 
 
 async def test_store_false_is_held_only_while_running() -> None:

@@ -5,6 +5,12 @@
 - background ones: each as a task of the runner's, a call of its own under a fresh id
   (:meth:`ResponsesRunner.start_background`); only its cancel or the gateway's shutdown stops it.
 
+A response's id is the gateway's own: ``resp_`` and 128 random bits (:meth:`fresh_id`; with API
+processes, drawn so that its home is the process holding it), never derived from anything a
+client sent; a background response's call runs under the same 32 hex digits. The id is what a
+client holds of its response: :meth:`ResponsesRunner.cancel` acts only on the response record it
+names (here, or, with API processes, at its home), never on another call.
+
 The runner owns the store of responses in flight and stored (:mod:`.store`) and its background
 tasks; :meth:`ResponsesRunner.stop` ends those still running, a named step of the gateway's
 shutdown (after the drain, before the listeners close).
@@ -13,6 +19,7 @@ shutdown (after the drain, before the listeners close).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -26,7 +33,9 @@ from gateway_server.openai.responses.request import ResponsesJob
 from gateway_server.openai.responses.store import ResponseRecord, ResponseStore
 from gateway_server.registry import Call
 from gateway_server.service import GenerationService
+from gateway_server.siblings.scope import ResponseHomes
 from gateway_server.vocabulary import Protocol
+from hangup_contract import request_id as request_ids
 from hangup_contract.vocabulary import Reason
 
 log = logging.getLogger("hangup.gateway")
@@ -36,9 +45,48 @@ Emit = Callable[[list[dict[str, Any]]], Awaitable[None]]
 
 
 class ResponsesRunner:
-    def __init__(self, service: GenerationService, store: ResponseStore) -> None:
+    def __init__(
+        self,
+        service: GenerationService,
+        store: ResponseStore,
+        homes: ResponseHomes | None = None,
+    ) -> None:
+        """``homes``: the other API processes, where a response id made by one of them is
+        cancelled (None: this process is the gateway)."""
         self.service = service
         self.store = store
+        self.homes = homes
+
+    def fresh_id(self) -> str:
+        """A new response id: ``resp_`` and a fresh random call id (whose home is this process,
+        with API processes: a cancel landing on another finds it there)."""
+        return PREFIX + self.service.fresh_call_id()
+
+    async def cancel(self, response_id: str) -> dict[str, Any]:
+        """Cancel the response ``response_id`` names (reason ``explicit``), wherever it is
+        held; answer its object once it ended. Idempotent (an ended one answers its final
+        status). Raises RequestNotFound for an id that names no response in flight or stored
+        (no tombstone is left: a response id is never a call's)."""
+        record = self.store.get(response_id)
+        if record is not None:
+            return await self._cancel(record)
+        if self.homes is not None and is_response_id(response_id):
+            return await self.homes.cancel(response_id)
+        raise response_not_found(response_id)
+
+    async def cancel_here(self, response_id: str) -> dict[str, Any]:
+        """:meth:`cancel` for a response held in this process only (a sibling's question)."""
+        record = self.store.get(response_id)
+        if record is None:
+            raise response_not_found(response_id)
+        return await self._cancel(record)
+
+    async def _cancel(self, record: ResponseRecord) -> dict[str, Any]:
+        if not record.ended:
+            with contextlib.suppress(RequestNotFound):  # it ended meanwhile
+                await self.service.cancel(record.call_id, Reason.EXPLICIT)
+            await record.wait_ended()  # the engine confirmed its abort: the run is ending now
+        return record.answer.to_json()
 
     async def run(
         self, call: Call, record: ResponseRecord, job: ResponsesJob, emit: Emit | None
@@ -82,7 +130,8 @@ class ResponsesRunner:
         """Start a background response for ``client`` as a task of its own; return its record
         once its call holds its id. Raises TooManyRequests past the store's bounds (the
         client's share included), and what opening the call raises (the gateway drains)."""
-        record = new_record(job, self.service.fresh_call_id())
+        call_id = self.service.fresh_call_id()
+        record = new_record(job, call_id, PREFIX + call_id)
         record.client = client
         self.store.start(record)
         opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -146,7 +195,22 @@ class ResponsesRunner:
         return list(record.turns)
 
 
-def new_record(job: ResponsesJob, call_id: str) -> ResponseRecord:
+def is_response_id(response_id: str) -> bool:
+    """Whether ``response_id`` has the shape of one: ``resp_`` and an id by the id rule."""
+    call_id = response_id.removeprefix(PREFIX)
+    return call_id != response_id and request_ids.is_valid(call_id)
+
+
+def response_not_found(response_id: str) -> RequestNotFound:
+    shown = response_id if len(response_id) <= 200 else response_id[:200] + "..."
+    return RequestNotFound(
+        f"no response with id {shown!r} is in flight or stored here", param="response_id"
+    )
+
+
+def new_record(job: ResponsesJob, call_id: str, response_id: str) -> ResponseRecord:
+    """The record of a response ``response_id`` (the gateway's own, :meth:`fresh_id`) that
+    runs under the call ``call_id``."""
     settings = {
         "background": job.background,
         "instructions": job.instructions,
@@ -160,5 +224,5 @@ def new_record(job: ResponsesJob, call_id: str) -> ResponseRecord:
         "truncation": "disabled",
     }
     status = Status.QUEUED if job.background else Status.IN_PROGRESS
-    answer = Answer(PREFIX + call_id, job.model, settings, status=status)
+    answer = Answer(response_id, job.model, settings, status=status)
     return ResponseRecord(answer, call_id, job.store, job.background, list(job.turns))

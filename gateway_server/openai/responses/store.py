@@ -10,6 +10,11 @@ record holds one answer's text and, for a background response, where each of its
 ended (4 bytes a delta): a resumed stream (``GET ...?stream=true``) rebuilds the events from
 those, byte for byte the ones the response emitted, rather than the gateway keeping every
 event's bytes (226 for a one-word delta).
+
+A record is held under the response's id, the gateway's own (random): the store takes a record
+only under an id it holds nothing under, and keeps, when a response ends, only the record it
+took for that response: nothing replaces a record another call made. Stored responses expire on
+a timer of their own, not only when the store is next read.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway_server.errors import TooManyRequests
+from gateway_server.errors import DuplicateRequestId, TooManyRequests
 from gateway_server.openai.responses.objects import Answer, Events, Status, encode
+from gateway_server.registry import SWEEP_GRANULE
 
 
 @dataclass(eq=False)
@@ -131,10 +137,15 @@ class ResponseStore:
         self._counted: set[ResponseRecord] = set()  # background responses in flight
         self._background: dict[str, int] = {}  # client → how many of them are its
         self._stored: OrderedDict[str, tuple[float, ResponseRecord]] = OrderedDict()
+        self._timer: asyncio.TimerHandle | None = None
 
     def start(self, record: ResponseRecord) -> None:
         """Hold a response from its start. Raises TooManyRequests for a background one past the
-        bound, or past its client's share."""
+        bound, or past its client's share; DuplicateRequestId for an id held already (a response
+        id is the gateway's own and random: it never is; the store refuses rather than replace a
+        record)."""
+        if record.id in self._running or self.get(record.id) is not None:
+            raise DuplicateRequestId(f"response id {record.id} is held already")
         if record.background:
             if len(self._counted) >= self._max:
                 raise TooManyRequests(
@@ -164,14 +175,17 @@ class ResponseStore:
                 del self._background[record.client]
 
     def finish(self, record: ResponseRecord) -> None:
-        """The response ended: keep it if it asked to be stored, wake its followers."""
+        """The response ended: keep it if it asked to be stored (only a record this store took
+        for it), wake its followers."""
+        ours = self._running.get(record.id) is record
         self._stop_running(record)
         record.end()
-        if record.store and self._max > 0:
+        if ours and record.store and self._max > 0:
             self._stored[record.id] = (self._clock() + self._ttl, record)
-            self._stored.move_to_end(record.id)
             while len(self._stored) > self._max:
                 self._stored.popitem(last=False)
+            if self._timer is None:
+                self._arm()
 
     def forget(self, record: ResponseRecord) -> None:
         """A response that never ran (its call could not open): not stored."""
@@ -205,3 +219,20 @@ class ResponseStore:
         now = self._clock()
         while self._stored and next(iter(self._stored.values()))[0] <= now:
             self._stored.popitem(last=False)
+
+    def _arm(self) -> None:
+        """A sweep when the oldest stored response expires (as the registry's memories)."""
+        if not self._stored:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (pure tests): expiry is on access
+            return
+        oldest = next(iter(self._stored.values()))[0]
+        delay = max(oldest - self._clock(), SWEEP_GRANULE)
+        self._timer = loop.call_later(delay, self._sweep)
+
+    def _sweep(self) -> None:
+        self._timer = None
+        self._expire()
+        self._arm()
