@@ -4,6 +4,7 @@ environment (``HANGUP_GATEWAY_<OPTION>``; flags win), with the option table both
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import sys
 from collections.abc import Mapping
@@ -62,6 +63,9 @@ class GatewayConfig:
     loop_stall_limit: float = 10.0
     loop_stall_log: float = 1.0
     sim_faults: bool = False
+    allow_open_cancel_api: bool = False
+    """Serve the cancel API (and ``GET /v2/requests``, the fault switch) with no token on an
+    address other than loopback: refused at start unless this says so (:func:`validate`)."""
     log_level: str = "INFO"
     tool_call_parser: str | None = None
     enable_auto_tool_choice: bool = False
@@ -134,7 +138,20 @@ _OPTIONS = (
         int,
         "processes serving the API (sharing the ports and the workers; at most --workers)",
     ),
-    Option("--cancel-token-file", Path, "file holding the bearer token the cancel API requires"),
+    Option(
+        "--cancel-token-file",
+        Path,
+        "file holding the bearer token the cancel API, GET /v2/requests and the fault switch "
+        "require (without one they are open to whoever reaches the port: see "
+        "--allow-open-cancel-api)",
+    ),
+    Option(
+        "--allow-open-cancel-api",
+        parse_bool,
+        "start on an address other than loopback without --cancel-token-file, the cancel API, "
+        "GET /v2/requests (every id in flight) and the fault switch open to anyone who reaches "
+        "it (refused otherwise)",
+    ),
     Option("--drain-timeout", float, "seconds calls may finish after SIGTERM"),
     Option("--ready-file", Path, "write the listener map here once serving"),
     Option("--max-body-bytes", int, "request body bytes"),
@@ -315,6 +332,18 @@ def validate(config: GatewayConfig) -> None:
     ):
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
+    if (
+        config.cancel_token is None
+        and not config.allow_open_cancel_api
+        and not loopback(config.host)
+    ):
+        raise ConfigError(
+            f"--host {config.host} is not a loopback address and there is no "
+            "--cancel-token-file: anyone who reaches the port could cancel every call, list "
+            "every id in flight (GET /v2/requests) and, with --sim-faults, kill the engines. "
+            "Give a token (the Helm chart always does), listen on 127.0.0.1 behind the proxy, "
+            "or pass --allow-open-cancel-api to serve them open on purpose"
+        )
     if config.sim_faults and not engine_kind(config.engine).faults:
         raise ConfigError("--sim-faults works with --engine sim only")
     if config.max_body_bytes < 1024:
@@ -329,6 +358,17 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError(
             "--max-remembered-ids must be at least 1 and --max-remembered-bytes at least 65536"
         )
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (``127.0.0.0/8``, ``::1``) or ``localhost``: only
+    this machine reaches a listener there."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name: it may resolve anywhere
+        return False
 
 
 def _validate_roles(config: GatewayConfig) -> None:

@@ -19,7 +19,10 @@ import asyncio
 import contextlib
 import json
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -27,8 +30,8 @@ import grpc
 import pytest
 
 from bench.harness.log_records import records
-from bench.harness.processes import Process, enter_together, log_events, spawn
-from bench.harness.waiting import wait_until
+from bench.harness.processes import REPO, Process, child_env, enter_together, log_events, spawn
+from bench.harness.waiting import poll_until, wait_until
 from gateway_server.siblings import home_of
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.protos import inference_pb2 as pb
@@ -314,3 +317,26 @@ async def _wait_in_flight(session: aiohttp.ClientSession, gateway: Process, rid:
             return any(r["request_id"] == rid for r in (await resp.json())["requests"])
 
     await wait_until(held, what=f"{rid} in flight")
+
+
+# -- an open cancel API off loopback --------------------------------------------------------------
+
+
+def test_a_gateway_with_an_open_cancel_api_off_loopback_does_not_start(tmp_path: Path) -> None:
+    """``--host 0.0.0.0`` without ``--cancel-token-file``: it exits at once naming the way out,
+    before it listens anywhere (were it to start, it is stopped as soon as it says so)."""
+    ready = tmp_path / "ready"
+    log = tmp_path / "log"
+    command = [sys.executable, "-m", "gateway_server", *SIM, "--host", "0.0.0.0",
+               "--ready-file", str(ready)]  # fmt: skip
+    with log.open("wb") as out:
+        popen = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=child_env(),
+                                 cwd=REPO)  # fmt: skip
+    try:
+        poll_until(lambda: popen.poll() is not None or ready.exists(), 60, "the gateway exited")
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+        popen.wait()
+    assert not ready.exists() and popen.returncode != 0
+    assert "--allow-open-cancel-api" in log.read_text()
