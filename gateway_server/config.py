@@ -50,8 +50,10 @@ class GatewayConfig:
     max_connections: int = 4096
     body_timeout: float = 60.0
     tombstone_ttl: float = 60.0
-    max_remembered_ids: int = 100_000
-    max_remembered_bytes: int = 16 * 1024 * 1024
+    ended_ids_max: int = 100_000
+    ended_ids_max_bytes: int = 16 * 1024 * 1024
+    tombstones_max: int = 100_000
+    tombstones_max_bytes: int = 16 * 1024 * 1024
     responses_max_stored: int = 1000
     responses_background_per_client: int = 100
     responses_ttl: float = 3600.0
@@ -179,18 +181,10 @@ _OPTIONS = (
     Option("--body-timeout", float, "seconds a request body may go without a byte (then 408)"),
     Option("--max-connections", int, "open HTTP client connections (0: no limit)"),
     Option("--tombstone-ttl", float, "seconds a cancel for an unknown id waits for its request"),
-    Option(
-        "--max-remembered-ids",
-        int,
-        "ids each of an API process's id memories holds (ended calls, early-cancel tombstones), "
-        "oldest dropped first",
-    ),
-    Option(
-        "--max-remembered-bytes",
-        int,
-        "bytes each of an API process's id memories may take (ids and their entries), oldest "
-        "dropped first",
-    ),
+    Option("--ended-ids-max", int, "ended calls' ids remembered (cancels answer finished)"),
+    Option("--ended-ids-max-bytes", int, "bytes those ended ids may take, entries included"),
+    Option("--tombstones-max", int, "tombstones kept (cancels of ids not yet seen)"),
+    Option("--tombstones-max-bytes", int, "bytes the tombstones may take, entries included"),
     Option(
         "--responses-max-stored",
         int,
@@ -354,10 +348,12 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--grpc-stream-max-requests must be at least 1")
     if config.grpc_stream_buffer_bytes < 1024:
         raise ConfigError("--grpc-stream-buffer-bytes must be at least 1024")
-    if config.max_remembered_ids < 1 or config.max_remembered_bytes < 64 * 1024:
-        raise ConfigError(
-            "--max-remembered-ids must be at least 1 and --max-remembered-bytes at least 65536"
-        )
+    for memory in ("ended_ids", "tombstones"):
+        flag = f"--{memory.replace('_', '-')}-max"
+        if getattr(config, f"{memory}_max") < 1:
+            raise ConfigError(f"{flag} must be at least 1")
+        if getattr(config, f"{memory}_max_bytes") < 64 * 1024:
+            raise ConfigError(f"{flag}-bytes must be at least 65536")
 
 
 def loopback(host: str) -> bool:

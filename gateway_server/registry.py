@@ -5,9 +5,9 @@ It holds one or more *engine requests* (``n > 1`` choices, the requests of a gRP
 Cancelling the call id cancels all of them; an engine request may also carry an *alias* (an id
 of its own, e.g. one request of a gRPC stream) that cancels it alone.
 
-Memory is bounded: finished calls and tombstones are kept for a TTL, at most ``max_remembered``
-of each and ``max_remembered_bytes`` of memory each, oldest dropped first, and they expire on a
-timer of their own (:class:`Remembered`). An alias (a stream request's cancel id) is held to the
+Memory is bounded: finished calls and tombstones are kept for a TTL, each memory within its
+:class:`IdBounds` (ids and bytes), oldest dropped first, and they expire on a timer of their own
+(:class:`Remembered`). An alias (a stream request's cancel id) is held to the
 cancel rule (``hangup_contract.request_id.is_cancel_id``): no id longer than that is held.
 """
 
@@ -47,9 +47,22 @@ SWEEP_GRANULE = 0.5
 """Seconds at least between two sweeps of one memory's expired ids (see :class:`Remembered`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class IdBounds:
+    """What one memory of ids holds at most: ``count`` ids and ``size`` bytes of them (each id's
+    string and :data:`ENTRY_BYTES`), the oldest dropped first."""
+
+    count: int = 100_000
+    size: int = 16 * 1024 * 1024
+
+
+ID_BOUNDS = IdBounds()
+"""The defaults (``--ended-ids-max``/``--tombstones-max`` and their ``-bytes``)."""
+
+
 class Remembered(Generic[V]):
-    """Ids remembered for ``ttl`` seconds, at most ``limit`` of them and ``max_bytes`` of memory
-    (each id's string and :data:`ENTRY_BYTES`), oldest dropped first.
+    """Ids remembered for ``ttl`` seconds, within ``bounds`` (in ids and bytes), oldest dropped
+    first.
 
     Expired ids go by themselves: the first id put arms a timer on the running loop for when the
     oldest expires, and each sweep arms it for the next (at most one sweep every
@@ -57,16 +70,10 @@ class Remembered(Generic[V]):
     later call happens to look. (Without a running loop, as in pure tests, expiry is on access.)
     """
 
-    def __init__(
-        self,
-        ttl: float,
-        limit: int,
-        clock: Callable[[], float],
-        max_bytes: int = 16 * 1024 * 1024,
-    ) -> None:
+    def __init__(self, ttl: float, bounds: IdBounds, clock: Callable[[], float]) -> None:
         self._ttl = ttl
-        self._limit = limit
-        self._max_bytes = max_bytes
+        self._limit = bounds.count
+        self._max_bytes = bounds.size
         self._clock = clock
         self._store: OrderedDict[str, tuple[float, V]] = OrderedDict()  # expiry, value
         self._bytes = 0
@@ -190,16 +197,15 @@ class CallRegistry:
         *,
         tombstone_ttl: float = 60.0,
         finished_ttl: float = 600.0,
-        max_remembered: int = 100_000,
-        max_remembered_bytes: int = 16 * 1024 * 1024,
+        ended: IdBounds = ID_BOUNDS,
+        tombstones: IdBounds = ID_BOUNDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._metrics = metrics
         self._live: dict[str, Call] = {}
         self._aliases: dict[str, tuple[Call, EngineCall]] = {}
-        bounds = (max_remembered, clock, max_remembered_bytes)
-        self._ended = Remembered[int](finished_ttl, *bounds)  # tokens
-        self._tombstones = Remembered[Reason](tombstone_ttl, *bounds)
+        self._ended = Remembered[int](finished_ttl, ended, clock)  # tokens
+        self._tombstones = Remembered[Reason](tombstone_ttl, tombstones, clock)
         self._clock = clock
         self._idle = asyncio.Event()
         self._idle.set()

@@ -49,7 +49,7 @@ from gateway_server.metrics.gateway import (
 from gateway_server.metrics.pool import PoolProtocolCollector
 from gateway_server.openai.responses.runner import ResponsesRunner
 from gateway_server.openai.responses.store import ResponseStore
-from gateway_server.registry import CallRegistry
+from gateway_server.registry import CallRegistry, IdBounds
 from gateway_server.service import GenerationService, ModelInfo
 from gateway_server.siblings import Siblings
 from gateway_server.siblings.processes import ApiProcess
@@ -99,11 +99,9 @@ class GatewayServer:
             on_stall=self.metrics.event_loop_stalls.inc,
             log=log,
         )
+        ended, tombstones = self._id_bounds()
         self.registry = CallRegistry(
-            self.metrics,
-            tombstone_ttl=config.tombstone_ttl,
-            max_remembered=config.max_remembered_ids,
-            max_remembered_bytes=config.max_remembered_bytes,
+            self.metrics, tombstone_ttl=config.tombstone_ttl, ended=ended, tombstones=tombstones
         )
         self.api_process = api_process
         self.scope = self._scope()
@@ -125,6 +123,7 @@ class GatewayServer:
             EngineLoadCollector(loads),
             HandoffCollector(lambda: len(self.registry.handoffs())),
         )
+        ended, tombstones = self._id_bounds()
         if self.api_process is None:
             pool = PoolProtocolCollector(model, loads)
             return SingleProcess(self.registry, self.metrics_registry, live, pool)
@@ -135,9 +134,17 @@ class GatewayServer:
             live,
             loads,
             tombstone_ttl=self.config.tombstone_ttl,
-            remembered=(self.config.max_remembered_ids, self.config.max_remembered_bytes),
+            ended=ended,
+            tombstones=tombstones,
             model=model,
         )
+
+    def _id_bounds(self) -> tuple[IdBounds, IdBounds]:
+        """What the memories of ended ids and of tombstones each hold (the registry's, and with
+        API processes the homes')."""
+        cfg = self.config
+        ended = IdBounds(cfg.ended_ids_max, cfg.ended_ids_max_bytes)
+        return ended, IdBounds(cfg.tombstones_max, cfg.tombstones_max_bytes)
 
     async def start(self, *, freeze_heap: bool = False) -> dict[str, str | None]:
         """Start engines and listeners; returns ``{"http": "host:port", "grpc": ...}``.

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.registry import Collector
 
 from gateway_server.metrics.gateway import GatewayMetrics, WorkerLoad
-from gateway_server.registry import CallRegistry
+from gateway_server.registry import ID_BOUNDS, CallRegistry, IdBounds
 from gateway_server.siblings.channel import Channel
 from gateway_server.siblings.directory import SiblingDirectory, home_of
 from gateway_server.siblings.metrics import SiblingMetrics
@@ -77,14 +77,19 @@ class Siblings:
         worker_loads: Callable[[], Iterable[WorkerLoad]],
         *,
         tombstone_ttl: float,
-        remembered: tuple[int, int] = (100_000, 16 * 1024 * 1024),
+        ended: IdBounds = ID_BOUNDS,
+        tombstones: IdBounds = ID_BOUNDS,
         model: str,
     ) -> None:
-        """``remembered``: how many ids, and how many bytes of them, each of the home's id
-        memories holds (ended ids, tombstones; as the registry's)."""
+        """``ended``, ``tombstones``: what the home's memories of ids hold (as the registry's)."""
         self.channel = Channel(me)
         self.directory = SiblingDirectory(
-            self.channel, registry, metrics, tombstone_ttl=tombstone_ttl, remembered=remembered
+            self.channel,
+            registry,
+            metrics,
+            tombstone_ttl=tombstone_ttl,
+            ended=ended,
+            tombstones=tombstones,
         )
         self.metrics = SiblingMetrics(me, self.channel, live, worker_loads, model=model)
 

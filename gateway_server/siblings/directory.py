@@ -22,7 +22,7 @@ from gateway_server.errors import (
     RequestNotFound,
 )
 from gateway_server.metrics.gateway import GatewayMetrics
-from gateway_server.registry import CallRegistry, Remembered, not_found
+from gateway_server.registry import ID_BOUNDS, CallRegistry, IdBounds, Remembered, not_found
 from gateway_server.siblings.channel import Channel, Message, Op, SiblingUnreachable
 from hangup_contract import request_id as request_ids
 from hangup_contract.cancel import CancelAnswer
@@ -49,14 +49,13 @@ class HomeEntries:
         self,
         tombstone_ttl: float,
         finished_ttl: float = 600.0,
-        max_remembered: int = 100_000,
+        ended: IdBounds = ID_BOUNDS,
+        tombstones: IdBounds = ID_BOUNDS,
         clock: Callable[[], float] = time.monotonic,
-        max_remembered_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.live: dict[str, int] = {}  # id -> owner
-        bounds = (max_remembered, clock, max_remembered_bytes)
-        self.ended = Remembered[int](finished_ttl, *bounds)
-        self.tombstones = Remembered[Reason](tombstone_ttl, *bounds)
+        self.ended = Remembered[int](finished_ttl, ended, clock)
+        self.tombstones = Remembered[Reason](tombstone_ttl, tombstones, clock)
 
     def claim(self, request_id: str, owner: int) -> None:
         """Record that ``owner`` runs ``request_id``. Raises DuplicateRequestId or
@@ -90,12 +89,12 @@ class SiblingDirectory:
         metrics: GatewayMetrics,
         *,
         tombstone_ttl: float,
-        remembered: tuple[int, int] = (100_000, 16 * 1024 * 1024),
+        ended: IdBounds = ID_BOUNDS,
+        tombstones: IdBounds = ID_BOUNDS,
     ) -> None:
         self.slot = channel.slot
         self.count = channel.count
-        ids, size = remembered
-        self.entries = HomeEntries(tombstone_ttl, max_remembered=ids, max_remembered_bytes=size)
+        self.entries = HomeEntries(tombstone_ttl, ended=ended, tombstones=tombstones)
         self._channel = channel
         self._registry = registry
         self._metrics = metrics

@@ -13,7 +13,13 @@ from gateway_server.errors import (
     RequestNotFound,
 )
 from gateway_server.metrics.gateway import GatewayMetrics
-from gateway_server.registry import ENTRY_BYTES, SWEEP_GRANULE, CallRegistry, EngineCall
+from gateway_server.registry import (
+    ENTRY_BYTES,
+    SWEEP_GRANULE,
+    CallRegistry,
+    EngineCall,
+    IdBounds,
+)
 from gateway_server.vocabulary import Protocol
 from hangup_contract.vocabulary import Reason
 
@@ -26,7 +32,7 @@ class ManualClock:
         return self.now
 
 
-def make(clock: ManualClock, **kw: float) -> CallRegistry:
+def make(clock: ManualClock, **kw: object) -> CallRegistry:
     return CallRegistry(GatewayMetrics(CollectorRegistry(), ["m"]), clock=clock, **kw)  # type: ignore[arg-type]
 
 
@@ -73,7 +79,7 @@ async def test_cancel_after_the_end_answers_finished_until_forgotten() -> None:
 
 
 async def test_memory_is_bounded() -> None:
-    reg = make(ManualClock(), max_remembered=3)
+    reg = make(ManualClock(), ended=IdBounds(count=3))
     for i in range(10):
         reg.close(reg.open(f"c{i}", "m", Protocol.OPENAI))
     assert (await reg.cancel("c9", Reason.EXPLICIT)).state == "finished"
@@ -84,7 +90,7 @@ async def test_memory_is_bounded() -> None:
 async def test_memory_is_bounded_in_bytes_as_well_as_ids() -> None:
     """Cancels of long ids that were never seen (each leaves a tombstone) fill no more than the
     byte bound, whatever their count; the newest is kept, the oldest dropped."""
-    reg = make(ManualClock(), max_remembered_bytes=64 * 1024)
+    reg = make(ManualClock(), tombstones=IdBounds(size=64 * 1024))
     ids = [f"{i:06d}:" + "x" * 250 for i in range(2000)]  # alias-sized: 257 characters
     for rid in ids:
         with pytest.raises(RequestNotFound):
