@@ -6,7 +6,8 @@ Request body (optional): ``{"reason": "<Reason>"}``; no body, or no ``reason``, 
 disaggregated: ``{"prefill": {...}, "decode": {...}}``, what each leg's worker freed), 404 for
 an id never seen. The id in the path is
 percent-encoded: a cancel may name one request of a gRPC stream by an alias that carries the
-client's own request id (``<call id>:<id>``), which can hold any character.
+client's own request id (``<call id>:<id>``), which can hold any character (at most 257 in all:
+``request_id.is_cancel_id``, the rule a cancel's id keeps).
 
 Both sides encode and parse here; every parse error is a ``ValueError`` naming the problem.
 A reader that needs only the answer's state (the proxy) uses :func:`answer_state`, which

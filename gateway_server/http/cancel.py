@@ -1,6 +1,8 @@
 """The cancel API over HTTP: ``POST /v2/requests/{id}/cancel`` (the contract's route and bodies,
 ``hangup_contract.cancel``) and ``GET /v2/requests``, behind the bearer token when the gateway
-has one (docs/gateway.md, "The cancel API")."""
+has one (docs/gateway.md, "The cancel API"; without one the gateway serves them only on
+loopback). The id to cancel keeps the cancel rule (``hangup_contract.request_id.is_cancel_id``)
+or is refused with 400 before it is looked up, forwarded or kept as a tombstone."""
 
 from __future__ import annotations
 
