@@ -51,10 +51,12 @@ def cancelled_id(target: str) -> str | None:
 
 def bearer_matches(authorization: str | None, token: str) -> bool:
     """Whether an ``Authorization`` value carries ``Bearer <token>`` (compared in constant
-    time): what the cancel API asks of a caller when a token is set."""
+    time): what the cancel API asks of a caller when a token is set. Any value is compared,
+    bytes that are not UTF-8 included (a server hands them over as lone surrogates): such a
+    value never matches, and never raises."""
     scheme, _, value = (authorization or "").partition(" ")
     return scheme.lower() == "bearer" and hmac.compare_digest(
-        value.strip().encode(), token.encode()
+        value.strip().encode("utf-8", "surrogatepass"), token.encode("utf-8", "surrogatepass")
     )
 
 
@@ -66,7 +68,8 @@ def parse_request(body: bytes) -> Reason:
     """The reason a cancel call's body names (``explicit`` for an empty body or no reason).
 
     Raises ``ValueError`` for a body that is not a JSON object, a ``reason`` that is not a
-    string, or one that is not a ``Reason``.
+    string, or one that is not a ``Reason``. Linear in the body: nesting deeper than the JSON
+    parser goes is refused as not JSON.
     """
     if not body.strip():
         return Reason.EXPLICIT
@@ -74,6 +77,8 @@ def parse_request(body: bytes) -> Reason:
         parsed = json.loads(body)
     except (ValueError, RecursionError) as exc:  # not JSON or UTF-8; too deep; too many digits
         raise ValueError(f"cancel body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError("cancel body is not valid JSON: nested too deep") from exc
     if not isinstance(parsed, dict):
         raise ValueError("cancel body must be a JSON object")
     reason = parsed.get("reason")

@@ -23,6 +23,7 @@ from hangup_contract import request_id
 from hangup_contract.cancel import (
     CancelAnswer,
     answer_state,
+    bearer_matches,
     cancel_path,
     encode_request,
     parse_request,
@@ -69,11 +70,25 @@ def test_a_cancel_body_without_a_reason_means_explicit(body: bytes, expected: Re
     ("body", "message"),
     [(b"{", "not valid JSON"), (b"[]", "must be a JSON object"),
      (b'{"reason": 3}', "'reason' must be a string"),
-     (b'{"reason": "bored"}', "unknown reason 'bored'; expected one of: client_disconnect")],
+     (b'{"reason": "bored"}', "unknown reason 'bored'; expected one of: client_disconnect"),
+     (b"[" * 65536, "nested too deep")],
 )  # fmt: skip
 def test_a_bad_cancel_body_names_its_problem(body: bytes, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         parse_request(body)
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    ["Bearer \udcff\udcfe", "Bearer t\ud800ken", "\udcffearer token", "Bearer token\udc80"],
+)
+def test_an_authorization_that_is_not_utf8_never_matches_and_never_raises(
+    authorization: str,
+) -> None:
+    """Servers hand a field's bytes that are not UTF-8 over as lone surrogates (aiohttp, the
+    proxy's own server): the check is shared by the proxy's and the gateway's cancel API."""
+    assert bearer_matches(authorization, "token") is False
+    assert bearer_matches("Bearer token", "token") and bearer_matches("bearer  token ", "token")
 
 
 @pytest.mark.parametrize(
