@@ -29,6 +29,7 @@ from proxy.cancel.admin_routes import BY_ADAPTER
 from proxy.upstream.grpc_target import parse_upstream_grpc
 
 ENV_PREFIX = "HANGUP_PROXY_"
+TTL_MOST = 3600.0  # --tombstone-ttl's largest value: an hour of remembered ids is plenty
 
 
 class AdapterName(enum.StrEnum):
@@ -67,6 +68,11 @@ class Config:
     # The proxy's own cancel by id (proxy.calls.held): on when cancel_token is set. How long a
     # cancel for an id it does not hold waits for its call, and a finished call's id is remembered.
     tombstone_ttl: float = 60.0
+    # What the proxy remembers of ids, per worker, each memory bounded in count and in bytes.
+    ended_ids_max: int = 65536
+    ended_ids_max_bytes: int = 16 << 20
+    tombstones_max: int = 65536
+    tombstones_max_bytes: int = 16 << 20
     drain_timeout: float = 30.0
     workers: int = 1  # processes sharing the HTTP and gRPC ports (proxy.workers) when > 1
     reuse_port: bool = False  # set in each worker: its gRPC listener shares the port
@@ -166,7 +172,16 @@ _OPTIONS = (
         float,
         "seconds an upstream stream stays open waiting for its cancel call's answer",
     ),
-    Option("--tombstone-ttl", float, "seconds a cancel by id for a call not held waits for it"),
+    Option(
+        "--tombstone-ttl",
+        float,
+        "seconds a cancel by id for a call not held waits for it, and an ended call's id is "
+        f"remembered (more than 0, at most {TTL_MOST:g})",
+    ),
+    Option("--ended-ids-max", int, "ended calls' ids remembered at most, per worker"),
+    Option("--ended-ids-max-bytes", int, "bytes of ended calls' ids remembered, per worker"),
+    Option("--tombstones-max", int, "tombstones (cancels that beat their call) kept, per worker"),
+    Option("--tombstones-max-bytes", int, "bytes of tombstones kept, per worker"),
     Option("--drain-timeout", float, "seconds calls may finish after SIGTERM"),
     Option("--workers", int, "processes relaying calls on the shared ports (see docs/proxy.md)"),
     Option("--ready-file", Path, "write the listener map here once serving"),
@@ -263,6 +278,7 @@ def _validate(config: Config) -> None:
     ):
         if getattr(config, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must not be negative")
+    _validate_memory(config)
     if config.cancel_pool and config.cancel_adapter is not AdapterName.HANGUP:
         raise ConfigError("--cancel-pool is for --cancel-adapter hangup (the gateway's cancel API)")
     if config.cancel_pool and config.cancel_url:
@@ -280,3 +296,15 @@ def _validate(config: Config) -> None:
         raise ConfigError(
             f"--log-level={config.log_level!r}: expected DEBUG, INFO, WARNING or ERROR"
         )
+
+
+def _validate_memory(config: Config) -> None:
+    """The bounds on what the proxy remembers of ids (``proxy.calls.held``)."""
+    ttl = config.tombstone_ttl
+    if not 0 < ttl <= TTL_MOST:  # nan fails both comparisons
+        raise ConfigError(
+            f"--tombstone-ttl={ttl!r}: expected seconds, more than 0 and at most {TTL_MOST:g}"
+        )
+    for name in ("ended_ids_max", "ended_ids_max_bytes", "tombstones_max", "tombstones_max_bytes"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")

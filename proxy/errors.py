@@ -8,11 +8,13 @@ carries the HTTP status and outcome of a call it ends.
     │   ├── BodyTooLarge             413
     │   ├── BodyTimeout              408  no body bytes for --body-timeout
     │   ├── ExpectationFailed        417  an Expect other than 100-continue
-    │   └── BadRequestId             400
+    │   ├── BadRequestId             400
+    │   └── DuplicateRequestId       409  a trusted id another call holds (gRPC ALREADY_EXISTS)
     ├── CancelledById                499    cancelled  a cancel by id on the proxy's own API
     ├── ClientGone                   499    cancelled  the client left: nothing more can be sent
     ├── ProxyTimeout                 504    cancelled  the call ran past --max-request-duration
     ├── Overloaded                   503    rejected   --max-concurrent-streams reached, or draining
+    │   └── WorkerSilent                        a worker did not say whether it holds a trusted id
     └── UpstreamError                5xx    upstream_error
         ├── UpstreamUnavailable      503    the upstream refused the connection (down)
         ├── UpstreamBroken           502    the upstream broke off or answered garbage
@@ -71,6 +73,13 @@ class BadRequestId(ClientError):
     status = 400
 
 
+class DuplicateRequestId(ClientError):
+    """A client's own id (``--trust-client-request-id``) that another call holds: sent upstream,
+    its hang-up's cancel would name the other call (``proxy.calls.held``)."""
+
+    status = 409
+
+
 class CancelledById(ProxyError):
     """Cancelled by id (``proxy.http.cancel_api``) before its answer began, or before it
     arrived: answered as the gateway answers a cancelled call."""
@@ -95,6 +104,11 @@ class ProxyTimeout(ProxyError):
 class Overloaded(ProxyError):
     status = 503
     outcome = Outcome.REJECTED
+
+
+class WorkerSilent(Overloaded):
+    """With ``--workers``: a worker did not say in time whether it holds a call's trusted id
+    (it may: the call is not sent; gRPC ``UNAVAILABLE``)."""
 
 
 class UpstreamError(ProxyError):

@@ -119,6 +119,22 @@ class ProxyMetrics:
             registry=registry,
             multiprocess_mode="livesum",
         )
+        self.held_ids = Gauge(
+            "hangup_proxy_held_ids",
+            "Ids the proxy holds: of calls in flight (live), of calls that ended (ended), "
+            "tombstones (tombstone); updated every second.",
+            ["kind"],
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
+        self.held_id_bytes = Gauge(
+            "hangup_proxy_held_id_bytes",
+            "Bytes of the ids the proxy holds, by kind as hangup_proxy_held_ids (what each id "
+            "costs, its characters and its entries).",
+            ["kind"],
+            registry=registry,
+            multiprocess_mode="livesum",
+        )
         self._per_call = _PerCall(self)
         # prometheus_client writes files when this is set (a --workers worker), at import time
         self._to_files = "PROMETHEUS_MULTIPROC_DIR" in os.environ
@@ -148,6 +164,12 @@ class ProxyMetrics:
         two bursts, after a test's calls), not only every ``FLUSH_EVERY_S``."""
         if self._to_files:
             self._per_call.flush()
+
+    def held(self, sizes: dict[str, tuple[int, int]]) -> None:
+        """The ids held, by kind: how many, and their bytes (``HeldCalls.sizes``)."""
+        for kind, (count, size) in sizes.items():
+            self.held_ids.labels(kind).set(count)
+            self.held_id_bytes.labels(kind).set(size)
 
     def disconnected(self, protocol: CallProtocol, stage: Stage) -> None:
         self.client_disconnects.labels(protocol.value, stage.value).inc()

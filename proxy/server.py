@@ -134,6 +134,10 @@ class Server:
             await siblings.start()
             held.on_spent = lambda request_id: siblings.tell("unbury", request_id)
             self.state.siblings = siblings
+        if held is not None:
+            held.on_expired = lambda held: self.metrics.held(held.sizes())
+            self.metrics.held(held.sizes())
+            held.start()
         self._watchdog.start()
         self._flushing = asyncio.get_running_loop().create_task(self._flush_metrics())
         self.addresses = dict.fromkeys(READY_KEYS)
@@ -170,6 +174,8 @@ class Server:
         await state.canceller.close()
         if state.siblings is not None:
             await state.siblings.close()
+        if state.held is not None:
+            state.held.stop()
         await self._watchdog.stop()
         if self._flushing is not None:
             self._flushing.cancel()

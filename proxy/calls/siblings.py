@@ -1,18 +1,24 @@
-"""With ``--workers``: a cancel by id reaches the worker that holds the call (issue 49).
+"""With ``--workers``: what one worker asks the others about ids (issues 49, 59).
 
 A call lives in the worker that accepted its connection; a cancel by id is a call of its own,
-accepted by whichever worker is least loaded. So each worker serves a Unix socket in its
-supervisor's private directory (``cancel-<slot>.sock``), and the worker a cancel lands on asks
-the others when it holds nothing under the id (:meth:`Siblings.ask`): one connection per
-question, one JSON line each way, every sibling at once, each within ``wait`` seconds (a
-sibling that is restarting counts as holding nothing: what it held died with it).
+accepted by whichever worker is least loaded, and a client's own id must be free in every worker
+before a call goes upstream under it. So each worker serves a Unix socket in its supervisor's
+private directory (``cancel-<slot>.sock``) and asks the others over theirs
+(:meth:`Siblings.ask`): one connection per question, one JSON line each way, every sibling at
+once, each within ``wait`` seconds. A sibling whose socket is missing or refuses is restarting:
+it holds nothing (what it held died with it), answer :data:`NOT_RUNNING`.
 
 - ``{"op": "cancel", "id"}``: end what you hold under the id, as your own cancel API would;
   answer ``{"state": "cancelled" | "finished" | "not_held"}``.
-- ``{"op": "bury", "id"}``: nobody held it: keep a tombstone (the call may arrive at any worker).
+- ``{"op": "held", "id"}``: is a call held under the id (or under an id it extends with ``:``)?
+  ``{"state": "held" | "free"}``: a trusted id's call asks before it goes upstream.
+- ``{"op": "bury", "id"}``: nobody held it: keep a tombstone (the call may arrive at any
+  worker); ``{"state": "buried"}`` once kept: the cancel is answered after every worker's.
 - ``{"op": "unbury", "id"}``: a call arrived under the id elsewhere and spent its tombstone.
 
-Cancels by id are rare next to calls: nothing is asked of a sibling on a call's way through.
+Each side reads one line of at most 64 KiB within ``wait`` seconds: a JSON object whose fields
+are strings (:func:`read_message`, linear in the line); anything else (another shape, nesting,
+a silent or overlong connection) closes that connection alone, logged as a warning.
 """
 
 from __future__ import annotations
@@ -30,14 +36,40 @@ from proxy.calls.held import HeldCalls
 log = logging.getLogger("hangup.proxy.siblings")
 
 COUNT_ENV = "HANGUP_PROXY_WORKERS"  # in a worker's environment: how many workers there are
-_LINE_LIMIT = 64 * 1024
+LINE_LIMIT = 64 * 1024
+NOT_RUNNING = "not_running"  # what a worker that is not there (restarting) answers, in effect
+OPS = frozenset({"cancel", "held", "bury", "unbury"})
 
-Answerer = Callable[[str, str], Awaitable[str | None]]
-"""``(op, id) -> state``: what this worker answers a sibling (None for a notice)."""
+Answerer = Callable[[str, str], Awaitable[str]]
+"""``(op, id) -> state``: what this worker answers a sibling."""
 
 
 def socket_path(directory: Path, slot: int) -> Path:
     return directory / f"cancel-{slot}.sock"
+
+
+def read_message(line: bytes, *fields: str) -> dict[str, str | None]:
+    """``fields`` of one line of the channel: a JSON object, each of ``fields`` a string or
+    absent (None). Raises ``ValueError`` naming what is wrong for anything else: over
+    ``LINE_LIMIT`` bytes, not JSON, not an object, a field of another type, nesting deeper than
+    the JSON parser goes. Linear in the line (Python's JSON parser)."""
+    if len(line) > LINE_LIMIT:
+        raise ValueError(f"a line over {LINE_LIMIT} bytes")
+    try:
+        message: Any = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ValueError("nested too deep") from exc
+    if not isinstance(message, dict):
+        raise ValueError(f"not a JSON object: {type(message).__name__}")
+    values: dict[str, str | None] = {}
+    for name in fields:
+        value = message.get(name)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{name!r} is not a string")
+        values[name] = value
+    return values
 
 
 class Siblings:
@@ -57,7 +89,7 @@ class Siblings:
     async def start(self) -> None:
         path = socket_path(self._directory, self._slot)
         path.unlink(missing_ok=True)  # a previous life's
-        self._server = await asyncio.start_unix_server(self._serve, path, limit=_LINE_LIMIT)
+        self._server = await asyncio.start_unix_server(self._serve, path, limit=LINE_LIMIT)
 
     async def close(self) -> None:
         if self._server is not None:
@@ -67,11 +99,10 @@ class Siblings:
             task.cancel()
         await asyncio.gather(*self._telling, return_exceptions=True)
 
-    async def ask(self, op: str, request_id: str) -> list[str]:
-        """Every other worker's answer to ``op`` on ``request_id`` (none from one that did not
-        answer in time)."""
-        answers = await asyncio.gather(*(self._ask(s, op, request_id) for s in self._others))
-        return [a for a in answers if a is not None]
+    async def ask(self, op: str, request_id: str) -> list[str | None]:
+        """Every other worker's answer to ``op`` on ``request_id``: its state, ``NOT_RUNNING``
+        for one that is not there, None for one that did not answer in time (or garbled)."""
+        return list(await asyncio.gather(*(self._ask(s, op, request_id) for s in self._others)))
 
     def tell(self, op: str, request_id: str) -> None:
         """``op`` to every other worker, answers not awaited (a task that outlives the caller)."""
@@ -84,15 +115,16 @@ class Siblings:
         writer: asyncio.StreamWriter | None = None
         try:
             async with asyncio.timeout(self._wait):
-                reader, writer = await asyncio.open_unix_connection(path, limit=_LINE_LIMIT)
+                try:
+                    reader, writer = await asyncio.open_unix_connection(path, limit=LINE_LIMIT)
+                except (FileNotFoundError, ConnectionRefusedError):
+                    return NOT_RUNNING
                 writer.write(json.dumps({"op": op, "id": request_id}).encode() + b"\n")
-                answer = json.loads(await reader.readline())
-            state = answer.get("state") if isinstance(answer, dict) else None
-            return state if isinstance(state, str) else None
+                return read_message(await reader.readline(), "state")["state"]
         except (OSError, TimeoutError, ValueError) as exc:
             log.warning(
                 "worker %d did not answer %s: %s", slot, op, exc or type(exc).__name__,
-                extra={"fields": {"request_id": request_id}},
+                extra={"fields": {"request_id": request_id[:200]}},
             )  # fmt: skip
             return None
         finally:
@@ -100,27 +132,38 @@ class Siblings:
                 writer.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError, ValueError, asyncio.IncompleteReadError):
-            message = json.loads(await reader.readline())
-            op, request_id = message.get("op"), message.get("id")
-            state = None
-            if isinstance(op, str) and isinstance(request_id, str):
-                state = await self._answer(op, request_id)
+        try:
+            async with asyncio.timeout(self._wait):
+                message = read_message(await reader.readline(), "op", "id")
+            op, request_id = message["op"], message["id"]
+            if op not in OPS or request_id is None:
+                raise ValueError(f"no such question: {op!r}")
+            state = await self._answer(op, request_id)
             writer.write(json.dumps({"state": state}).encode() + b"\n")
             await writer.drain()
-        writer.close()
+        except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError) as exc:
+            log.warning(
+                "a sibling's question was refused: %s", exc or type(exc).__name__,
+                extra={"fields": {"worker": self._slot}},
+            )  # fmt: skip
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
 
 
 def answerer(held: HeldCalls) -> Answerer:
     """What a worker holding ``held`` answers its siblings."""
 
-    async def answer(op: str, request_id: str) -> str | None:
+    async def answer(op: str, request_id: str) -> str:
         if op == "cancel":
             return await held.cancel(request_id) or "not_held"
+        if op == "held":
+            return "held" if held.holds(request_id) else "free"
         if op == "bury":
             held.bury(request_id)
-        elif op == "unbury":
-            held.unbury(request_id)
-        return None
+            return "buried"
+        held.unbury(request_id)
+        return "unburied"
 
     return answer

@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangup_contract.vocabulary import Reason
-from proxy.calls.held import HeldCalls
+from proxy.calls.held import Bounds, Ender, HeldCalls, Holding
 from proxy.calls.siblings import Siblings
 from proxy.cancel.canceller import Canceller
 from proxy.config import Config
-from proxy.errors import Overloaded
+from proxy.errors import DuplicateRequestId, Overloaded, WorkerSilent
 from proxy.metrics import ProxyMetrics
 from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
 
@@ -48,6 +48,7 @@ class Call:
     cancel_answered_at: float | None = None
     task: asyncio.Task[Any] | None = None  # what handles the call (set by its listener)
     detached: bool = False  # meant to outlive its client: no cancel call (proxy.cancel.responses)
+    holding: Holding | None = None  # its ids in the calls by id (proxy.calls.held), if held
 
     def stop(self, reason: Reason) -> None:
         """Interrupt the call for ``reason`` (both listeners: its task cancelled). The first stop
@@ -83,6 +84,17 @@ class Call:
         }
 
 
+def held_bounds(config: Config) -> Bounds:
+    """What the proxy remembers of ids, from its flags."""
+    return Bounds(
+        config.tombstone_ttl,
+        config.ended_ids_max,
+        config.ended_ids_max_bytes,
+        config.tombstones_max,
+        config.tombstones_max_bytes,
+    )
+
+
 def _ms(start: float | None, end: float | None) -> float | None:
     return None if start is None or end is None else round((end - start) * 1000, 3)
 
@@ -94,8 +106,13 @@ class ServerState:
         self.config = config
         self.metrics = metrics
         self.canceller = canceller
-        # The calls by id, for the proxy's own cancel by id: kept only when it is on (a token).
-        self.held = HeldCalls(config.tombstone_ttl) if config.cancel_token is not None else None
+        # The calls by id: for the proxy's own cancel by id (on with a token), and to refuse a
+        # trusted id another call holds (--trust-client-request-id).
+        self.held = (
+            HeldCalls(held_bounds(config), trust_client=config.trust_client_request_id)
+            if config.cancel_token is not None or config.trust_client_request_id
+            else None
+        )
         self.siblings: Siblings | None = None  # with --workers: the other workers (Server sets)
         self.draining = False
         self._calls: set[Call] = set()
@@ -117,9 +134,40 @@ class ServerState:
         self._idle.clear()
         self.metrics.admitted(call.protocol)
 
+    def hold(self, call: Call, ender: Ender) -> bool:
+        """Hold ``call`` by its ids, when the proxy holds calls (``proxy.calls.held``; raises
+        ``CancelledById`` or ``DuplicateRequestId`` as ``HeldCalls.hold``). True when the other
+        workers must be asked about its id before it goes upstream (:meth:`hold_everywhere`)."""
+        if self.held is None:
+            return False
+        call.holding = self.held.hold(call, ender)
+        return call.holding.trusted and self.siblings is not None
+
+    async def hold_everywhere(self, call: Call) -> None:
+        """With ``--workers``: refuse the call's trusted id when another worker holds it
+        (``DuplicateRequestId``), or did not say in time (``WorkerSilent``, 503: it may). The id
+        is held here before the others are asked, so of two calls under one id at two workers
+        at once, at least one sees the other (both may be refused; never both run)."""
+        holding, siblings, held = call.holding, self.siblings, self.held
+        assert holding is not None and siblings is not None and held is not None
+        request_id = holding.key
+        answers = await siblings.ask("held", request_id)
+        if "held" in answers:
+            error: DuplicateRequestId | WorkerSilent = DuplicateRequestId(
+                f"request id {request_id!r} is already in flight"
+            )
+        elif None in answers:
+            error = WorkerSilent(f"a worker did not say whether it holds request id {request_id!r}")
+        else:
+            return
+        held.drop(holding)
+        call.holding = None
+        raise error
+
     def release(self, call: Call) -> None:
-        if self.held is not None:
-            self.held.release(call)
+        if call.holding is not None and self.held is not None:
+            self.held.release(call.holding)
+            call.holding = None
         if call in self._calls:
             self._calls.discard(call)
             self.metrics.released(call.protocol)

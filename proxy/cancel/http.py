@@ -30,7 +30,7 @@ from collections.abc import Awaitable
 from hangup_contract import cancel as contract
 from hangup_contract.vocabulary import CancelState, Reason
 from proxy.cancel.seams import CancelCall
-from proxy.errors import CancelAttemptFailed, UpstreamError
+from proxy.errors import CancelAttemptFailed, UpstreamBroken, UpstreamError
 from proxy.upstream.client import Client
 from proxy.upstream.connection import Response
 from proxy.vocabulary import CancelResult
@@ -86,6 +86,25 @@ class HttpCancelAdapter:
     async def cancel(self, request_id: str, reason: Reason) -> CancelResult:
         path, body = self.call.request(request_id, reason)
         return await self._result(self._client.request("POST", path, self._headers, body))
+
+    async def forward(self, request_id: str, reason: Reason) -> tuple[int, bytes]:
+        """One cancel call for ``request_id``, made as the proxy makes its own (to its cancel
+        URL, with its token and nothing of a caller's), and the answer as it came: its status
+        and body (at most 1 MiB). The proxy's cancel API asks the gateway so about an id it
+        does not hold. Raises ``UpstreamError`` when no answer came within the attempt's time."""
+        path, body = self.call.request(request_id, reason)
+        try:
+            async with asyncio.timeout(self._timeout):
+                response = await self._client.request("POST", path, self._headers, body)
+                try:
+                    answer = await response.read(MAX_BODY)
+                except BaseException:
+                    response.close()
+                    raise
+                response.release()
+        except (TimeoutError, OSError, ValueError) as exc:
+            raise UpstreamBroken(f"the cancel endpoint did not answer: {exc!r}") from exc
+        return response.status, answer
 
     async def _result(self, sent: Awaitable[Response]) -> CancelResult:
         """The answer to a request sent (or being sent), within the attempt's time."""

@@ -26,8 +26,9 @@ reason, not the "stream reset" it would infer from the closed stream.
 The proxy ends a call itself with its own reason (``shutdown`` when draining ends,
 ``proxy_timeout`` past ``--max-request-duration``); the client then gets ``UNAVAILABLE`` or
 ``DEADLINE_EXCEEDED``. Calls refused on arrival get ``UNAVAILABLE`` (draining),
-``RESOURCE_EXHAUSTED`` (``--max-concurrent-streams``) or ``INVALID_ARGUMENT`` (a trusted but
-malformed ``x-request-id``).
+``RESOURCE_EXHAUSTED`` (``--max-concurrent-streams``), ``INVALID_ARGUMENT`` (a trusted but
+malformed ``x-request-id``) or ``ALREADY_EXISTS`` (a trusted one another call holds: its
+hang-up's cancel would name that call; ``proxy.calls.held``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,15 @@ from proxy.calls.admin_paths import Refusal
 from proxy.calls.lifecycle import CallEnding, log_call
 from proxy.calls.request_ids import RequestIds, choose_request_ids
 from proxy.calls.state import Call, ServerState
-from proxy.errors import BadRequestId, CancelledById, ClientGone, Overloaded
+from proxy.errors import (
+    BadRequestId,
+    CancelledById,
+    ClientGone,
+    DuplicateRequestId,
+    Overloaded,
+    ProxyError,
+    WorkerSilent,
+)
 from proxy.grpc.metadata import Metadata, client_metadata, relayable, upstream_metadata
 from proxy.grpc.peer import Liveness, PeerWatch, can_tell_disconnects
 from proxy.grpc.status import StatusWatch
@@ -246,12 +255,15 @@ class GrpcRelay:
             return
         call.request_id, call.client_request_id = ids.upstream, ids.client
         call.task = asyncio.current_task()
-        held = self._state.held
+        state = self._state
         try:
             # Held for the proxy's own cancel by id, which ends it as the proxy's own stops do
             # (shutdown, --max-request-duration): the lifecycle's cancel, then CANCELLED.
-            if held is not None and held.hold(call, lambda reason: call.stop(reason)):
-                self._refuse(call, context, CancelledById("request cancelled before it arrived"))
+            try:
+                if state.held is not None and state.hold(call, call.stop):
+                    await state.hold_everywhere(call)  # --workers: a trusted id, free everywhere?
+            except (CancelledById, DuplicateRequestId, WorkerSilent) as exc:
+                self._refuse(call, context, exc)
                 return
             await self._relay(ending, method, metadata, ids, requests, context)
         finally:
@@ -270,14 +282,14 @@ class GrpcRelay:
         context.set_code(grpc.StatusCode.PERMISSION_DENIED)
         context.set_details(refusal.message(method))
 
-    def _refuse(
-        self, call: Call, context: Any, exc: BadRequestId | Overloaded | CancelledById
-    ) -> None:
+    def _refuse(self, call: Call, context: Any, exc: ProxyError) -> None:
         if isinstance(exc, BadRequestId):
             code = grpc.StatusCode.INVALID_ARGUMENT
         elif isinstance(exc, CancelledById):
             code = grpc.StatusCode.CANCELLED
-        elif self._state.draining:
+        elif isinstance(exc, DuplicateRequestId):
+            code = grpc.StatusCode.ALREADY_EXISTS
+        elif self._state.draining or isinstance(exc, WorkerSilent):
             code = grpc.StatusCode.UNAVAILABLE
         else:
             code = grpc.StatusCode.RESOURCE_EXHAUSTED

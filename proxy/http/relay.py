@@ -47,6 +47,7 @@ from proxy.calls.request_ids import REQUEST_ID, request_ids_for
 from proxy.calls.state import Call, ServerState
 from proxy.cancel import responses
 from proxy.cancel.choice import body_tagger
+from proxy.cancel.http import HttpCancelAdapter
 from proxy.cancel.seams import CancelTask
 from proxy.config import AdapterName
 from proxy.errors import (
@@ -102,9 +103,11 @@ class HttpRelay:
         config = self._config
         self._cancels: CancelById | None = None  # the proxy's own cancel by id, with a token
         if state.held is not None and config.cancel_token is not None:
+            # With hangup's gateway behind, an id not held is asked of it (the proxy's own call)
+            forward = adapter.forward if isinstance(adapter, HttpCancelAdapter) else None
             hangup = config.cancel_adapter is AdapterName.HANGUP and not config.cancel_pool
             self._cancels = CancelById(
-                state.held, config.cancel_token, relay_unknown=hangup,
+                state.held, config.cancel_token, forward=forward if hangup else None,
                 body_timeout=config.body_timeout, siblings=state.siblings,
             )  # fmt: skip
 
@@ -122,9 +125,7 @@ class HttpRelay:
         if self._cancels is not None and request.method == "POST":
             request_id = cancelled_id(request.raw_path)
             if request_id is not None:
-                answer = await self._cancels.answer(request, request_id)
-                if answer is not None:  # else an id not held: relayed to the gateway
-                    return answer
+                return await self._cancels.answer(request, request_id)
         call = Call(CallProtocol.HTTP, request.method, request.path_qs, request.remote)
         ending = CallEnding(
             call,
@@ -230,10 +231,9 @@ class HttpRelay:
         )
         ids = request_ids_for(head.request_id, trust_client=self._config.trust_client_request_id)
         call.request_id, call.client_request_id = ids.upstream, ids.client
-        held = self._state.held
-        if held is not None and held.hold(call, lambda reason: self._end_by_id(ex, reason)):
-            raise CancelledById(f"request {ids.client or ids.upstream} was cancelled by id "
-                                "before it arrived")  # fmt: skip
+        state = self._state
+        if state.held is not None and state.hold(call, lambda why: self._end_by_id(ex, why)):
+            await state.hold_everywhere(call)  # --workers: a trusted id, free in every worker?
         limit = self._config.max_body_size
         if (
             limit is not None

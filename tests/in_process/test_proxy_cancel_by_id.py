@@ -202,7 +202,7 @@ async def test_with_workers_a_cancel_that_beats_its_call_is_honoured_wherever_it
         async with session.post(http_url(other) + "/echo", json={}, headers=headers) as resp:
             assert resp.status == 499
         await wait_until(
-            lambda: "early-2" not in one.state.held._tombstones, 5, "the tombstone spent"
+            lambda: not one.state.held.buried("early-2"), 5, "the tombstone spent"
         )  # fmt: skip
         async with session.post(http_url(one) + "/echo", json={}, headers=headers) as resp:
             assert resp.status == 200

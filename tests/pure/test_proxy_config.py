@@ -70,11 +70,23 @@ def test_environment_is_read_and_flags_win(tmp_path: Path) -> None:
         (["--cancel-pool", "http://pods:8000", "--cancel-adapter", "vllm"], {}, "--cancel-pool"),
         (["--cancel-pool", "http://pods:8000", "--cancel-url", "http://a:1"], {}, "--cancel-pool"),
         (["--cancel-pool-max", "0"], {}, "--cancel-pool-max"),
+        (["--ended-ids-max", "0"], {}, "--ended-ids-max"),
+        (["--ended-ids-max-bytes", "-1"], {}, "--ended-ids-max-bytes"),
+        (["--tombstones-max", "0"], {}, "--tombstones-max"),
+        (["--tombstones-max-bytes", "0"], {}, "--tombstones-max-bytes"),
     ],
 )
 def test_bad_settings_name_the_option(argv: list[str], env: dict[str, str], named: str) -> None:
     with pytest.raises(ConfigError, match=named):
         build_config(argv, env)
+
+
+@pytest.mark.parametrize("ttl", ["-5", "0", "nan", "inf", "-inf", "3601", "1e308"])
+def test_a_tombstone_ttl_outside_its_range_is_refused_naming_the_flag_and_range(ttl: str) -> None:
+    with pytest.raises(ConfigError, match=r"--tombstone-ttl=.*more than 0 and at most 3600"):
+        build_config([f"--tombstone-ttl={ttl}"], {})
+    assert build_config(["--tombstone-ttl", "0.5"], {}).tombstone_ttl == 0.5
+    assert build_config(["--tombstone-ttl", "3600"], {}).tombstone_ttl == 3600
 
 
 def test_a_cancel_pool_is_a_list_of_base_urls() -> None:
