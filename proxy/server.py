@@ -29,7 +29,7 @@ from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.runtime.watchdog import LoopWatchdog
 from hangup_contract.vocabulary import Reason
 from proxy.admin import AdminListener
-from proxy.calls.siblings import Siblings, answerer
+from proxy.calls.siblings import Siblings
 from proxy.calls.state import ServerState
 from proxy.cancel.canceller import Canceller
 from proxy.cancel.choice import open_grpc_adapter, open_http_adapter
@@ -128,7 +128,7 @@ class Server:
         held, worker = self.state.held, self._worker_of
         if held is not None and worker is not None and worker.count > 1:
             siblings = Siblings(
-                worker.directory, worker.slot, worker.count, answerer(held),
+                worker.directory, worker.slot, worker.count, held,
                 wait=config.cancel_attempt_timeout,
             )  # fmt: skip
             await siblings.start()
