@@ -167,19 +167,26 @@ async def test_two_calls_under_one_id_at_once_never_both_run(
                                         raw.open(stack.proxy_url, request))  # fmt: skip
             _reset(both[1][1])
             opened.append(both[0][0])
-        running = 0
-        for reader in opened:
+        running = {}
+        for n, reader in enumerate(opened):
             status = await asyncio.wait_for(reader.readline(), 10)
             if status.startswith(b"HTTP/1.1 200"):
-                running += 1
+                running[f"race-{n}"] = reader
                 await _first_event(reader)
+        assert running  # (of each pair one runs, most often: 11 or 12 of 12 in three tries)
+        async with aiohttp.ClientSession() as session:
+
+            async def only_the_running() -> bool:  # a reset call that went up has ended there
+                return set(await in_flight(session, stack.gateway_url)) == set(running)
+
+            await wait_until(only_the_running, within=15, what="only the running calls upstream")
         await wait_until(
-            lambda: len(_call_lines(stack)) >= 2 * pairs - running, within=15,
+            lambda: len(_call_lines(stack)) >= 2 * pairs - len(running), within=15,
             what="every refused or reset call ended",
         )  # fmt: skip
-        assert await _cancellations(stack) == 0
-        async with aiohttp.ClientSession() as session:
-            assert len(await in_flight(session, stack.gateway_url)) == running
+        for reader in running.values():  # each goes on: no other call's hang-up ended it
+            for _ in range(3):
+                assert b"cancelled" not in await asyncio.wait_for(reader.readline(), 10)
 
 
 async def test_with_workers_a_cancel_is_answered_once_every_worker_holds_its_tombstone(
