@@ -7,9 +7,10 @@ connection while it holds no more than the least loaded of the others
 stalls or dies holds or resets none that it had not taken); its gRPC listener binds the port its
 siblings bind (``SO_REUSEPORT``: the kernel spreads new connections). A call, its hang-up and
 its explicit cancel all live in the worker that accepted its connection, and limits
-(``--max-concurrent-streams``, ``--max-connections``, ``--cancel-concurrency``) apply per
-worker. Only the proxy's own cancel by id crosses: the worker it lands on asks the others over
-Unix sockets in the supervisor's private directory (``proxy.calls.siblings``;
+(``--max-concurrent-streams``, ``--max-connections``, ``--cancel-concurrency``, the memories of
+ids) apply per worker. Only questions about ids cross: the proxy's own cancel by id, and with
+``--trust-client-request-id`` whether another worker holds a call's id; the worker asks the
+others over Unix sockets in the supervisor's private directory (``proxy.calls.siblings``;
 ``HANGUP_PROXY_WORKERS`` in each worker's environment says how many there are).
 
 The supervisor relays nothing. It
