@@ -3,7 +3,9 @@
 No I/O: metadata in, metadata out. gRPC sets some fields itself on each hop (``grpc-*`` and
 pseudo-headers) and some describe one HTTP/2 connection; those are never relayed. Upstream, the
 call carries its id as ``x-request-id`` (and the client's own as ``x-client-request-id`` when it
-differs); the client always gets the call id back in the initial metadata.
+differs); the client always gets the call id back in the initial metadata. As on HTTP, the
+client's address is appended to ``x-forwarded-for`` (after what the client sent there, its fields
+joined): the last element is the one no client can write, which the gateway's fair shares read.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from proxy.calls.request_ids import CLIENT_REQUEST_ID, RequestIds
 Metadata = tuple[tuple[str, str | bytes], ...]
 _REQUEST_ID = request_ids.METADATA_KEY
 _CLIENT_REQUEST_ID = CLIENT_REQUEST_ID.lower()
+_FORWARDED_FOR = "x-forwarded-for"
 # Set by gRPC itself on each hop, or describing one HTTP/2 connection: never relayed.
 _CONNECTION_SCOPED = frozenset(
     {"user-agent", "te", "content-type", "connection", "keep-alive", "host", "transfer-encoding"}
@@ -32,15 +35,39 @@ def relayable(metadata: Sequence[tuple[str, Any]]) -> Metadata:
     )
 
 
-def upstream_metadata(metadata: Sequence[tuple[str, Any]], ids: RequestIds) -> Metadata:
-    """What goes upstream: the client's metadata with the call id (and the client's own id)."""
-    kept = tuple(
-        (k, v) for k, v in relayable(metadata) if k not in (_REQUEST_ID, _CLIENT_REQUEST_ID)
-    )
-    extra: Metadata = ((_REQUEST_ID, ids.upstream),)
+def peer_address(peer: str | None) -> str | None:
+    """The address in a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, its
+    brackets possibly percent-encoded); None for one without an address (``unix:``)."""
+    if not peer:
+        return None
+    scheme, _, rest = peer.partition(":")
+    if scheme == "ipv4":
+        return rest.rpartition(":")[0] or None
+    if scheme == "ipv6":
+        rest = rest.replace("%5B", "[").replace("%5D", "]")
+        return rest.rpartition(":")[0].strip("[]") or None
+    return None
+
+
+def upstream_metadata(
+    metadata: Sequence[tuple[str, Any]], ids: RequestIds, client_addr: str | None = None
+) -> Metadata:
+    """What goes upstream: the client's metadata with the call id (and the client's own id),
+    ``client_addr`` appended to ``x-forwarded-for``."""
+    forwarded_for: list[str] = []
+    kept: list[tuple[str, Any]] = []
+    for key, value in relayable(metadata):
+        if key == _FORWARDED_FOR and client_addr:
+            if isinstance(value, str):
+                forwarded_for.append(value)
+        elif key not in (_REQUEST_ID, _CLIENT_REQUEST_ID):
+            kept.append((key, value))
+    if client_addr:
+        kept.append((_FORWARDED_FOR, ", ".join([*forwarded_for, client_addr])))
+    kept.append((_REQUEST_ID, ids.upstream))
     if ids.client is not None and ids.client != ids.upstream:
-        extra += ((_CLIENT_REQUEST_ID, ids.client),)
-    return kept + extra
+        kept.append((_CLIENT_REQUEST_ID, ids.client))
+    return tuple(kept)
 
 
 def client_metadata(metadata: Sequence[tuple[str, Any]], request_id: str) -> Metadata:

@@ -57,7 +57,13 @@ from proxy.errors import (
     ProxyError,
     WorkerSilent,
 )
-from proxy.grpc.metadata import Metadata, client_metadata, relayable, upstream_metadata
+from proxy.grpc.metadata import (
+    Metadata,
+    client_metadata,
+    peer_address,
+    relayable,
+    upstream_metadata,
+)
 from proxy.grpc.peer import Liveness, PeerWatch, can_tell_disconnects
 from proxy.grpc.status import StatusWatch
 from proxy.upstream.grpc_target import upstream_channel
@@ -308,7 +314,8 @@ class GrpcRelay:
     ) -> None:
         assert self._channel is not None
         upstream = self._channel.stream_stream(method)(
-            metadata=upstream_metadata(metadata, ids), timeout=context.time_remaining()
+            metadata=upstream_metadata(metadata, ids, peer_address(context.peer())),
+            timeout=context.time_remaining(),
         )
         ending.upstream_open = True
         exchange = _Exchange(upstream, context, ending.call, self._state)

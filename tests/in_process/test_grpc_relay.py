@@ -186,6 +186,17 @@ async def test_messages_metadata_trailers_and_request_id_are_relayed() -> None:
         assert stack.sample("hangup_proxy_requests_total", protocol="grpc", outcome="completed")
 
 
+async def test_the_client_address_is_appended_to_x_forwarded_for() -> None:
+    """As on HTTP: the last element of x-forwarded-for is the address the proxy saw, whatever
+    the client wrote there (the gateway's fair shares read it: --client-header)."""
+    async with running() as stack:
+        echo = stack.method("Echo", "unary_unary")
+        await echo(b"x")
+        await echo(b"x", metadata=(("x-forwarded-for", "10.9.9.9, 127.0.0.1"),))
+        seen = [e[2][0].get("x-forwarded-for") for e in stack.upstream.events]
+        assert seen == ["127.0.0.1", "10.9.9.9, 127.0.0.1, 127.0.0.1"]
+
+
 async def test_each_call_gets_its_own_request_id_and_a_client_id_is_not_trusted() -> None:
     async with running() as stack:
         for _ in range(2):
