@@ -30,13 +30,14 @@ def cancelled_message(reason: Reason) -> str:
     return f"request cancelled ({reason})"
 
 
-def json_object(raw: bytes | str, what: str, param: str | None = None) -> dict[str, Any]:
-    """``raw`` read as a JSON object. Raises InvalidRequest naming ``what`` for anything else:
-    not JSON, not UTF-8, nested deeper than Python's JSON reader goes (about 1,000 levels: a
-    ``RecursionError`` there), a number of more than 4,300 digits (Python's limit on reading an
-    integer), or a JSON value that is no object. The reader's work is linear in ``raw``."""
+def json_value(raw: bytes | str, what: str, param: str | None = None) -> Any:
+    """``raw`` read as JSON: the one reader of every JSON a client sends the gateway (a body,
+    a JSON text inside one, a gRPC tensor's). Raises InvalidRequest naming ``what`` for anything
+    else: not JSON, not UTF-8, nested deeper than Python's JSON reader goes (about 1,000 levels:
+    a ``RecursionError`` there), or a number of more than 4,300 digits (Python's limit on reading
+    an integer). The reader's work is linear in ``raw``."""
     try:
-        value = json.loads(raw)
+        return json.loads(raw)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(f"{what} is not valid JSON: {exc}", param=param) from exc
     except UnicodeDecodeError as exc:
@@ -45,6 +46,12 @@ def json_object(raw: bytes | str, what: str, param: str | None = None) -> dict[s
         raise InvalidRequest(f"{what} is nested too deeply", param=param) from exc
     except ValueError as exc:  # an integer past sys.get_int_max_str_digits()
         raise InvalidRequest(f"{what} holds a number with too many digits", param=param) from exc
+
+
+def json_object(raw: bytes | str, what: str, param: str | None = None) -> dict[str, Any]:
+    """``raw`` read by :func:`json_value`, which must be a JSON object. Raises InvalidRequest
+    naming ``what`` otherwise."""
+    value = json_value(raw, what, param)
     if not isinstance(value, dict):
         raise InvalidRequest(f"{what} must be a JSON object", param=param)
     return value

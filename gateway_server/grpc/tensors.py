@@ -22,12 +22,12 @@ strings quoted at most :data:`SHOWN` characters long).
 
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 from gateway_server.errors import InvalidRequest
+from gateway_server.requests import json_object
 from hangup_contract.protos import inference_pb2 as pb
 
 TEXT_INPUT = "text_input"
@@ -211,15 +211,7 @@ def _sampling(raw: bytes | None) -> dict[str, Any]:
     if raw is None:
         return {}
     name = "sampling_parameters"
-    try:
-        value = json.loads(_text(raw, name))
-    except json.JSONDecodeError as exc:
-        raise InvalidRequest(f"'{name}' is not valid JSON: {exc}", param=name) from exc
-    except RecursionError as exc:  # json's C decoder gives up on deep nesting this way
-        raise InvalidRequest(f"'{name}' is nested too deeply", param=name) from exc
-    if not isinstance(value, dict):
-        raise InvalidRequest(f"'{name}' must be a JSON object", param=name)
-    return value
+    return json_object(_text(raw, name), f"{name!r}", param=name)
 
 
 def decode_request(request: pb.ModelInferRequest) -> TextRequest:

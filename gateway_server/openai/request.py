@@ -8,7 +8,6 @@ is an ``InvalidRequest`` naming the field. No I/O.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,7 +17,13 @@ from gateway_server.engine.tools import ToolPlan
 from gateway_server.errors import InvalidRequest
 from gateway_server.openai.fields import CHAT, COMPLETIONS, check
 from gateway_server.openai.structured import parse_structured
-from gateway_server.requests import MAX_CHOICES, TOKEN_BUDGET_CHAT, field, sampling_params
+from gateway_server.requests import (
+    MAX_CHOICES,
+    TOKEN_BUDGET_CHAT,
+    field,
+    json_value,
+    sampling_params,
+)
 from gateway_server.service import GenerationService
 
 MAX_LOGPROBS = 20
@@ -263,11 +268,8 @@ def _tool_calls(i: int, calls: Any) -> list[dict[str, Any]]:
         call = dict(call)
         function = call.get("function")
         if isinstance(function, dict) and isinstance(function.get("arguments"), str):
-            try:
-                call["function"] = function | {"arguments": json.loads(function["arguments"])}
-            except json.JSONDecodeError as exc:
-                raise InvalidRequest(
-                    f"messages[{i}].tool_calls: arguments are not JSON: {exc}", param="messages"
-                ) from exc
+            what = f"the arguments of messages[{i}].tool_calls"
+            arguments = json_value(function["arguments"], what, param="messages")
+            call["function"] = function | {"arguments": arguments}
         out.append(call)
     return out

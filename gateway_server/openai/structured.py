@@ -21,6 +21,7 @@ from typing import Any
 
 from gateway_server.engine.constraint import STRUCTURED_OUTPUTS, Constraint, StructuredOutput
 from gateway_server.errors import InvalidRequest
+from gateway_server.requests import json_value
 
 RESPONSE_FORMAT = "response_format"
 
@@ -142,11 +143,7 @@ def _constraint_value(kind: Constraint, value: object) -> str | tuple[str, ...] 
     where = f"'{STRUCTURED_OUTPUTS}.{kind}'"
     if kind is Constraint.JSON:
         if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                message = f"{where} is not valid JSON: {exc}"
-                raise InvalidRequest(message, param=STRUCTURED_OUTPUTS) from exc
+            value = json_value(value, where, param=STRUCTURED_OUTPUTS)
         if not isinstance(value, dict):
             raise InvalidRequest(f"{where} must be a JSON schema object", param=STRUCTURED_OUTPUTS)
         return json.dumps(value)

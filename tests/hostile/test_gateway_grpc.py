@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -29,12 +30,12 @@ from hypothesis import strategies as st
 from bench.harness.hostile import MIB, ArmedLoop, Budget, timed
 from bench.harness.processes import Process, spawn
 from gateway_server.config import GatewayConfig
-from gateway_server.errors import InvalidRequest
+from gateway_server.errors import ClientError, InvalidRequest
 from gateway_server.grpc.common import parse
-from gateway_server.grpc.stream import cancel_alias
+from gateway_server.grpc.stream import cancel_alias, prepare
 from gateway_server.grpc.tensors import decode_request, encode_bytes_tensor, parameter
 from hangup_contract.protos import inference_pb2 as pb
-from tests.support.gateway import MODEL, running_gateway
+from tests.support.gateway import MODEL, running_gateway, unstarted_service
 
 LIMIT = GatewayConfig().max_body_bytes
 """The gRPC receive limit by default (the HTTP body limit's): the largest message a parser here
@@ -247,6 +248,39 @@ def test_any_mix_of_hostile_parts_is_read_or_refused_within_the_budget(
     outcome = timed(read_stream_request, raw)
     assert outcome.error is None or isinstance(outcome.error, InvalidRequest), _cut(outcome.error)
     Budget().check(" + ".join(kinds), len(raw), outcome.spent)
+
+
+SERVICE = unstarted_service()
+
+
+def _sampling_texts() -> st.SearchStrategy[bytes]:
+    arrays = st.integers(1, 3000).map(lambda depth: "[" * depth + "]" * depth)
+    objects = st.integers(1, 3000).map(lambda depth: '{"a":' * depth + "1" + "}" * depth)
+    deep = arrays | objects
+    inside = deep.map(lambda value: '{"max_tokens": 4, "stop": ' + value + "}")
+    numbers = st.sampled_from(["1" * 5000, "-" + "9" * 4301, "1e400", "NaN", str(10**4000)])
+    fields = st.sampled_from(["max_tokens", "seed", "temperature", "top_k", "logit_bias"])
+    numbered = st.builds(lambda f, n: '{"' + f + '": ' + n + "}", fields, numbers)
+    return st.one_of(deep, inside, numbered, st.just("[" * 100_000)).map(str.encode) | st.binary(
+        max_size=64
+    )
+
+
+@settings(max_examples=200, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+@given(_sampling_texts())
+def test_any_sampling_parameters_json_is_read_or_refused_within_the_budget(raw: bytes) -> None:
+    """``sampling_parameters`` goes through the gateway's one JSON reader
+    (``requests.json_object``), as every JSON a client sends: nested past Python's reader or a
+    number of more than 4,300 digits is ``INVALID_ARGUMENT`` (a ValueError was UNKNOWN)."""
+    message = _message()
+    _raw_input(message, "text_input", "BYTES", _text())
+    _raw_input(message, "sampling_parameters", "BYTES", encode_bytes_tensor([raw]))
+    wire = message.SerializeToString()
+    gc.collect()
+    outcome = timed(lambda: prepare(SERVICE, parse(pb.ModelInferRequest, wire)))
+    assert outcome.error is None or isinstance(outcome.error, ClientError), _cut(outcome.error)
+    Budget().check("sampling_parameters", len(wire), outcome.spent)
 
 
 # -- clients that watch and clients that wait --------------------------------------------------

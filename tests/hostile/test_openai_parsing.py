@@ -17,22 +17,15 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 
 from bench.harness.hostile import MIB, Budget, timed
-from gateway_server.engine.pool import EnginePool
-from gateway_server.engine.sim.config import SimConfig
-from gateway_server.engine.sim.engine import SimulatedEngine
 from gateway_server.errors import ClientError
 from gateway_server.http.responses import sequence_number
-from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.openai.request import parse
 from gateway_server.openai.responses.request import read
-from gateway_server.registry import CallRegistry
 from gateway_server.requests import json_object
-from gateway_server.service import GenerationService, ModelInfo
+from tests.support.gateway import MODEL, unstarted_service
 
-MODEL = "hangup-sim"
 HOSTILE = settings(
     max_examples=200, derandomize=True, deadline=None, database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
@@ -40,20 +33,7 @@ HOSTILE = settings(
 BUDGET = Budget()
 
 
-class _NoTools:
-    def plan(self, body: dict[str, Any]) -> None:
-        return None
-
-
-def _service() -> GenerationService:
-    metrics = GatewayMetrics(CollectorRegistry(), [MODEL])
-    pool = EnginePool([SimulatedEngine(SimConfig())])  # its tokenizer; never started
-    return GenerationService(
-        pool, CallRegistry(metrics), metrics, ModelInfo(MODEL, 4096), tools=_NoTools()
-    )
-
-
-SERVICE = _service()
+SERVICE = unstarted_service()
 
 
 def _chat(body: dict[str, Any]) -> object:
@@ -136,6 +116,40 @@ def test_a_whole_body_nested_up_to_the_body_limit_is_refused_at_once(
     raw = nested(kind, 4 * MIB // 6).encode()  # about 4 MiB of brackets
     error = handled(raw, READERS[endpoint][0])
     assert error is not None and "nested too deeply" in str(error)
+
+
+def _tool_call_arguments(text: str) -> dict[str, Any]:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": text}}
+    turns = [{"role": "user", "content": "x"},
+             {"role": "assistant", "content": None, "tool_calls": [call]}]  # fmt: skip
+    return {"model": MODEL, "messages": turns}
+
+
+def _structured_outputs_json(text: str) -> dict[str, Any]:
+    base = READERS["chat"][1]
+    return base | {"structured_outputs": {"json": text}}
+
+
+EMBEDDED: dict[str, Callable[[str], dict[str, Any]]] = {
+    "a tool call's arguments": _tool_call_arguments,
+    "structured_outputs.json": _structured_outputs_json,
+}
+"""JSON texts inside a body that the chat reader reads as JSON in turn."""
+
+json_texts = st.one_of(
+    st.builds(nested, st.sampled_from(["array", "object"]), st.integers(1, 3000)),
+    st.sampled_from(["1" * 5000, '{"a": ' + "9" * 4301 + "}", "[" * 100_000, "{", "", "1e400"]),
+    st.text(max_size=40),
+)
+
+
+@HOSTILE
+@given(st.sampled_from(sorted(EMBEDDED)), json_texts)
+def test_a_json_text_inside_a_body_is_read_or_refused(where: str, text: str) -> None:
+    """A JSON text a field holds is read by the same bounded reader as the body: nested past
+    Python's reader or with a number past 4,300 digits, a 400 (it was a 500: RecursionError,
+    ValueError)."""
+    handled(json.dumps(EMBEDDED[where](text)).encode(), READERS["chat"][0])
 
 
 numbers = st.one_of(

@@ -14,8 +14,13 @@ from prometheus_client import CollectorRegistry
 
 from gateway_server.config import GatewayConfig
 from gateway_server.engine.base import Engine
+from gateway_server.engine.pool import EnginePool
 from gateway_server.engine.sim.config import SimConfig
+from gateway_server.engine.sim.engine import SimulatedEngine
+from gateway_server.metrics.gateway import GatewayMetrics
+from gateway_server.registry import CallRegistry
 from gateway_server.server import GatewayServer
+from gateway_server.service import GenerationService, ModelInfo
 from gateway_server.siblings.processes import ApiProcess
 from hangup_contract.cancel import cancel_path
 
@@ -105,3 +110,18 @@ async def running_api_processes(
             gateways.append(await stack.enter_async_context(running_gateway(
                 sim=sim, api_process=me, workers=count, api_processes=count)))  # fmt: skip
         yield gateways
+
+
+class _NoTools:
+    def plan(self, body: dict[str, Any]) -> None:
+        return None
+
+
+def unstarted_service() -> GenerationService:
+    """The service over a simulated engine that is never started: what the request readers of
+    every API use (its tokenizer, its features), with no I/O (the parsers' hostile tests)."""
+    metrics = GatewayMetrics(CollectorRegistry(), [MODEL])
+    pool = EnginePool([SimulatedEngine(SimConfig())])
+    return GenerationService(
+        pool, CallRegistry(metrics), metrics, ModelInfo(MODEL, 4096), tools=_NoTools()
+    )
