@@ -56,6 +56,7 @@ class GatewayConfig:
     tombstones_max_bytes: int = 16 * 1024 * 1024
     responses_max_stored: int = 1000
     responses_background_per_client: int = 100
+    responses_stored_per_client: int = 100
     responses_ttl: float = 3600.0
     client_header: str | None = None
     """The header naming a call's client for fair shares; None: the peer address."""
@@ -192,6 +193,12 @@ _OPTIONS = (
         "responses in flight",
     ),
     Option(
+        "--responses-stored-per-client",
+        int,
+        "stored Responses API responses one client keeps, its own oldest dropped first when it "
+        "stores another (0: only --responses-max-stored bounds them)",
+    ),
+    Option(
         "--responses-background-per-client",
         int,
         "background Responses API responses one client may have in flight (0: only "
@@ -322,6 +329,7 @@ def validate(config: GatewayConfig) -> None:
         "loop_stall_log",
         "responses_max_stored",
         "responses_background_per_client",
+        "responses_stored_per_client",
         "responses_ttl",
     ):
         if getattr(config, name) < 0:

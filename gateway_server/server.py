@@ -171,6 +171,7 @@ class GatewayServer:
             cfg.responses_max_stored,
             cfg.responses_ttl,
             background_per_client=cfg.responses_background_per_client,
+            stored_per_client=cfg.responses_stored_per_client,
         )
         self.responses = ResponsesRunner(self.service, store)
         self.responses.homes = self.scope.response_homes(self.responses.cancel_here)

@@ -80,9 +80,10 @@ async def create(request: web.Request) -> web.StreamResponse:
     job = read(body, service, runner.earlier(body.get("previous_response_id")))
     if job.background:
         return await _background(request, runner, job, call_id)
-    record = new_record(job, call_id, runner.fresh_id())
+    client = client_of(request)
+    record = new_record(job, call_id, runner.fresh_id(), client)
     headers = {REQUEST_ID_HEADER: call_id}
-    async with service.call(call_id, job.model, Protocol.OPENAI, client_of(request)) as call:
+    async with service.call(call_id, job.model, Protocol.OPENAI, client) as call:
         store.start(record)
         try:
             if job.stream:

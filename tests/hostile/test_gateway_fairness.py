@@ -146,6 +146,37 @@ async def test_one_client_cannot_take_every_background_slot() -> None:
         assert statuses == [200] * 5 + [429]
 
 
+async def test_one_client_storing_responses_never_pushes_out_another_clients() -> None:
+    """Was: stored responses shared one count, the oldest dropped first: a client storing
+    1,000 one-token responses (the default total) dropped every other client's, and the
+    victim's GET and its previous_response_id answered 404. Now a client keeps at most
+    --responses-stored-per-client (100) of them, its own oldest dropped first."""
+    async with running_gateway(sim=QUICK, **BEHIND_SIDECAR) as gw:
+        url = f"{gw.url}/v1/responses"
+        body = {"model": MODEL, "input": "x", "max_output_tokens": 1}
+
+        async def store(address: str) -> str:
+            async with gw.session.post(url, json=body, headers=sidecar_saw(address)) as resp:
+                answer = await resp.json()
+                assert resp.status == 200, answer
+                return str(answer["id"])
+
+        victim = await store("10.0.0.2")
+        flood: list[str] = []
+        for _ in range(20):  # 1,000 in all, 50 at a time
+            flood += await asyncio.gather(*(store("10.0.0.1") for _ in range(50)))
+
+        async def status(response_id: str) -> int:
+            async with gw.session.get(f"{url}/{response_id}") as resp:
+                return resp.status
+
+        assert await status(victim) == 200, "the victim's stored response was pushed out"
+        assert [await status(flood[i]) for i in (0, 899, 900, 999)] == [404, 404, 200, 200]
+        follow_up = body | {"previous_response_id": victim}
+        async with gw.session.post(url, json=follow_up, headers=sidecar_saw("10.0.0.2")) as r:
+            assert r.status == 200, await r.text()
+
+
 async def test_a_departed_clients_background_work_runs_without_holding_the_queue(
     flooder: aiohttp.ClientSession,
 ) -> None:

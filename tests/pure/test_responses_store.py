@@ -23,9 +23,17 @@ class ManualClock:
         return self.now
 
 
-def record(n: int, *, store: bool = True, background: bool = False) -> ResponseRecord:
+def record(
+    n: int, *, store: bool = True, background: bool = False, client: str = ""
+) -> ResponseRecord:
     answer = Answer(f"resp_{n}", "m", {}, status=Status.IN_PROGRESS)
-    return ResponseRecord(answer, str(n), store, background, [])
+    return ResponseRecord(answer, str(n), store, background, [], client)
+
+
+def stored(store: ResponseStore, r: ResponseRecord) -> ResponseRecord:
+    store.start(r)
+    store.finish(r)
+    return r
 
 
 async def test_stored_responses_are_kept_by_count_then_age() -> None:
@@ -55,6 +63,35 @@ async def test_a_record_is_never_replaced_by_another_under_its_id() -> None:
         store.start(intruder)
     store.finish(intruder)
     assert store.get("resp_1") is victim and victim.turns == []
+
+
+async def test_a_client_storing_past_its_share_drops_its_own_oldest_never_anothers() -> None:
+    """Was: one count for every client, the oldest dropped first, so a client storing as many
+    responses as the store holds pushed every other client's out."""
+    store = ResponseStore(10, 60.0, ManualClock(), stored_per_client=3)
+    victim = stored(store, record(0, client="victim"))
+    flood = [stored(store, record(n, client="attacker")) for n in range(1, 101)]
+    assert store.get(victim.id) is victim
+    assert [r for r in flood if store.get(r.id) is not None] == flood[-3:]
+    assert len(store) == 4
+
+
+async def test_past_the_total_the_oldest_of_every_clients_goes() -> None:
+    store = ResponseStore(4, 60.0, ManualClock(), stored_per_client=2)
+    made = [stored(store, record(n, client=f"c{n}")) for n in range(6)]
+    assert [r.id for r in made if store.get(r.id)] == ["resp_2", "resp_3", "resp_4", "resp_5"]
+    assert len(store._kept) == 4  # nothing kept for a client whose responses all went
+
+
+async def test_a_deleted_or_expired_response_frees_its_clients_share() -> None:
+    clock = ManualClock()
+    store = ResponseStore(10, 60.0, clock, stored_per_client=2)
+    first, second = (stored(store, record(n, client="c")) for n in range(2))
+    assert store.delete(first.id) and not store.delete(first.id)
+    third = stored(store, record(2, client="c"))
+    assert store.get(second.id) is second and store.get(third.id) is third  # none dropped
+    clock.now += 60.0
+    assert len(store) == 0 and store._kept == {}
 
 
 async def test_stored_responses_expire_by_themselves() -> None:

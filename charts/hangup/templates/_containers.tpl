@@ -45,6 +45,7 @@ exec:
     - --loop-stall-limit={{ $g.loopStallLimitSeconds }}
     - --responses-max-stored={{ $g.responses.maxStored }}
     - --responses-background-per-client={{ $g.responses.backgroundPerClient }}
+    - --responses-stored-per-client={{ $g.responses.storedPerClient }}
     # Fair shares (docs/security.md): a call's client is whom the proxy saw, the address it
     # appends to X-Forwarded-For (every connection to the gateway comes from the proxy).
     - --client-header=x-forwarded-for

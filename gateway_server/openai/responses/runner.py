@@ -131,8 +131,7 @@ class ResponsesRunner:
         once its call holds its id. Raises TooManyRequests past the store's bounds (the
         client's share included), and what opening the call raises (the gateway drains)."""
         call_id = self.service.fresh_call_id()
-        record = new_record(job, call_id, PREFIX + call_id)
-        record.client = client
+        record = new_record(job, call_id, PREFIX + call_id, client)
         self.store.start(record)
         opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         record.task = asyncio.create_task(self._work(record, job, opened))
@@ -208,9 +207,11 @@ def response_not_found(response_id: str) -> RequestNotFound:
     )
 
 
-def new_record(job: ResponsesJob, call_id: str, response_id: str) -> ResponseRecord:
+def new_record(
+    job: ResponsesJob, call_id: str, response_id: str, client: str = ""
+) -> ResponseRecord:
     """The record of a response ``response_id`` (the gateway's own, :meth:`fresh_id`) that
-    runs under the call ``call_id``."""
+    runs under the call ``call_id``, for ``client`` (whose shares it counts in)."""
     settings = {
         "background": job.background,
         "instructions": job.instructions,
@@ -225,4 +226,4 @@ def new_record(job: ResponsesJob, call_id: str, response_id: str) -> ResponseRec
     }
     status = Status.QUEUED if job.background else Status.IN_PROGRESS
     answer = Answer(response_id, job.model, settings, status=status)
-    return ResponseRecord(answer, call_id, job.store, job.background, list(job.turns))
+    return ResponseRecord(answer, call_id, job.store, job.background, list(job.turns), client)

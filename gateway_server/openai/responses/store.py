@@ -1,11 +1,15 @@
 """Responses in flight and stored ones, in this API process.
 
 A response is held from its start to its end whatever its ``store``: its cancel answers its
-object. When it ends, one with ``store: true`` is kept for ``--responses-ttl`` seconds and at
-most ``--responses-max-stored`` of them, oldest dropped first; one with ``store: false`` is
-forgotten. Background responses in flight are bounded by the same count, and each client
-(``gateway_server.clients``) to ``--responses-background-per-client`` of them (a new one past
-either is refused with 429: one client cannot take every slot), so memory is bounded: each
+object. When it ends, one with ``store: true`` is kept for ``--responses-ttl`` seconds; one
+with ``store: false`` is forgotten. A client (``gateway_server.clients``) keeps at most
+``--responses-stored-per-client`` stored responses, its own oldest dropped first when it stores
+another, and all clients together at most ``--responses-max-stored``, the oldest dropped first:
+so one client storing response after response drops only its own, never another's (until more
+clients than the total holds for a share store at once). Background responses in flight are
+bounded by the same total, and each client to ``--responses-background-per-client`` of them (a
+new one past either is refused with 429: one client cannot take every slot), so memory is
+bounded: each
 record holds one answer's text and, for a background response, where each of its text deltas
 ended (4 bytes a delta): a resumed stream (``GET ...?stream=true``) rebuilds the events from
 those, byte for byte the ones the response emitted, rather than the gateway keeping every
@@ -41,8 +45,8 @@ class ResponseRecord:
     turns: list[dict[str, Any]]
     """The conversation without the instructions; the answer is added when it ends."""
     client: str = ""
-    """Who started it: a background response counts in that client's share, and its engine
-    requests wait in that client's turn."""
+    """Who started it: the response counts in that client's shares (background responses in
+    flight, stored responses), and its engine requests wait in that client's turn."""
     events: Events = field(init=False)
     task: asyncio.Task[None] | None = None
     _ends: array[int] = field(default_factory=lambda: array("I"))
@@ -126,17 +130,21 @@ class ResponseStore:
         clock: Callable[[], float] = time.monotonic,
         *,
         background_per_client: int = 0,
+        stored_per_client: int = 0,
     ) -> None:
         """``background_per_client``: the most background responses one client may have in
-        flight (0: only ``max_stored`` bounds them)."""
+        flight; ``stored_per_client``: the most stored responses one client keeps (0: only
+        ``max_stored`` bounds either)."""
         self._max = max_stored
         self._ttl = ttl
         self._clock = clock
         self._per_client = background_per_client
+        self._stored_per_client = stored_per_client
         self._running: dict[str, ResponseRecord] = {}
         self._counted: set[ResponseRecord] = set()  # background responses in flight
         self._background: dict[str, int] = {}  # client → how many of them are its
         self._stored: OrderedDict[str, tuple[float, ResponseRecord]] = OrderedDict()
+        self._kept: dict[str, OrderedDict[str, None]] = {}  # client → its stored ids, oldest first
         self._timer: asyncio.TimerHandle | None = None
 
     def start(self, record: ResponseRecord) -> None:
@@ -181,11 +189,32 @@ class ResponseStore:
         self._stop_running(record)
         record.end()
         if ours and record.store and self._max > 0:
-            self._stored[record.id] = (self._clock() + self._ttl, record)
-            while len(self._stored) > self._max:
-                self._stored.popitem(last=False)
+            self._keep(record)
             if self._timer is None:
                 self._arm()
+
+    def _keep(self, record: ResponseRecord) -> None:
+        """Store ``record``: past its client's share, that client's oldest goes; past the
+        total, the oldest of all."""
+        self._stored[record.id] = (self._clock() + self._ttl, record)
+        kept = self._kept.setdefault(record.client, OrderedDict())
+        kept[record.id] = None
+        if self._stored_per_client and len(kept) > self._stored_per_client:
+            self._drop(next(iter(kept)))
+        while len(self._stored) > self._max:
+            self._drop(next(iter(self._stored)))
+
+    def _drop(self, response_id: str) -> bool:
+        """Forget a stored response; False when none is stored under that id."""
+        entry = self._stored.pop(response_id, None)
+        if entry is None:
+            return False
+        client = entry[1].client
+        kept = self._kept[client]
+        del kept[response_id]
+        if not kept:
+            del self._kept[client]
+        return True
 
     def forget(self, record: ResponseRecord) -> None:
         """A response that never ran (its call could not open): not stored."""
@@ -204,7 +233,7 @@ class ResponseStore:
     def delete(self, response_id: str) -> bool:
         """Forget a stored response; False when none is stored under that id."""
         self._expire()
-        return self._stored.pop(response_id, None) is not None
+        return self._drop(response_id)
 
     def tasks(self) -> list[asyncio.Task[None]]:
         """The background responses' tasks still running."""
@@ -218,7 +247,7 @@ class ResponseStore:
         # One TTL for every entry: insertion order is expiry order.
         now = self._clock()
         while self._stored and next(iter(self._stored.values()))[0] <= now:
-            self._stored.popitem(last=False)
+            self._drop(next(iter(self._stored)))
 
     def _arm(self) -> None:
         """A sweep when the oldest stored response expires (as the registry's memories)."""
