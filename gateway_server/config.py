@@ -44,6 +44,8 @@ class GatewayConfig:
     """The largest gRPC request message; None: ``max_body_bytes`` (:attr:`grpc_message_limit`)."""
     grpc_stream_max_requests: int = 16
     grpc_stream_buffer_bytes: int = 256 * 1024
+    grpc_max_calls: int = 1024
+    grpc_max_calls_per_client: int = 256
     max_header_bytes: int = 8190
     header_timeout: float = 30.0
     idle_timeout: float = 75.0
@@ -176,11 +178,26 @@ _OPTIONS = (
         "bytes of responses one ModelStreamInfer stream holds for a client that reads slower "
         "than they are made; its requests wait beyond",
     ),
+    Option(
+        "--grpc-max-calls",
+        int,
+        "gRPC calls in flight at once (a stream is one; RESOURCE_EXHAUSTED beyond; 0: no limit)",
+    ),
+    Option(
+        "--grpc-max-calls-per-client",
+        int,
+        "gRPC calls one client may have in flight at once (RESOURCE_EXHAUSTED beyond; 0: only "
+        "--grpc-max-calls bounds them)",
+    ),
     Option("--max-header-bytes", int, "bytes per request line or header field"),
     Option("--header-timeout", float, "seconds a client may take to send a request head"),
     Option("--idle-timeout", float, "seconds an idle keep-alive client connection stays open"),
     Option("--body-timeout", float, "seconds a request body may go without a byte (then 408)"),
-    Option("--max-connections", int, "open HTTP client connections (0: no limit)"),
+    Option(
+        "--max-connections",
+        int,
+        "open client connections, on the HTTP and on the gRPC listener each (0: no limit)",
+    ),
     Option("--tombstone-ttl", float, "seconds a cancel for an unknown id waits for its request"),
     Option("--ended-ids-max", int, "ended calls' ids remembered (cancels answer finished)"),
     Option("--ended-ids-max-bytes", int, "bytes those ended ids may take, entries included"),
@@ -321,6 +338,8 @@ def validate(config: GatewayConfig) -> None:
         "header_timeout",
         "idle_timeout",
         "max_connections",
+        "grpc_max_calls",
+        "grpc_max_calls_per_client",
         "body_timeout",
         "engine_restart_backoff",
         "engine_restart_backoff_max",

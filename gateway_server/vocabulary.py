@@ -25,3 +25,10 @@ class Protocol(enum.StrEnum):
     OPENAI = "openai"
     KSERVE_HTTP = "kserve_http"
     KSERVE_GRPC = "kserve_grpc"
+
+
+class Refusal(enum.StrEnum):
+    """Why a listener refused a call (``hangup_gateway_calls_refused_total{reason}``)."""
+
+    TOO_MANY_CALLS = "too_many_calls"
+    TOO_MANY_CLIENT_CALLS = "too_many_client_calls"

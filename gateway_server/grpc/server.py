@@ -3,7 +3,9 @@
 One ``grpc.aio`` server on ``--host:--grpc-port`` serves ``inference.GRPCInferenceService``,
 ``hangup.v1.Cancellation``, ``grpc.health.v1.Health`` (overall and per service: ``SERVING``
 while ready, ``NOT_SERVING`` once draining) and server reflection. A request message that does not
-decode is ``INVALID_ARGUMENT`` on every one of them (:mod:`gateway_server.grpc.decoding`).
+decode is ``INVALID_ARGUMENT`` on every one of them (:mod:`gateway_server.grpc.decoding`). The
+listener holds at most ``--max-connections`` connections and ``--grpc-max-calls`` calls, a
+client's share of them ``--grpc-max-calls-per-client`` (:mod:`gateway_server.grpc.limits`).
 
 Shutdown follows the gateway's sequence: :meth:`GrpcServerHandle.stop_accepting` marks health
 ``NOT_SERVING`` (new generation calls are refused as the service is draining), the gateway lets
@@ -23,6 +25,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2
 from gateway_server.config import GatewayConfig
 from gateway_server.grpc import cancel, inference
 from gateway_server.grpc.decoding import InvalidMessagesAreInvalidArgument
+from gateway_server.grpc.limits import CallLimits
 from gateway_server.grpc.stream import StreamLimits
 from gateway_server.service import GenerationService
 from hangup_contract.protos import cancellation_pb2, inference_pb2
@@ -61,10 +64,19 @@ async def start_grpc_server(service: GenerationService, config: GatewayConfig) -
     serve. Raises OSError when it cannot bind."""
     # A larger request message is refused by gRPC itself (RESOURCE_EXHAUSTED), unread: the
     # limit is what one parse may cost the event loop (docs/security.md).
-    receive = [("grpc.max_receive_message_length", config.grpc_message_limit)]
+    options = [("grpc.max_receive_message_length", config.grpc_message_limit)]
+    if config.max_connections:  # gRPC core closes one more as it opens, before Python sees it
+        options.append(("grpc.max_allowed_incoming_connections", config.max_connections))
+    refused = service.metrics.calls_refused
+    calls = CallLimits(
+        config.grpc_max_calls,
+        config.grpc_max_calls_per_client,
+        service.clients,
+        lambda reason: refused.labels("grpc", reason.value).inc(),
+    )
     server = grpc.aio.server(
-        options=receive + grpc_server_options(config.connection_limits),
-        interceptors=[InvalidMessagesAreInvalidArgument()],
+        options=options + grpc_server_options(config.connection_limits),
+        interceptors=[calls, InvalidMessagesAreInvalidArgument()],  # a refused call is unread
     )
     limits = StreamLimits(config.grpc_stream_max_requests, config.grpc_stream_buffer_bytes)
     server.add_generic_rpc_handlers(

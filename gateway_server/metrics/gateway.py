@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from gateway_server.engine.handoff import DisaggregatedEngine
 from gateway_server.engine.pool import EnginePool
-from gateway_server.vocabulary import Outcome, Protocol
+from gateway_server.vocabulary import Outcome, Protocol, Refusal
 from hangup_contract.vocabulary import Phase, Reason
 
 
@@ -88,6 +88,14 @@ class GatewayMetrics:
             ["listener", "reason"],
             registry=registry,
         )
+        self.calls_refused = Counter(
+            "hangup_gateway_calls_refused",
+            "Client calls a listener refused for a limit, by why (the first of each is logged).",
+            ["listener", "reason"],
+            registry=registry,
+        )
+        for refusal in Refusal:
+            self.calls_refused.labels("grpc", refusal.value)
         self.engine_restarts = Counter(
             "hangup_gateway_engine_restarts",
             "Engines that died and were started again, by worker.",

@@ -361,7 +361,9 @@ def _refusing_versions(
 def grpc_server_options(limits: ConnectionLimits) -> list[tuple[str, int]]:
     """The same bounds for a gRPC listener, as gRPC core options: the HTTP/2 handshake must end
     within ``header_timeout``, and a connection with no call for ``idle_timeout`` is closed.
-    gRPC core has no cap on connections; calls are capped by each process's own limit."""
+    A cap on connections (gRPC core's ``grpc.max_allowed_incoming_connections``, whose closes
+    no process can count) and on calls are each process's own (the gateway's: its gRPC
+    server)."""
     options = []
     if limits.header_timeout:
         options.append(("grpc.server_handshake_timeout_ms", int(limits.header_timeout * 1000)))

@@ -29,11 +29,14 @@ from hypothesis import strategies as st
 
 from bench.harness.hostile import MIB, ArmedLoop, Budget, timed
 from bench.harness.processes import Process, spawn
+from bench.harness.scrape import scrape_async, total
+from bench.harness.waiting import wait_until
 from gateway_server.config import GatewayConfig
 from gateway_server.errors import ClientError, InvalidRequest
 from gateway_server.grpc.common import parse
 from gateway_server.grpc.stream import cancel_alias, prepare
 from gateway_server.grpc.tensors import decode_request, encode_bytes_tensor, parameter
+from hangup_contract.protos import cancellation_pb2
 from hangup_contract.protos import inference_pb2 as pb
 from tests.support.gateway import MODEL, running_gateway, unstarted_service
 
@@ -315,8 +318,9 @@ class Liveness:
             self.answers.append((status, time.monotonic() - started))
             await asyncio.sleep(0.1)
 
-    def check(self, slowest: float = 1.0) -> None:
-        assert len(self.answers) >= 5, self.answers
+    def check(self, slowest: float = 1.0, probes: int = 5) -> None:
+        """Every probe answered 200 within ``slowest`` seconds, and at least ``probes`` ran."""
+        assert len(self.answers) >= probes, self.answers
         failed = [a for a in self.answers if a[0] != 200 or a[1] > slowest]
         assert not failed, f"liveness probes failed or slower than {slowest} s: {failed[:10]}"
 
@@ -507,3 +511,133 @@ async def test_a_stream_of_20000_requests_holds_16_at_a_time_and_nobody_waits(
     assert max(samples) <= 16 and answers, (samples, len(answers))
     assert growth < 64, f"the gateway's memory grew {growth:.0f} MiB"
     live.check()
+
+
+# -- many streams at once ------------------------------------------------------------------------
+
+FLOODER = (("x-forwarded-for", "203.0.113.9, 10.0.0.1"),)
+"""Two clients on one loopback host: the header as the sidecar writes it (the last element is
+the address it saw), which the gateway reads with --client-header as the chart has it; a
+gateway reached directly tells clients apart by their address the same way."""
+VICTIM = (("x-forwarded-for", "10.0.0.2"),)
+REFUSED = "hangup_gateway_calls_refused_total"
+
+
+@pytest.fixture
+def shared_gateway(tmp_path: Path) -> Iterator[Process]:
+    """A gateway with its default call limits, telling clients apart as behind the sidecar."""
+    args = ["--engine", "sim", "--http-port", "0", "--grpc-port", "0", "--sim-step-base",
+            "0.002", "--client-header", "x-forwarded-for"]  # fmt: skip
+    with spawn("gateway_server", args, tmp_path) as process:
+        yield process
+        process.terminate()
+
+
+async def _refused(session: aiohttp.ClientSession, url: str, reason: str) -> float:
+    return total(await scrape_async(session, url), REFUSED, listener="grpc", reason=reason)
+
+
+async def _victim_infer(channel: grpc.aio.Channel) -> float:
+    """Seconds a victim's 5-token ModelInfer took; fails unless answered within 10 s."""
+    started = time.monotonic()
+    infer = channel.unary_unary(MODEL_INFER)
+    await infer(request_bytes("victim", stream=False, max_tokens=5), metadata=VICTIM, timeout=10)
+    return time.monotonic() - started
+
+
+async def _calls_in_flight(session: aiohttp.ClientSession, url: str) -> list[dict[str, Any]]:
+    async with session.get(f"{url}/v2/requests") as r:
+        return list((await r.json())["requests"])
+
+
+async def _grpc_calls(session: aiohttp.ClientSession, url: str) -> list[dict[str, Any]]:
+    return [c for c in await _calls_in_flight(session, url) if c["protocol"] == "kserve_grpc"]
+
+
+async def test_one_clients_streams_past_its_share_are_refused_and_another_is_served(
+    shared_gateway: Process,
+) -> None:
+    """300 ModelStreamInfer streams of one client, 16 requests each (4,800 engine requests:
+    on main every one was taken, each stream a place of 16 requests and 256 KiB of responses,
+    with no bound on how many streams). Now the client holds --grpc-max-calls-per-client (256)
+    and the other 44 are RESOURCE_EXHAUSTED before a message is read, counted; another client's
+    call is served beside them, and liveness never fails."""
+    url = shared_gateway.url()
+    message = request_bytes("", stream=False, max_tokens=50)
+    async with (
+        aiohttp.ClientSession() as session,
+        Liveness(session, url).polling() as live,
+        grpc.aio.insecure_channel(shared_gateway.listeners["grpc"]) as channel,
+    ):
+        stream = channel.stream_stream(MODEL_STREAM_INFER)
+        calls = [stream(metadata=FLOODER, timeout=120) for _ in range(300)]
+        writers = [asyncio.create_task(_write_all(c, iter([message] * 16))) for c in calls]
+
+        async def settled() -> bool:  # every stream taken or refused
+            streams = await _grpc_calls(session, url)
+            return len(streams) + sum(c.done() for c in calls) >= len(calls)
+
+        await wait_until(settled, within=30, what="every stream taken or refused")
+        waited = await _victim_infer(channel)
+        streams = await _grpc_calls(session, url)
+        refused = await _refused(session, url, "too_many_client_calls")
+        ended = [c for c in calls if c.done()]
+        codes = {(await c.code()).name for c in ended}
+        detail = await ended[0].details() if ended else ""
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(*writers, return_exceptions=True)
+    assert (refused, len(ended), codes) == (44, 44, {"RESOURCE_EXHAUSTED"}), len(streams)
+    assert "--grpc-max-calls-per-client" in detail, detail
+    assert len(streams) == 256 and sum(c["engine_requests"] for c in streams) <= 256 * 16
+    assert waited < 5, f"another client's 5-token ModelInfer took {waited:.1f} s"
+    live.check()
+
+
+async def test_past_the_listeners_calls_a_call_is_refused_and_a_cancel_still_served(
+    shared_gateway: Process,
+) -> None:
+    """1,024 streams that send nothing (the default --grpc-max-calls), from eight clients of
+    128 each (within their share), over two connections: the next call, from a ninth client, is
+    RESOURCE_EXHAUSTED (on main it was taken, and the next and the next); a cancel is still
+    served, and once the streams end a call is taken again."""
+    url, address = shared_gateway.url(), shared_gateway.listeners["grpc"]
+    late = request_bytes("late", stream=False, max_tokens=1)
+    ninth = (("x-forwarded-for", "10.0.2.1"),)
+    own_connection = [("grpc.use_local_subchannel_pool", 1)]
+    async with (
+        aiohttp.ClientSession() as session,
+        Liveness(session, url).polling() as live,
+        grpc.aio.insecure_channel(address) as one,
+        grpc.aio.insecure_channel(address, options=own_connection) as two,
+    ):
+        held = [
+            channel.stream_stream(MODEL_STREAM_INFER)(
+                metadata=(("x-forwarded-for", f"10.0.1.{n % 8}"),), timeout=120
+            )
+            for n, channel in enumerate([one, two] * 512)
+        ]
+
+        async def opened() -> bool:
+            return len(await _calls_in_flight(session, url)) == 1024
+
+        await wait_until(opened, within=30, what="1,024 streams in flight")
+        infer = two.unary_unary(MODEL_INFER)
+        code = await _status(infer(late, metadata=ninth, timeout=10))
+        cancel = one.unary_unary("/hangup.v1.Cancellation/Cancel")
+        asked = cancellation_pb2.CancelRequest(request_id="never-seen").SerializeToString()
+        cancelled = await _status(cancel(asked, timeout=10))
+        refused = await _refused(session, url, "too_many_calls")
+        early = [c for c in held if c.done()]
+        for call in held:
+            call.cancel()
+
+        async def none_left() -> bool:
+            return not await _calls_in_flight(session, url)
+
+        await wait_until(none_left, within=30, what="the streams ended")
+        again = await _status(infer(late, metadata=ninth, timeout=10))
+    assert not early, f"{len(early)} of the 1,024 streams ended early"
+    assert (code, refused, again) == ("RESOURCE_EXHAUSTED", 1, "answered"), (code, refused, again)
+    assert cancelled == "NOT_FOUND", cancelled  # answered, not refused
+    live.check(probes=1)
