@@ -1,8 +1,9 @@
 """What one client connection may hold, on every HTTP listener of both processes: a request head
 trickled byte by byte (slowloris) is cut at ``--header-timeout``, an idle keep-alive connection at
 ``--idle-timeout``, a request body that stops arriving at ``--body-timeout`` (408), connections
-beyond ``--max-connections`` are closed as they open; each close is counted by reason. A
-response that streams longer than both timeouts is never cut by them.
+beyond ``--max-connections`` are closed as they open (on the gateway's gRPC listener too); each
+close is counted by reason. A response that streams longer than both timeouts is never cut by
+them.
 """
 
 from __future__ import annotations
@@ -166,6 +167,27 @@ async def test_the_gateway_holds_its_connections_to_the_same_limits() -> None:
         closed = "hangup_gateway_connections_closed_total"
         assert gateway.metric(closed, listener="http", reason="header_timeout") == 1
         assert gateway.metric(closed, listener="http", reason="idle_timeout") == 1
+
+
+async def test_the_gateways_grpc_listener_holds_max_connections_too() -> None:
+    """Was: the gRPC listener took any number of connections (each a file descriptor the HTTP
+    listener shares). Now the connection past --max-connections is closed as it opens."""
+    async with running_gateway(max_connections=2) as gateway:
+        address = gateway.server.listeners["grpc"]
+        own = [("grpc.use_local_subchannel_pool", 1)]  # a connection of each channel's own
+        channels = [grpc.aio.insecure_channel(address, options=own) for _ in range(3)]
+        codes = []
+        try:
+            for channel in channels:
+                live = channel.unary_unary("/inference.GRPCInferenceService/ServerLive")
+                try:
+                    await live(b"", timeout=5)
+                    codes.append("OK")
+                except grpc.aio.AioRpcError as exc:
+                    codes.append(exc.code().name)
+        finally:
+            await asyncio.gather(*(c.close() for c in channels))
+    assert codes == ["OK", "OK", "UNAVAILABLE"]
 
 
 async def _raw_answer(address: str, head: bytes, within: float = 1.0) -> bytes:
