@@ -174,7 +174,7 @@ class GatewayServer:
             stored_per_client=cfg.responses_stored_per_client,
         )
         self.responses = ResponsesRunner(self.service, store)
-        self.responses.homes = self.scope.response_homes(self.responses.cancel_here)
+        self.responses.homes = self.scope.response_homes(self.responses)
         self.watchdog.start()
         await self.scope.start()
         http = await self._start_http(self.service, self.responses)

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from typing import Any
 
 from aiohttp import web
@@ -40,11 +42,7 @@ from gateway_server.http.common import (
 )
 from gateway_server.openai.responses.objects import encode
 from gateway_server.openai.responses.request import ResponsesJob, read
-from gateway_server.openai.responses.runner import (
-    ResponsesRunner,
-    new_record,
-    response_not_found,
-)
+from gateway_server.openai.responses.runner import ResponsesRunner, new_record
 from gateway_server.openai.responses.store import ResponseRecord
 from gateway_server.registry import Call
 from gateway_server.service import GenerationService
@@ -77,7 +75,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     body = await read_json_object(request)
     if isinstance(body.get("model"), str):  # a refused request is counted under its model
         request[MODEL] = body["model"]
-    job = read(body, service, runner.earlier(body.get("previous_response_id")))
+    job = read(body, service, await runner.earlier(body.get("previous_response_id")))
     if job.background:
         return await _background(request, runner, job, call_id)
     client = client_of(request)
@@ -96,25 +94,20 @@ async def create(request: web.Request) -> web.StreamResponse:
 
 async def retrieve(request: web.Request) -> web.StreamResponse:
     """The response object; with ``?stream=true`` (background responses), its events after
-    ``starting_after`` (default: all), then each new one until the last."""
-    record = _stored(request)
+    ``starting_after`` (default: all), then each new one until the last. Wherever it is held
+    (with API processes, its home is asked)."""
+    runner, response_id = request.app[RUNNER], request.match_info["response_id"]
     if request.query.get("stream", "false").lower() not in ("true", "1"):
-        return web.json_response(record.answer.to_json())
-    if not record.background:
-        raise InvalidRequest("only background responses can be streamed again", param="stream")
+        return web.json_response(await runner.retrieve(response_id))
     after = sequence_number(request.query.get("starting_after", "-1"))
-    return await _follow(request, record, after, {REQUEST_ID_HEADER: request_id(request)})
+    events = await runner.events(response_id, after)
+    return await _relay(request, events, {REQUEST_ID_HEADER: request_id(request)})
 
 
 async def delete(request: web.Request) -> web.Response:
-    """Forget a stored response. 400 while it runs (cancel it first), 404 unknown."""
-    record = _stored(request)
-    if not record.ended:
-        raise InvalidRequest(
-            f"response {record.id} is {record.answer.status}: cancel it before deleting it"
-        )
-    request.app[RUNNER].store.delete(record.id)
-    return web.json_response({"id": record.id, "object": "response", "deleted": True})
+    """Forget a stored response, wherever it is held. 400 while it runs (cancel it first),
+    404 unknown."""
+    return web.json_response(await request.app[RUNNER].delete(request.match_info["response_id"]))
 
 
 async def cancel(request: web.Request) -> web.Response:
@@ -159,18 +152,20 @@ async def _background(
     )
     headers = {REQUEST_ID_HEADER: post_id}
     if job.stream:
-        return await _follow(request, record, -1, headers)
+        events = (chunk async for _, chunk in record.follow(-1))
+        return await _relay(request, events, headers)
     return web.json_response(record.answer.to_json(), headers=headers)
 
 
-async def _follow(
-    request: web.Request, record: ResponseRecord, after: int, headers: dict[str, str]
+async def _relay(
+    request: web.Request, events: AsyncGenerator[bytes, None], headers: dict[str, str]
 ) -> web.StreamResponse:
     """Relay a background response's events; a client leaving stops only this relay."""
     response = web.StreamResponse(headers=_SSE_HEADERS | headers)
     await response.prepare(request)
-    async for chunk in record.follow(after):
-        await response.write(chunk)
+    async with aclosing(events):
+        async for chunk in events:
+            await response.write(chunk)
     await response.write_eof()
     return response
 
@@ -184,11 +179,3 @@ def sequence_number(raw: str) -> int:
     if not _SEQUENCE_NUMBER.fullmatch(raw):
         raise InvalidRequest("'starting_after' must be a sequence number", param="starting_after")
     return int(raw)
-
-
-def _stored(request: web.Request) -> ResponseRecord:
-    response_id = request.match_info["response_id"]
-    record = request.app[RUNNER].store.get(response_id)
-    if record is None or not record.store:  # store: false: held only to be cancelled
-        raise response_not_found(response_id)
-    return record

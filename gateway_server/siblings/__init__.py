@@ -40,7 +40,8 @@ The package, one concern a module:
   matched by sequence number, a deadline on every question) and its operations (``Op``);
 - :mod:`.directory`: the homes' entries and the service's call directory over the channel;
 - :mod:`.metrics`: ``/metrics`` and ``/metrics/pool`` gathered from every process;
-- :mod:`.responses`: a response's cancel, asked of the process that made its id.
+- :mod:`.responses`: a response's cancel, GET, DELETE, resumed stream and turns, asked of the
+  process that made its id.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from gateway_server.siblings.directory import SiblingDirectory, home_of
 from gateway_server.siblings.metrics import SiblingMetrics
 from gateway_server.siblings.processes import ApiProcess
 from gateway_server.siblings.responses import SiblingResponses
-from gateway_server.siblings.scope import CancelHere
+from gateway_server.siblings.scope import ResponsesHere
 
 __all__ = ["SiblingDirectory", "SiblingMetrics", "Siblings", "home_of"]
 
@@ -93,8 +94,8 @@ class Siblings:
         )
         self.metrics = SiblingMetrics(me, self.channel, live, worker_loads, model=model)
 
-    def response_homes(self, cancel_here: CancelHere) -> SiblingResponses:
-        return SiblingResponses(self.channel, cancel_here)
+    def response_homes(self, here: ResponsesHere) -> SiblingResponses:
+        return SiblingResponses(self.channel, here)
 
     async def start(self) -> None:
         """Listen, then say hello (see :meth:`SiblingDirectory.greet`)."""

@@ -66,6 +66,14 @@ class Op(enum.StrEnum):
     """The live gauges and the workers' loads (``/metrics``)."""
     CANCEL_RESPONSE = "cancel_response"
     """To a response id's home (the process that made it and holds its record): cancel it."""
+    RESPONSE = "response"
+    """To a response id's home: the stored response's object (``GET``)."""
+    DELETE_RESPONSE = "delete_response"
+    """To a response id's home: forget the stored response (``DELETE``)."""
+    RESPONSE_TURNS = "response_turns"
+    """To a response id's home: the turns a ``previous_response_id`` naming it continues."""
+    RESPONSE_EVENTS = "response_events"
+    """To a response id's home: a page of a background response's events after a number."""
 
 
 class SiblingUnreachable(Exception):

@@ -5,7 +5,8 @@ process count goes through it:
 
 - the service's :class:`CallDirectory`: where a call's id is claimed and released, how a
   cancel finds it, what ``GET /v2/requests`` lists;
-- where a response id made by another API process is cancelled (:class:`ResponseHomes`);
+- where a response id made by another API process is found (:class:`ResponseHomes`): its
+  cancel, ``GET`` (and a resumed stream), ``DELETE`` and a ``previous_response_id`` naming it;
 - ``/metrics`` and ``/metrics/pool``.
 
 :class:`SingleProcess` is the whole gateway in this process: the registry's own checks are the
@@ -15,7 +16,8 @@ gateway's, its metrics registry is the exposition. With ``--api-processes`` it i
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -55,17 +57,56 @@ class CallDirectory(Protocol):
         ...
 
 
-class ResponseHomes(Protocol):
-    """The other API processes, as the homes of the response ids each made."""
+@dataclass(frozen=True, slots=True)
+class Page:
+    """A background response's events as one process reads them for another: the SSE bytes
+    of those after the asked number, the last one's number, and whether it was the last."""
 
-    async def cancel(self, response_id: str) -> dict[str, Any]:
-        """Cancel the response at its home; its object once it ended. Raises RequestNotFound
-        when the home holds none under that id (or is this process, or does not answer)."""
+    events: bytes
+    last: int
+    ended: bool
+
+
+class ResponsesHere(Protocol):
+    """What this process answers of the responses it holds, by id, when a sibling asks.
+    Each raises RequestNotFound (none held here), or InvalidRequest as its route would."""
+
+    async def cancel_here(self, response_id: str) -> dict[str, Any]:
+        """Cancel it; its object once it ended."""
+        ...
+
+    def retrieve_here(self, response_id: str) -> dict[str, Any]:
+        """A stored response's object (``GET``)."""
+        ...
+
+    def delete_here(self, response_id: str) -> dict[str, Any]:
+        """Forget a stored response that ended (``DELETE``)."""
+        ...
+
+    def turns_here(self, response_id: str) -> list[dict[str, Any]]:
+        """The turns a ``previous_response_id`` naming it continues."""
+        ...
+
+    async def page_here(self, response_id: str, after: int) -> Page:
+        """A background response's events after ``after``: those ready, else the next ones
+        within a wait (``GET ...?stream=true``)."""
         ...
 
 
-CancelHere = Callable[[str], Awaitable[dict[str, Any]]]
-"""Cancel a response held in this process, by id (RequestNotFound when none is)."""
+class ResponseHomes(Protocol):
+    """The other API processes, as the homes of the response ids each made: each method asks
+    the id's home its :class:`ResponsesHere` counterpart. Each raises what the home raised;
+    RequestNotFound when the home is this process, or does not answer."""
+
+    async def cancel(self, response_id: str) -> dict[str, Any]: ...
+
+    async def retrieve(self, response_id: str) -> dict[str, Any]: ...
+
+    async def delete(self, response_id: str) -> dict[str, Any]: ...
+
+    async def turns(self, response_id: str) -> list[dict[str, Any]]: ...
+
+    async def page(self, response_id: str, after: int) -> Page: ...
 
 
 class Scope(Protocol):
@@ -74,9 +115,10 @@ class Scope(Protocol):
         """The service's call directory."""
         ...
 
-    def response_homes(self, cancel_here: CancelHere) -> ResponseHomes | None:
-        """Where response ids made elsewhere are cancelled, answering the siblings' own with
-        ``cancel_here``; None when this process is the gateway. Before :meth:`start`."""
+    def response_homes(self, here: ResponsesHere) -> ResponseHomes | None:
+        """Where response ids made elsewhere are found, answering the siblings' questions about
+        this process's with ``here``; None when this process is the gateway. Before
+        :meth:`start`."""
         ...
 
     async def start(self) -> None:
@@ -137,7 +179,7 @@ class SingleProcess:
         self._pool = CollectorRegistry(auto_describe=False)
         self._pool.register(pool)
 
-    def response_homes(self, cancel_here: CancelHere) -> None:
+    def response_homes(self, here: ResponsesHere) -> None:
         return None
 
     async def start(self) -> None:

@@ -391,12 +391,79 @@ async def test_a_response_cancel_reaches_another_api_process(tmp_path: Path) -> 
         await first_delta(resp)
         async with client(other) as c:
             answered = await c.responses.cancel(response_id)  # asked of the process holding it
-            with pytest.raises(openai.NotFoundError):  # the store is per API process
-                await c.responses.retrieve(response_id)
+            fetched = await c.responses.retrieve(response_id)  # asked of it too
         assert answered.status == "cancelled" and answered.id == response_id
+        assert fetched.status == "cancelled" and fetched.output_text == answered.output_text
         assert answered.output_text  # the whole object, from the process that ran it
         assert (await events_of(resp))[-1]["response"]["status"] == "cancelled"
         assert await runs.in_flight() == {}
+
+
+async def _events(gw: Gateway, response_id: str, after: int = -1) -> list[bytes]:
+    """A background response's events as ``GET ...?stream=true`` relays them, each whole."""
+    url = f"{gw.url}/v1/responses/{response_id}?stream=true&starting_after={after}"
+    async with gw.session.get(url) as resp:
+        assert resp.status == 200, await resp.text()
+        return (await resp.read()).split(b"\n\n")[:-1]
+
+
+async def test_a_response_is_read_deleted_and_continued_from_another_api_process(
+    tmp_path: Path,
+) -> None:
+    """Was: only the cancel reached the process holding a response; GET, DELETE and
+    previous_response_id answered 404 on the other process, and so did a resumed stream."""
+    async with running_api_processes(tmp_path, 2, sim=SimConfig(step_base_s=0.002)) as gws:
+        runs, other = gws
+        async with client(runs) as here, client(other) as there:
+            first = await here.responses.create(model=MODEL, input="x", max_output_tokens=5)
+            fetched = await there.responses.retrieve(first.id)
+            assert (fetched.id, fetched.output_text) == (first.id, first.output_text)
+            second = await there.responses.create(
+                model=MODEL, input="more", previous_response_id=first.id, max_output_tokens=5
+            )
+            continued = await here.responses.create(
+                model=MODEL, input=[*_turns(first), {"role": "user", "content": "more"}],
+                max_output_tokens=5,
+            )  # fmt: skip
+            assert second.output_text == continued.output_text  # the first's turns, continued
+            running = await here.responses.create(
+                model=MODEL, input="x", max_output_tokens=LONG, background=True
+            )
+            with pytest.raises(openai.BadRequestError, match="cancel it before deleting it"):
+                await there.responses.delete(running.id)
+            await there.responses.cancel(running.id)
+            await there.responses.delete(first.id)
+            for c in (here, there):
+                with pytest.raises(openai.NotFoundError):
+                    await c.responses.retrieve(first.id)
+                with pytest.raises(openai.NotFoundError):
+                    await c.responses.create(model=MODEL, input="x", previous_response_id=first.id)
+
+
+def _turns(response: Any) -> list[dict[str, str]]:
+    return [{"role": "user", "content": "x"},
+            {"role": "assistant", "content": response.output_text}]  # fmt: skip
+
+
+async def test_a_background_stream_resumes_from_another_api_process(tmp_path: Path) -> None:
+    """Followed live from the other process, page by page over the sibling channel, and
+    replayed from any sequence number: the events the response emitted, byte for byte."""
+    async with running_api_processes(tmp_path, 2, sim=SimConfig(step_base_s=0.005)) as gws:
+        runs, other = gws
+        body = {"model": MODEL, "input": "x", "max_output_tokens": 300, "background": True}
+        made = await (await post(runs, body)).json()
+        live = await _events(other, made["id"])  # from its start, while it runs
+        last = json.loads(live[-1].split(b"data: ", 1)[1])
+        assert last["type"] == "response.incomplete"  # max_output_tokens: not cut short
+        assert last["response"]["usage"]["output_tokens"] == 300 and len(live) > 100
+        assert await _events(runs, made["id"]) == live  # the home's replay: the same bytes
+        assert await _events(other, made["id"], after=60) == live[61:]
+        sync = await post(runs, {"model": MODEL, "input": "x", "max_output_tokens": 1})
+        answer = await sync.json()
+        url = f"{other.url}/v1/responses/{answer['id']}?stream=true"
+        async with other.session.get(url) as resp:
+            assert resp.status == 400, await resp.text()
+            assert "only background responses" in (await resp.json())["error"]["message"]
 
 
 async def test_shutdown_cancels_a_background_response_after_the_drain() -> None:

@@ -27,7 +27,7 @@ import pytest
 
 from bench.harness.grpc_fuzz import INFERENCE, infer_request
 from bench.harness.log_records import records
-from bench.harness.processes import alive, children, environ_of, stopped
+from bench.harness.processes import Process, alive, children, environ_of, spawn, stopped
 from bench.harness.scrape import scrape_async, scraping, total
 from bench.harness.stack import (
     MODEL,
@@ -327,3 +327,65 @@ async def test_api_processes_drain_and_exit_when_their_supervisor_is_killed(
         assert b"[DONE]" not in await reader.read()  # ended by the drain, not left hanging
         writer.close()
     assert len(_log_lines(stack, "supervisor gone: draining")) == 2
+
+
+@pytest.fixture
+def gateway_pair(tmp_path: Path) -> Iterator[Process]:
+    """The gateway alone, two API processes on its shared ports."""
+    args = ["--engine", "sim", "--http-port", "0", "--grpc-port", "0", "--workers", "2",
+            "--api-processes", "2", "--sim-step-base", "0.005"]  # fmt: skip
+    with spawn("gateway_server", args, tmp_path) as process:
+        yield process
+        process.terminate()
+
+
+async def test_a_response_is_found_whichever_api_process_a_request_lands_on(
+    gateway_pair: Process,
+) -> None:
+    """A response made on one process, then read, continued, followed and deleted on new
+    connections: a process holding an open connection takes no new one while the other holds
+    none, so every try lands on the process that did not make it (the log says where each call
+    ran). Was: GET, previous_response_id, a resumed stream and DELETE answered 404 there."""
+    url = gateway_pair.url() + "/v1/responses"
+    body = {"model": MODEL, "input": "x", "max_output_tokens": 5}
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1)) as maker,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as other,
+    ):
+        async with maker.post(url, json=body, headers={"X-Request-Id": "made"}) as resp:
+            made = await resp.json()
+            assert resp.status == 200, made
+        background = body | {"max_output_tokens": 200, "background": True}
+        async with maker.post(url, json=background) as resp:
+            followed = (await resp.json())["id"]  # made where the first was: maker's connection
+        tries = []
+        for n in range(4):
+            async with other.get(f"{url}/{made['id']}") as resp:
+                tries.append((resp.status, (await resp.json()).get("output")))
+            follow_up = body | {"previous_response_id": made["id"]}
+            async with other.post(url, json=follow_up, headers={"X-Request-Id": f"next-{n}"}) as r:
+                tries.append((r.status, None))
+        async with other.get(f"{url}/{followed}?stream=true") as resp:
+            assert resp.status == 200, await resp.text()
+            events = (await resp.read()).split(b"\n\n")[:-1]
+        async with maker.get(f"{url}/{followed}?stream=true") as resp:
+            replayed = (await resp.read()).split(b"\n\n")[:-1]
+        async with other.delete(f"{url}/{made['id']}") as resp:
+            deleted = resp.status
+        gone = []
+        for session in (maker, other):
+            async with session.get(f"{url}/{made['id']}") as resp:
+                gone.append(resp.status)
+    assert tries == [(200, made["output"]), (200, None)] * 4
+    assert events == replayed and b"response.incomplete" in events[-1]
+    assert (deleted, gone) == (200, [404, 404])
+    ran = {  # an engine request's id: its call's and the choice's index
+        line["request_id"].rpartition("-")[0]: line["api_process"]
+        for line in _log_lines_of(gateway_pair)
+    }
+    assert {ran[f"next-{n}"] for n in range(4)} == {1 - ran["made"]}, ran
+
+
+def _log_lines_of(process: Process) -> list[dict[str, Any]]:
+    lines = [json.loads(line) for line in process.log().splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("msg") == "request_end"]

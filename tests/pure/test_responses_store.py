@@ -136,9 +136,12 @@ async def test_a_follower_gets_the_events_the_response_emitted_byte_for_byte() -
         await asyncio.sleep(0)  # let the follower run between the batches
 
     async def read(after: int) -> list[bytes]:
-        return [chunk async for chunk in r.follow(after)]
+        got = [(number, chunk) async for number, chunk in r.follow(after)]
+        assert [number for number, _ in got] == list(range(after + 1, after + 1 + len(got)))
+        return [chunk for _, chunk in got]
 
-    live = asyncio.create_task(read(-1))
+    afters = (-1, 3, 5, 6, 7, 20)  # live followers resuming anywhere, past the deltas included
+    lives = {after: asyncio.create_task(read(after)) for after in afters}
     await emit([r.events.created(), r.events.queued()])
     answer.status = Status.IN_PROGRESS  # as the run does
     await emit([r.events.in_progress()])
@@ -153,9 +156,10 @@ async def test_a_follower_gets_the_events_the_response_emitted_byte_for_byte() -
     r.end()
     want = [encode(e) for e in emitted]
     assert [e["sequence_number"] for e in emitted] == list(range(len(emitted)))
-    assert await live == want
-    assert await read(-1) == want  # replayed after the end
-    assert await read(5) == want[6:]
+    for after, live in lives.items():
+        assert await live == want[after + 1 :], after
+    for after in range(-1, len(want) + 1):  # replayed after the end
+        assert await read(after) == want[after + 1 :], after
     assert b'"status": "cancelled"' in want[-1] and b"response.incomplete" in want[-1]
 
 

@@ -123,6 +123,15 @@ class Events:
         self._next = 0
         self._where = {"item_id": answer.message_id, "output_index": 0, "content_index": 0}
 
+    @property
+    def next_number(self) -> int:
+        """The sequence number the next event gets."""
+        return self._next
+
+    def skip(self, count: int) -> None:
+        """Number the next events as if ``count`` had been built (a follower has them)."""
+        self._next += count
+
     def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self._next, **fields}
         self._next += 1

@@ -8,8 +8,10 @@
 A response's id is the gateway's own: ``resp_`` and 128 random bits (:meth:`fresh_id`; with API
 processes, drawn so that its home is the process holding it), never derived from anything a
 client sent; a background response's call runs under the same 32 hex digits. The id is what a
-client holds of its response: :meth:`ResponsesRunner.cancel` acts only on the response record it
-names (here, or, with API processes, at its home), never on another call.
+client holds of its response: :meth:`ResponsesRunner.cancel`, :meth:`~ResponsesRunner.retrieve`,
+:meth:`~ResponsesRunner.delete`, :meth:`~ResponsesRunner.events` and
+:meth:`~ResponsesRunner.earlier` act only on the response record it names, here or, with API
+processes, at its home (each ``*_here`` method is what a home answers), never on another call.
 
 The runner owns the store of responses in flight and stored (:mod:`.store`) and its background
 tasks; :meth:`ResponsesRunner.stop` ends those still running, a named step of the gateway's
@@ -22,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
@@ -33,9 +35,11 @@ from gateway_server.openai.responses.request import ResponsesJob
 from gateway_server.openai.responses.store import ResponseRecord, ResponseStore
 from gateway_server.registry import Call
 from gateway_server.service import GenerationService
-from gateway_server.siblings.scope import ResponseHomes
+from gateway_server.siblings.responses import PAGE_BYTES, PAGE_WAIT
+from gateway_server.siblings.scope import Page, ResponseHomes
 from gateway_server.vocabulary import Protocol
 from hangup_contract import request_id as request_ids
+from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import Reason
 
 log = logging.getLogger("hangup.gateway")
@@ -62,31 +66,91 @@ class ResponsesRunner:
         with API processes: a cancel landing on another finds it there)."""
         return PREFIX + self.service.fresh_call_id()
 
+    def _home(self, response_id: str) -> ResponseHomes | None:
+        """Where ``response_id``, held nowhere here, may be: its home process (None: nowhere).
+        Only an id of a response id's shape is ever asked of another process."""
+        if self.store.get(response_id) is not None or not is_response_id(response_id):
+            return None
+        return self.homes
+
     async def cancel(self, response_id: str) -> dict[str, Any]:
         """Cancel the response ``response_id`` names (reason ``explicit``), wherever it is
         held; answer its object once it ended. Idempotent (an ended one answers its final
         status). Raises RequestNotFound for an id that names no response in flight or stored
         (no tombstone is left: a response id is never a call's)."""
-        record = self.store.get(response_id)
-        if record is not None:
-            return await self._cancel(record)
-        if self.homes is not None and is_response_id(response_id):
-            return await self.homes.cancel(response_id)
-        raise response_not_found(response_id)
+        home = self._home(response_id)
+        return await (self.cancel_here if home is None else home.cancel)(response_id)
 
     async def cancel_here(self, response_id: str) -> dict[str, Any]:
         """:meth:`cancel` for a response held in this process only (a sibling's question)."""
         record = self.store.get(response_id)
         if record is None:
             raise response_not_found(response_id)
-        return await self._cancel(record)
-
-    async def _cancel(self, record: ResponseRecord) -> dict[str, Any]:
         if not record.ended:
             with contextlib.suppress(RequestNotFound):  # it ended meanwhile
                 await self.service.cancel(record.call_id, Reason.EXPLICIT)
             await record.wait_ended()  # the engine confirmed its abort: the run is ending now
         return record.answer.to_json()
+
+    async def retrieve(self, response_id: str) -> dict[str, Any]:
+        """A stored response's object, in flight or ended, wherever it is held (``GET``).
+        Raises RequestNotFound (a ``store: false`` response is never found)."""
+        home = self._home(response_id)
+        return self.retrieve_here(response_id) if home is None else await home.retrieve(response_id)
+
+    def retrieve_here(self, response_id: str) -> dict[str, Any]:
+        return self._stored_here(response_id).answer.to_json()
+
+    async def delete(self, response_id: str) -> dict[str, Any]:
+        """Forget a stored response, wherever it is held (``DELETE``); the deletion's answer.
+        Raises RequestNotFound, or InvalidRequest while it runs (cancel it first)."""
+        home = self._home(response_id)
+        return self.delete_here(response_id) if home is None else await home.delete(response_id)
+
+    def delete_here(self, response_id: str) -> dict[str, Any]:
+        record = self._stored_here(response_id)
+        if not record.ended:
+            raise InvalidRequest(
+                f"response {record.id} is {record.answer.status}: cancel it before deleting it"
+            )
+        self.store.delete(record.id)
+        return {"id": record.id, "object": "response", "deleted": True}
+
+    async def events(self, response_id: str, after: int) -> AsyncGenerator[bytes, None]:
+        """A background response's events numbered after ``after``, as SSE, then each new one
+        until the last, wherever it is held (``GET ...?stream=true``). Raises before the first
+        event: RequestNotFound, or InvalidRequest for a response that is not a background one.
+        From another process the events come a page at a time (its first read here)."""
+        home = self._home(response_id)
+        if home is None:
+            record = self._stored_here(response_id)
+            _check_background(record)
+            return (chunk async for _, chunk in record.follow(after))
+        return _paged(home, response_id, await home.page(response_id, after))
+
+    async def page_here(self, response_id: str, after: int) -> Page:
+        """The events after ``after`` that are ready, else the next ones within
+        ``PAGE_WAIT`` (nothing if none comes), up to about ``PAGE_BYTES``."""
+        record = self._stored_here(response_id)
+        _check_background(record)
+        chunks: list[bytes] = []
+        last, size, ended = after, 0, False
+        following = record.follow(after)
+        try:
+            async with asyncio.timeout(PAGE_WAIT) as deadline:
+                async for last, chunk in following:  # noqa: B007 (last: the page's)
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if size >= PAGE_BYTES:
+                        break
+                    deadline.reschedule(asyncio.get_running_loop().time())  # no more waiting
+                else:
+                    ended = True
+        except TimeoutError:
+            pass  # what was ready (or nothing, past the wait): the follower asks again
+        finally:
+            await following.aclose()
+        return Page(b"".join(chunks), last, ended)
 
     async def run(
         self, call: Call, record: ResponseRecord, job: ResponsesJob, emit: Emit | None
@@ -173,25 +237,64 @@ class ResponsesRunner:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    def earlier(self, previous: object) -> list[dict[str, Any]] | None:
-        """The turns a ``previous_response_id`` continues. Raises RequestNotFound or
-        InvalidRequest naming the field."""
+    async def earlier(self, previous: object) -> list[dict[str, Any]] | None:
+        """The turns a ``previous_response_id`` continues, wherever the response is held.
+        Raises RequestNotFound or InvalidRequest naming the field."""
         if previous is None:
             return None
         if not isinstance(previous, str):
             message = "'previous_response_id' must be a string"
             raise InvalidRequest(message, param="previous_response_id")
-        record = self.store.get(previous)
+        home = self._home(previous)
+        if home is None:
+            return self.turns_here(previous)
+        try:
+            return await home.turns(previous)
+        except RequestNotFound:
+            raise _no_previous(previous) from None
+
+    def turns_here(self, response_id: str) -> list[dict[str, Any]]:
+        record = self.store.get(response_id)
         if record is None or not record.store:
-            raise RequestNotFound(
-                f"no stored response with id {previous!r}", param="previous_response_id"
-            )
+            raise _no_previous(response_id)
         if not record.ended:
             raise InvalidRequest(
-                f"response {previous} is still {record.answer.status}: wait for it to end",
+                f"response {response_id} is still {record.answer.status}: wait for it to end",
                 param="previous_response_id",
             )
         return list(record.turns)
+
+    def _stored_here(self, response_id: str) -> ResponseRecord:
+        record = self.store.get(response_id)
+        if record is None or not record.store:  # store: false: held only to be cancelled
+            raise response_not_found(response_id)
+        return record
+
+
+async def _paged(home: ResponseHomes, response_id: str, page: Page) -> AsyncGenerator[bytes, None]:
+    """The events a home pages out, the first page read; until the last. A home that stops
+    answering ends the stream where it is (logged), as one whose process died."""
+    while True:
+        if page.events:
+            yield page.events
+        if page.ended:
+            return
+        try:
+            page = await home.page(response_id, page.last)
+        except GatewayError as exc:
+            fields = {"response_id": response_id, "after": page.last, "error": exc.message}
+            log_event(log, "response_events_lost", logging.WARNING, **fields)
+            return
+
+
+def _check_background(record: ResponseRecord) -> None:
+    if not record.background:
+        raise InvalidRequest("only background responses can be streamed again", param="stream")
+
+
+def _no_previous(response_id: str) -> RequestNotFound:
+    shown = response_id if len(response_id) <= 200 else response_id[:200] + "..."
+    return RequestNotFound(f"no stored response with id {shown!r}", param="previous_response_id")
 
 
 def is_response_id(response_id: str) -> bool:

@@ -27,7 +27,7 @@ import asyncio
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,9 +85,11 @@ class ResponseRecord:
     async def wait_ended(self) -> None:
         await self._ended.wait()
 
-    async def follow(self, after: int) -> AsyncIterator[bytes]:
-        """A background response's events numbered after ``after``, as it emitted them (rebuilt
-        from its state: see the module doc), then each new one, until the last."""
+    async def follow(self, after: int) -> AsyncGenerator[tuple[int, bytes], None]:
+        """A background response's events numbered after ``after``, each with its number, as it
+        emitted them (rebuilt from its state: see the module doc), then each new one, until the
+        last. The text deltas up to ``after`` are skipped, not rebuilt: a follower that resumes
+        late (or asks again and again, from another API process) costs what it reads."""
         live = self.answer
         scratch = Answer(live.id, live.model, live.settings, live.created_at)
         events = Events(scratch)
@@ -100,6 +102,10 @@ class ResponseRecord:
             if live.started_output and not scratch.started_output:
                 scratch.started_output = True
                 pending += events.output_started()
+            if scratch.started_output and events.next_number <= after:  # deltas it has
+                skipped = min(after + 1 - events.next_number, len(self._ends) - shown)
+                shown += skipped
+                events.skip(skipped)
             for end in self._ends[shown:]:
                 start = self._ends[shown - 1] if shown else 0
                 pending.append(events.delta(live.text[start:end]))
@@ -109,7 +115,7 @@ class ResponseRecord:
                 pending += events.ended()
             for event in pending:
                 if event["sequence_number"] > after:
-                    yield encode(event)
+                    yield event["sequence_number"], encode(event)
             pending = []
             if self.ended:
                 return
