@@ -42,7 +42,7 @@ from gateway_server.http.common import (
 )
 from gateway_server.openai.responses.objects import encode
 from gateway_server.openai.responses.request import ResponsesJob, read
-from gateway_server.openai.responses.runner import ResponsesRunner, new_record
+from gateway_server.openai.responses.runner import ResponsesRunner, followed, new_record
 from gateway_server.openai.responses.store import ResponseRecord
 from gateway_server.registry import Call
 from gateway_server.service import GenerationService
@@ -152,8 +152,7 @@ async def _background(
     )
     headers = {REQUEST_ID_HEADER: post_id}
     if job.stream:
-        events = (chunk async for _, chunk in record.follow(-1))
-        return await _relay(request, events, headers)
+        return await _relay(request, followed(record, -1), headers)
     return web.json_response(record.answer.to_json(), headers=headers)
 
 

@@ -56,14 +56,14 @@ class ResponsesRunner:
         homes: ResponseHomes | None = None,
     ) -> None:
         """``homes``: the other API processes, where a response id made by one of them is
-        cancelled (None: this process is the gateway)."""
+        found (None: this process is the gateway)."""
         self.service = service
         self.store = store
         self.homes = homes
 
     def fresh_id(self) -> str:
         """A new response id: ``resp_`` and a fresh random call id (whose home is this process,
-        with API processes: a cancel landing on another finds it there)."""
+        with API processes: a route landing on another finds it there)."""
         return PREFIX + self.service.fresh_call_id()
 
     def _home(self, response_id: str) -> ResponseHomes | None:
@@ -125,7 +125,7 @@ class ResponsesRunner:
         if home is None:
             record = self._stored_here(response_id)
             _check_background(record)
-            return (chunk async for _, chunk in record.follow(after))
+            return followed(record, after)
         return _paged(home, response_id, await home.page(response_id, after))
 
     async def page_here(self, response_id: str, after: int) -> Page:
@@ -269,6 +269,13 @@ class ResponsesRunner:
         if record is None or not record.store:  # store: false: held only to be cancelled
             raise response_not_found(response_id)
         return record
+
+
+async def followed(record: ResponseRecord, after: int) -> AsyncGenerator[bytes, None]:
+    """A background response's events after ``after``, as SSE, from this process's record."""
+    async with aclosing(record.follow(after)) as events:
+        async for _, chunk in events:
+            yield chunk
 
 
 async def _paged(home: ResponseHomes, response_id: str, page: Page) -> AsyncGenerator[bytes, None]:
