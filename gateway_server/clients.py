@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hangup_contract.peers import peer_host
+
 MAX_CLIENT_CHARS = 128
 """The longest client key kept (an IPv6 address with a zone is under 64)."""
 
@@ -33,15 +35,3 @@ class ClientRule:
         named = header(self.header) if self.header is not None else None
         last = named.rpartition(",")[2].strip() if named else ""
         return (last or peer_host(peer or ""))[:MAX_CLIENT_CHARS]
-
-
-def peer_host(peer: str) -> str:
-    """The host of a peer address: ``1.2.3.4`` of ``ipv4:1.2.3.4:5``, ``::1`` of
-    ``ipv6:[::1]:5``; an address without a port as it is (aiohttp's ``request.remote``)."""
-    kind, colon, rest = peer.partition(":")
-    if colon and kind in ("ipv4", "ipv6"):
-        peer = rest
-        if kind == "ipv6" and peer.startswith("["):
-            return peer[1:].partition("]")[0]
-        return peer.rpartition(":")[0] or peer
-    return peer

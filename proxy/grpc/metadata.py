@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hangup_contract import request_id as request_ids
+from hangup_contract.peers import peer_host
 from proxy.calls.request_ids import CLIENT_REQUEST_ID, RequestIds
 
 Metadata = tuple[tuple[str, str | bytes], ...]
@@ -36,17 +37,11 @@ def relayable(metadata: Sequence[tuple[str, Any]]) -> Metadata:
 
 
 def peer_address(peer: str | None) -> str | None:
-    """The address in a gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, its
-    brackets possibly percent-encoded); None for one without an address (``unix:``)."""
-    if not peer:
+    """The client's host in a gRPC peer string (``hangup_contract.peers``); None for a peer with
+    no network address (``unix:``)."""
+    if not peer or peer.startswith("unix:"):
         return None
-    scheme, _, rest = peer.partition(":")
-    if scheme == "ipv4":
-        return rest.rpartition(":")[0] or None
-    if scheme == "ipv6":
-        rest = rest.replace("%5B", "[").replace("%5D", "]")
-        return rest.rpartition(":")[0].strip("[]") or None
-    return None
+    return peer_host(peer) or None
 
 
 def upstream_metadata(

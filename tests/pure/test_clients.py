@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway_server.clients import MAX_CLIENT_CHARS, ClientRule, peer_host
+from gateway_server.clients import MAX_CLIENT_CHARS, ClientRule
 from gateway_server.config import from_args
+from hangup_contract.peers import peer_host
 from hangup_contract.runtime.options import ConfigError
 
 
@@ -21,6 +22,7 @@ def headers(**given: str) -> dict[str, str]:
         ("::1", "::1"),
         ("ipv4:10.1.2.3:50123", "10.1.2.3"),  # gRPC's context.peer()
         ("ipv6:[::1]:50123", "::1"),
+        ("ipv6:%5B::1%5D:50123", "::1"),  # brackets percent-encoded, as gRPC core writes them
         ("ipv6:[fe80::1%eth0]:1", "fe80::1%eth0"),
         ("unix:/run/x.sock", "unix:/run/x.sock"),
         ("", ""),

@@ -47,12 +47,9 @@ exec:
     - --responses-background-per-client={{ $g.responses.backgroundPerClient }}
     - --responses-stored-per-client={{ $g.responses.storedPerClient }}
     # Fair shares (docs/security.md): a call's client is whom the proxy saw, the address it
-    # appends to X-Forwarded-For (every connection to the gateway comes from the proxy).
+    # appends to X-Forwarded-For (gRPC: x-forwarded-for; every connection to the gateway comes
+    # from the proxy).
     - --client-header=x-forwarded-for
-    # The proxy adds no x-forwarded-for to gRPC calls: behind it the gateway tells no two gRPC
-    # clients apart, so a client's share of gRPC calls would bound them all together; the
-    # proxy's --max-concurrent-streams bounds them instead (docs/security.md).
-    - --grpc-max-calls-per-client=0
     - --responses-ttl={{ $g.responses.ttlSeconds }}
     {{- with $g.extraArgs }}
     {{- toYaml . | nindent 4 }}
