@@ -4,7 +4,8 @@ proxy in front, real processes on 127.0.0.1) whose processes can be killed, stop
 restarted while clients use it, whose engine can be killed or hung (the simulated one through the
 gateway's fault switch, ``--sim-faults``; vLLM's engine core, named by the gateway's latest
 ``vllm_worker_ready`` log line, with SIGKILL, SIGSTOP and SIGCONT), and a TCP forwarder between
-the proxy and the gateway that can reset every upstream connection at once.
+the proxy and the gateway that can reset every upstream connection at once (or, told to, swallow
+a hang-up: the hop in front of a server that `helm test` must catch).
 
 The gateway leads a process group of its own, as a container's processes are all ended together:
 vLLM's engine core processes are in it, so killing the gateway kills the group, and once the
@@ -61,8 +62,11 @@ class Forwarder:
     before it started, as the test's event loop does to its tasks when it closes.)
     """
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, *, swallow_hang_ups: bool = False) -> None:
         self.target = target
+        self.swallow_hang_ups = swallow_hang_ups
+        """When a client closes, keep its upstream connection open and read it to its end, as a
+        hop that swallows the hang-up does (a router, a middleware): the server never learns."""
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self._server: asyncio.Server | None = None
@@ -132,7 +136,16 @@ class Forwarder:
             pair = (writer, up_writer)
             self._pairs.add(pair)
             try:
-                await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+                if self.swallow_hang_ups:
+                    gone = asyncio.Event()
+                    await asyncio.gather(
+                        self._pipe(reader, up_writer, gone=gone),
+                        self._pipe(up_reader, writer, unless=gone),
+                    )
+                else:
+                    await asyncio.gather(
+                        self._pipe(reader, up_writer), self._pipe(up_reader, writer)
+                    )
             finally:
                 self._pairs.discard(pair)
             for side in sides:  # what a side still buffers is sent before it closes
@@ -146,15 +159,30 @@ class Forwarder:
                     _reset(side)
 
     @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        gone: asyncio.Event | None = None,
+        unless: asyncio.Event | None = None,
+    ) -> None:
+        """Copy ``reader`` to ``writer``, then close ``writer``: one side ended, so does the
+        other. Swallowing a hang-up: ``gone`` is set when ``reader`` (the client) ends, and
+        ``writer`` (the upstream) is left open; once ``unless`` is set, what ``reader`` (the
+        upstream) sends is read and dropped, to its end."""
         try:
             while data := await reader.read(65536):
+                if unless is not None and unless.is_set():
+                    continue
                 writer.write(data)
                 await writer.drain()
         except OSError:
             pass
         finally:
-            writer.close()  # one side ended: so does the other
+            if gone is not None:
+                gone.set()
+            else:
+                writer.close()
 
 
 class Pod:

@@ -26,12 +26,20 @@ from tests.support.observability_files import DASHBOARD, RULES
 
 
 def containers(release: Release) -> dict[str, dict[str, Any]]:
-    spec = release.one("Deployment")["spec"]["template"]["spec"]
-    return {c["name"]: c for c in spec["containers"]}
+    """The pod's containers by name, a native sidecar's (an init container) among them; for a
+    Deployment of the user's, what the patch adds or changes."""
+    spec = pod_spec(release)
+    return {c["name"]: c for c in [*spec.get("initContainers", []), *spec.get("containers", [])]}
 
 
 def pod_spec(release: Release) -> dict[str, Any]:
     return dict(release.one("Deployment")["spec"]["template"]["spec"])
+
+
+def proxy_ports(release: Release) -> set[str | int]:
+    """The proxy's ports, by name and by number (a native sidecar's are named by number)."""
+    ports = containers(release)["proxy"]["ports"]
+    return {p["name"] for p in ports} | {p["containerPort"] for p in ports}
 
 
 def flag(container: dict[str, Any], name: str) -> str | None:
@@ -48,6 +56,8 @@ def main_service(release: Release) -> dict[str, Any]:
 
 
 def prestop_seconds(container: dict[str, Any]) -> int:
+    if "lifecycle" not in container:
+        return 0
     command = container["lifecycle"]["preStop"]["exec"]["command"]
     assert command[0] == "sleep", command
     return int(command[1])
@@ -101,11 +111,23 @@ def test_every_scenario_renders(renders: dict[str, Release], name: str) -> None:
 
 @pytest.mark.parametrize("name", scenarios())
 def test_only_the_proxy_is_exposed(renders: dict[str, Release], name: str) -> None:
+    """Every Service port leads to the proxy, but Triton's metrics port (read-only /metrics);
+    a server the chart writes has no other port and listens on 127.0.0.1."""
     release = renders[name]
     by_name = containers(release)
-    proxy_ports = {p["name"] for p in by_name["proxy"]["ports"]}
+    server_metrics = {8002} if scenario(name).get("server") == "triton" else set()
     for service in release.find("Service"):
-        assert {p["targetPort"] for p in service["spec"]["ports"]} <= proxy_ports
+        targets = {p["targetPort"] for p in service["spec"]["ports"]}
+        assert targets <= proxy_ports(release) | server_metrics, targets
+    for server in (c for n, c in by_name.items() if n != "proxy" and "image" in c):
+        assert [p["name"] for p in server.get("ports", [])] == ["server-metrics"] * len(
+            server_metrics
+        ), server.get("ports")
+        preset = scenario(name).get("server", "gateway")
+        if preset in ("vllm-serve", "sglang", "triton") and "existing" not in name:
+            address = "--http-address" if preset == "triton" else "--host"
+            assert server["args"][-1 if preset != "triton" else 0].startswith("--")
+            assert f"{address}=127.0.0.1" in server["args"], server["args"]
     if "gateway" in by_name:
         gateway = by_name["gateway"]
         assert "ports" not in gateway
@@ -132,7 +154,8 @@ def test_cancel_token_is_wired_to_both_containers(renders: dict[str, Release], n
     release = renders[name]
     by_name = containers(release)
     proxy = by_name["proxy"]
-    if flag(proxy, "cancel-adapter") != "hangup":
+    preset = scenario(name).get("server", "gateway") not in ("gateway", "custom")
+    if flag(proxy, "cancel-adapter") != "hangup" and not preset:
         assert flag(proxy, "cancel-token-file") is None
         return
     volume = next(v for v in pod_spec(release)["volumes"] if v["name"] == "cancel-token")
@@ -184,6 +207,8 @@ def test_shutdown_order_lets_the_proxy_cancel_before_the_upstream_stops(
     by_name = containers(release)
     proxy = by_name["proxy"]
     grace = pod_spec(release)["terminationGracePeriodSeconds"]
+    if proxy.get("restartPolicy") == "Always":  # a native sidecar: the kubelet stops it last
+        assert proxy in pod_spec(release)["initContainers"] and "lifecycle" not in proxy
     # Drained, then every shutdown cancel answered or given up on.
     proxy_done = (
         prestop_seconds(proxy)
@@ -264,7 +289,28 @@ def test_dashboard_configmap_appears_only_when_enabled(renders: dict[str, Releas
     assert not renders["default-values.yaml"].find("ConfigMap")
     configmap = renders["full-values.yaml"].one("ConfigMap")
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
-    shipped = json.loads(configmap["data"]["hangup-dashboard.json"])
+
+
+@pytest.mark.parametrize(
+    ("name", "rows"),
+    [("full-values.yaml", {1, 2}), ("vllm-serve-values.yaml", {1, 3}),
+     ("triton-values.yaml", {1, 4})],
+)  # fmt: skip
+def test_the_dashboard_shows_the_rows_of_its_server(
+    renders: dict[str, Release], name: str, rows: set[int]
+) -> None:
+    """The dashboard as observability/ has it, less the rows of servers this release does not
+    run (a panel's id says its row): in front of `vllm serve`, no empty gateway panels."""
+    shipped = json.loads(renders[name].one("ConfigMap")["data"]["hangup-dashboard.json"])
+    source = json.loads(DASHBOARD.read_text())
+    assert {p["id"] // 100 for p in shipped["panels"]} == rows
+    kept = [p for p in source["panels"] if p["id"] // 100 in rows]
+    assert shipped == {**source, "panels": kept}
+
+
+def test_custom_servers_get_every_row(helm: HelmEngine) -> None:
+    values = {**scenario("bring-your-own-server-values.yaml"), "dashboard": {"enabled": True}}
+    shipped = json.loads(helm.render(values).one("ConfigMap")["data"]["hangup-dashboard.json"])
     assert shipped == json.loads(DASHBOARD.read_text())
 
 
@@ -272,6 +318,34 @@ def test_prometheus_rule_ships_the_observability_rules(renders: dict[str, Releas
     assert not renders["default-values.yaml"].find("PrometheusRule")
     rule = renders["full-values.yaml"].one("PrometheusRule")
     assert rule["spec"] == yaml.safe_load(RULES.read_text())
+    assert "set metrics.prometheusRule.runbookUrl" in renders["full-values.yaml"].notes
+
+
+def test_alerts_link_the_runbooks_where_the_values_say(renders: dict[str, Release]) -> None:
+    """runbook_url, which Alertmanager and Grafana link, under metrics.prometheusRule.runbookUrl."""
+    base = "https://github.com/example/hangup/blob/main/docs/runbooks.md"
+    spec = renders["vllm-serve-values.yaml"].one("PrometheusRule")["spec"]
+    alerts = [r for g in spec["groups"] for r in g["rules"] if "alert" in r]
+    assert alerts
+    for alert in alerts:
+        assert alert["annotations"]["runbook_url"] == f"{base}#{alert['alert'].lower()}"
+    source = yaml.safe_load(RULES.read_text())
+    for ours, theirs in zip(spec["groups"], source["groups"], strict=True):
+        for a, b in zip(ours["rules"], theirs["rules"], strict=True):  # only the URL differs
+            a, b = dict(a, annotations={}), dict(b, annotations={})
+            assert a == b
+
+
+@pytest.mark.parametrize("kind", ["ServiceMonitor", "PodMonitor", "PrometheusRule"])
+def test_kube_prometheus_stack_finds_the_monitoring_objects(helm: HelmEngine, kind: str) -> None:
+    """kube-prometheus-stack's Prometheus selects monitors and rules labelled `release: <its
+    release>`: metrics.labels puts one label on all three, beside each one's own labels."""
+    values = {"metrics": {"labels": {"release": "kps"}, "serviceMonitor": {"enabled": True},
+              "podMonitor": {"enabled": True, "labels": {"team": "ml"}},
+              "prometheusRule": {"enabled": True}}}  # fmt: skip
+    labels = helm.render(values).one(kind)["metadata"]["labels"]
+    assert labels["release"] == "kps" and labels["app.kubernetes.io/instance"] == "rel"
+    assert (labels.get("team") == "ml") == (kind == "PodMonitor")
 
 
 def test_chart_files_are_links_to_the_observability_sources() -> None:
@@ -300,6 +374,11 @@ def test_service_monitor_scrapes_proxy_and_gateway_through_the_proxy(
 ) -> None:
     monitor = renders["full-values.yaml"].one("ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    triton = renders["triton-values.yaml"].one("PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert {(e["port"], e["path"]) for e in triton} == {
+        ("admin", "/metrics"),
+        ("server-metrics", "/metrics"),
+    }
     endpoints = {(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]}
     assert endpoints == {("admin", "/metrics"), ("http", "/metrics")}
     service = main_service(renders["full-values.yaml"])
@@ -379,10 +458,70 @@ def test_helm_test_hook_streams_through_the_service(renders: dict[str, Release])
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     service = release.one("Service")["metadata"]["name"]
-    assert env["HANGUP_TEST_URL"] == f"http://{service}:8080"
-    assert env["HANGUP_TEST_ADMIN_URL"] == f"http://{service}:9090"
+    assert env["HANGUP_TEST_HOST"] == service
+    assert env["HANGUP_TEST_URL"] == "http://{host}:8080"
+    assert env["HANGUP_TEST_ADMIN_URL"] == "http://{host}:9090"
     script = pod["spec"]["containers"][0]["args"][0]
     assert script == (CHART / "files" / "helm-test.py").read_text()
+
+
+def helm_test_env(release: Release) -> dict[str, str]:
+    (pod,) = [o for o in release.hook_objects() if o["kind"] == "Pod"]
+    return {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+
+
+# What `helm test` calls and reads per preset (docs/kubernetes.md, "What helm test proves").
+HELM_TEST = {
+    "default-values.yaml": ("openai", "hangup-sim", "1", ["hangup_gateway_inflight_requests"],
+                            ['hangup_gateway_cancellations_total{reason="client_disconnect"}'],
+                            "http://{host}:8080/metrics"),
+    "vllm-serve-values.yaml": ("openai", "tiny", "0",
+                               ["vllm:num_requests_running", "vllm:num_requests_waiting"], [],
+                               "http://{host}:8080/metrics"),
+    "triton-values.yaml": ("triton", "vllm_model", "0",
+                           ["vllm:num_requests_running", "vllm:num_requests_waiting"], [],
+                           "http://{host}:8002/metrics"),
+    "truss-values.yaml": ("truss", "model", "0", [], [], "http://{host}:8080/metrics"),
+    "sglang-values.yaml": ("openai", "", "1", [], [], "http://{host}:8080/metrics"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(HELM_TEST))
+def test_helm_test_calls_and_checks_what_the_preset_says(
+    renders: dict[str, Release], name: str
+) -> None:
+    kind, model, cancel_calls, inflight, counter, metrics = HELM_TEST[name]
+    env = helm_test_env(renders[name])
+    assert (env["HANGUP_TEST_KIND"], env["HANGUP_TEST_MODEL"]) == (kind, model)
+    assert env["HANGUP_TEST_CANCEL_CALLS"] == cancel_calls
+    assert json.loads(env["HANGUP_TEST_SERVER_INFLIGHT"]) == inflight
+    assert json.loads(env["HANGUP_TEST_SERVER_COUNTER"]) == counter
+    assert env["HANGUP_TEST_SERVER_METRICS_URL"] == metrics
+
+
+def test_helm_test_checks_every_pod_through_the_headless_service(
+    renders: dict[str, Release],
+) -> None:
+    env = helm_test_env(renders["full-values.yaml"])
+    assert env["HANGUP_TEST_PODS"] == "rel-hangup-pods" and "HANGUP_TEST_HOST" not in env
+    assert env["HANGUP_TEST_URL"] == "http://{host}:8080"  # the pod's own port
+
+
+def test_notes_speak_to_the_server_in_the_pod(renders: dict[str, Release]) -> None:
+    vllm = renders["vllm-serve-values.yaml"].notes
+    assert "hangup-sim" not in vllm and '"model": "tiny"' in vllm and "vllm serve" in vllm
+    assert "--allow-admin-path" in vllm
+    sglang = renders["sglang-values.yaml"].notes
+    assert "hangup-sim" not in sglang and "/v1/models" in sglang  # the model asked of it
+    triton = renders["triton-values.yaml"].notes
+    assert "/v2/models/vllm_model/generate_stream" in triton and "port 8002" in triton
+    truss = renders["truss-values.yaml"].notes
+    assert "is_disconnected()" in truss and "NetworkPolicy rel-hangup" in truss
+    assert "hangup-sim" in renders["default-values.yaml"].notes
+    assert "set metrics.labels.release" in renders["triton-values.yaml"].notes
+    assert "set metrics.labels.release" not in vllm
+    patch = renders["existing-deployment-values.yaml"].notes
+    assert "kubectl -n default patch deployment vllm-llama --patch-file patch.yaml" in patch
 
 
 def test_notes_tell_how_to_reach_and_watch_the_release(renders: dict[str, Release]) -> None:

@@ -4,17 +4,28 @@ InferencePool against the constraints of its CRD (``inference.networking.k8s.io/
 API Inference Extension), which those schemas do not hold. The monitoring CRDs
 (ServiceMonitor, PodMonitor, PrometheusRule) are not validated here; promtool checks the rules
 (``test_observability.py``).
+
+The patch for a Deployment of the user's (``existingDeployment``) is no object of its own: it is
+merged, as the API server merges a strategic-merge patch (``kubectl patch``), into a Deployment
+such as a user has (vLLM's production stack writes one much like it), and the result validated:
+the proxy a native sidecar (an init container with ``restartPolicy: Always``) or a second
+container. Where a ``kubectl`` is on PATH, ``kubectl kustomize`` must merge it the same way.
 """
 
 from __future__ import annotations
 
+import copy
 import re
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
-from tests.support.chart import HelmEngine, Release, scenarios
+from tests.support.chart import HelmEngine, Release, scenario, scenarios
 
 KUBERNETES = "1.33"
 NOT_VALIDATED = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
@@ -31,7 +42,7 @@ def test_every_object_is_valid_for_the_kubernetes_api(
     release = renders[name]
     assert release.ok, release.error
     for obj in [*release.objects(), *release.hook_objects()]:
-        if obj["kind"] in NOT_VALIDATED:
+        if obj["kind"] in NOT_VALIDATED or is_patch(obj):
             continue
         if obj["kind"] == "InferencePool":
             assert inference_pool_problems(obj) == [], obj
@@ -155,3 +166,138 @@ def test_a_pool_without_its_picker_is_refused(helm: HelmEngine) -> None:
 )  # fmt: skip
 def test_the_schema_refuses_a_bad_picker_ref(helm: HelmEngine, ref: dict[str, Any]) -> None:
     assert not helm.lint({"inferencePool": {"enabled": True, "endpointPickerRef": ref}}).ok
+
+
+def is_patch(obj: dict[str, Any]) -> bool:
+    return bool(obj["metadata"].get("annotations", {}).get("hangup/patch"))
+
+
+# A Deployment of the user's: `vllm serve` on the pod's address, as vLLM's production stack and
+# most hand-written manifests run it.
+USER_DEPLOYMENT: dict[str, Any] = yaml.safe_load("""
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: vllm-llama, labels: {app: vllm-llama}}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: vllm-llama}}
+  template:
+    metadata: {labels: {app: vllm-llama}}
+    spec:
+      containers:
+        - name: vllm
+          image: vllm/vllm-openai:v0.32.0
+          args: [meta-llama/Llama-3.1-8B-Instruct, --host, 0.0.0.0, --port, "8000"]
+          ports: [{name: http, containerPort: 8000}]
+          readinessProbe: {httpGet: {path: /health, port: 8000}}
+          resources: {limits: {nvidia.com/gpu: 1}}
+          volumeMounts: [{name: shm, mountPath: /dev/shm}]
+      volumes: [{name: shm, emptyDir: {medium: Memory}}]
+""")
+MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
+              "volumeMounts": "mountPath", "ports": "containerPort"}  # fmt: skip
+
+
+def strategic_merge(base: Any, patch: Any, key: str = "") -> Any:
+    """A strategic-merge patch as the API server applies one to a Deployment: maps merge, the
+    lists Kubernetes gives a merge key merge item by item on it, other lists are replaced."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for name, value in patch.items():
+            out[name] = strategic_merge(base.get(name), value, name) if name in base else value
+        return out
+    if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
+        by = MERGE_KEYS[key]
+        out = [dict(item) for item in base]
+        for item in patch:
+            same = [i for i, old in enumerate(out) if old.get(by) == item.get(by)]
+            if same:
+                out[same[0]] = strategic_merge(out[same[0]], item)
+            else:
+                out.append(item)
+        return out
+    return copy.deepcopy(patch)
+
+
+def patched(helm: HelmEngine, native: bool) -> tuple[dict[str, Any], dict[str, Any], Release]:
+    values = scenario("existing-deployment-values.yaml")
+    values["proxy"] = {**values.get("proxy", {}), "nativeSidecar": native}
+    release = helm.render(values)
+    assert release.ok, release.error
+    (patch,) = [o for o in release.objects() if o["kind"] == "Deployment"]
+    assert is_patch(patch)
+    return patch, strategic_merge(USER_DEPLOYMENT, patch), release
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["native-sidecar", "second-container"])
+def test_the_patch_adds_the_sidecar_to_a_deployment_of_yours(
+    helm: HelmEngine, native: bool
+) -> None:
+    _, merged, release = patched(helm, native)
+    kubernetes_validate.validate(merged, KUBERNETES, strict=True)
+    spec = merged["spec"]["template"]["spec"]
+    assert merged["spec"]["selector"] == USER_DEPLOYMENT["spec"]["selector"]  # unchanged
+    server = next(c for c in spec["containers"] if c["name"] == "vllm")
+    original = USER_DEPLOYMENT["spec"]["template"]["spec"]["containers"][0]
+    assert {k: v for k, v in server.items() if k != "lifecycle"} == original  # only its preStop
+    pre_stop = int(server["lifecycle"]["preStop"]["exec"]["command"][1])
+    if native:
+        (proxy,) = spec["initContainers"]
+        assert proxy["name"] == "proxy" and proxy["restartPolicy"] == "Always"
+        assert proxy["startupProbe"]["httpGet"]["path"] == "/readyz"  # vLLM starts after it
+        assert [c["name"] for c in spec["containers"]] == ["vllm"]
+    else:
+        assert "initContainers" not in spec
+        assert [c["name"] for c in spec["containers"]] == ["vllm", "proxy"]
+        proxy = spec["containers"][1]
+    assert "--upstream-http=http://127.0.0.1:8000" in proxy["args"]
+    assert "--cancel-adapter=vllm" in proxy["args"]
+    drain = [int(a.split("=")[1]) for a in proxy["args"] if a.startswith(("--drain-timeout=",
+             "--cancel-deadline="))]  # fmt: skip
+    assert pre_stop >= sum(drain)  # vLLM serves on while the proxy drains and cancels
+    assert spec["terminationGracePeriodSeconds"] >= pre_stop
+    volumes = {v["name"] for v in spec["volumes"]}
+    assert volumes == {"shm", "cancel-token", "proxy-tmp"}
+    secret = next(v for v in spec["volumes"] if v["name"] == "cancel-token")["secret"]
+    assert secret["secretName"] == release.one("Secret")["metadata"]["name"]
+    # Clients reach the sidecar's port; vLLM's own port stays inside the pod.
+    ports = {p["containerPort"] for p in proxy["ports"]}
+    service = release.one("Service")
+    assert service["spec"]["selector"] == {"app": "vllm-llama"}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports | {"http", "admin"}
+    policy = release.one("NetworkPolicy")["spec"]
+    assert policy["podSelector"] == {"matchLabels": {"app": "vllm-llama"}}
+    allowed = {p["port"] for rule in policy["ingress"] for p in rule["ports"]}
+    assert allowed == {8080, 9090} if native else {"http", "admin"}
+    assert 8000 not in allowed
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl (kustomize) on PATH")
+def test_kustomize_merges_the_patch_as_the_api_server_does(
+    helm: HelmEngine, tmp_path: Path
+) -> None:
+    """What docs/kubernetes.md shows a kustomize user: the Deployment, the patch under
+    `patches`; `kubectl kustomize` gives the Deployment merged here."""
+    patch, merged, _ = patched(helm, native=True)
+    (tmp_path / "deployment.yaml").write_text(yaml.safe_dump(USER_DEPLOYMENT))
+    (tmp_path / "hangup-patch.yaml").write_text(yaml.safe_dump(patch))
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(
+        {"resources": ["deployment.yaml"], "patches": [{"path": "hangup-patch.yaml"}]}
+    ))  # fmt: skip
+    done = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert unordered(yaml.safe_load(done.stdout)) == unordered(merged)
+
+
+def unordered(obj: Any, key: str = "") -> Any:
+    """``obj`` with its merge-keyed lists sorted by their key (kustomize puts what a patch adds
+    first, the API server last; Kubernetes does not order them)."""
+    if isinstance(obj, dict):
+        return {name: unordered(value, name) for name, value in obj.items()}
+    if isinstance(obj, list):
+        items = [unordered(item) for item in obj]
+        if key in MERGE_KEYS:
+            items.sort(key=lambda item: str(item.get(MERGE_KEYS[key])))
+        return items
+    return obj

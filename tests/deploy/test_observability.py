@@ -16,9 +16,11 @@ import yaml
 
 from bench.harness.processes import REPO
 from tests.support.observability_files import (
+    ROWS,
     RULES,
     RULES_TEST,
     RUNBOOKS,
+    RUNBOOKS_PLACEHOLDER,
     dashboard,
     metric_names,
     panel_queries,
@@ -51,6 +53,8 @@ STABLE_METRICS = {
     "hangup_gateway_handoffs_in_flight",
     "hangup_proxy_requests_total",
     "hangup_proxy_client_disconnects_total",
+    "hangup_proxy_cancels_total",
+    "hangup_proxy_admin_refusals_total",
     "hangup_proxy_cancel_calls_total",
     "hangup_proxy_disconnect_to_cancel_seconds",
     "hangup_proxy_inflight_requests",
@@ -97,19 +101,27 @@ def test_every_alert_links_a_runbook_section_that_exists() -> None:
     for rule in rules():
         if "alert" not in rule:
             continue
-        link = rule["annotations"]["runbook"]
-        path, _, anchor = link.partition("#")
-        assert (REPO / path) == RUNBOOKS, link
+        assert "runbook" not in rule["annotations"], rule["alert"]  # runbook_url, which links
+        link = rule["annotations"]["runbook_url"]
+        page, _, anchor = link.partition("#")
+        assert page == RUNBOOKS_PLACEHOLDER, link  # the chart's runbookUrl replaces it
+        assert anchor == rule["alert"].lower(), link
         assert anchor in headings, f"{rule['alert']}: no section #{anchor} in {RUNBOOKS.name}"
 
 
-def test_dashboard_has_datasource_model_and_pod_variables() -> None:
+def test_dashboard_has_datasource_namespace_pod_and_model_variables() -> None:
     variables = {v["name"]: v for v in dashboard()["templating"]["list"]}
+    assert list(variables) == ["datasource", "namespace", "pod", "model"]
     assert variables["datasource"]["type"] == "datasource"
     assert variables["datasource"]["query"] == "prometheus"
-    for name in ("model", "pod"):
+    for name in ("namespace", "pod", "model"):
         assert variables[name]["type"] == "query"
         assert variables[name]["includeAll"] and variables[name]["allValue"] == ".*"
+    # The sidecar runs beside every server: its series name the namespaces and pods.
+    assert variables["namespace"]["query"]["query"].startswith("label_values(hangup_proxy_")
+    assert '{namespace=~"$namespace"}' in variables["pod"]["query"]["query"]
+    for query in panel_queries():
+        assert 'namespace=~"$namespace",pod=~"$pod"' in query.expr, query
     for panel in panels(dashboard()):
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
@@ -139,6 +151,30 @@ def test_dashboard_covers_what_an_operator_asks() -> None:
         assert needle in grouped, needle
     share = [q for q in panel_queries() if "wasted_tokens_total" in q.expr and "/" in q.expr]
     assert share, "no wasted-token share panel"
+
+
+def test_each_row_reads_only_its_servers_metrics() -> None:
+    """A panel's id says its row (the chart keeps the rows of its `server`): the sidecar's rows
+    read only the proxy's metrics, the gateway's the gateway's (and the proxy's, for a ratio),
+    vLLM's `vllm:*`, Triton's `nv_*`; each row opens with its row panel."""
+    reads = {1: ("hangup_proxy_",), 2: ("hangup_gateway_", "hangup_proxy_"), 3: ("vllm:",),
+             4: ("nv_",)}  # fmt: skip
+    board = list(panels(dashboard()))
+    rows_seen = [p["id"] // 100 for p in board if p["type"] == "row"]
+    assert rows_seen == list(ROWS), rows_seen
+    current = 0
+    for panel in board:
+        if panel["type"] == "row":
+            current = panel["id"] // 100
+            assert panel["id"] % 100 == 0, panel["title"]
+            continue
+        assert panel["id"] // 100 == current, (panel["id"], panel["title"])
+        for target in panel["targets"]:
+            names = re.findall(r"\b(hangup_[a-z_]+|vllm:[a-z_:]+|nv_[a-z_]+)", target["expr"])
+            assert names, target["expr"]
+            for name in names:
+                assert name.startswith(reads[current]), (panel["title"], name)
+    assert len({p["id"] for p in board}) == len(board), "panel ids repeat"
 
 
 def test_dashboard_panels_do_not_overlap() -> None:

@@ -16,9 +16,15 @@ DASHBOARD = REPO / "observability" / "grafana" / "hangup-dashboard.json"
 RULES = REPO / "observability" / "prometheus" / "rules.yaml"
 RULES_TEST = REPO / "observability" / "prometheus" / "rules_test.yaml"
 RUNBOOKS = REPO / "docs" / "runbooks.md"
+RUNBOOKS_PLACEHOLDER = "https://hangup.invalid/runbooks.md"
+"""Where rules.yaml says the runbooks are; the chart puts metrics.prometheusRule.runbookUrl here."""
+ROWS = {1: "the sidecar", 2: "hangup's gateway", 3: "vLLM", 4: "Triton"}
+"""The dashboard's rows by the hundreds of their panels' ids (the chart keeps its server's)."""
 
 # Grafana's variables, as a live "All" selection expands them.
-VARIABLES = {"${datasource}": "", "$__rate_interval": "1m", "$model": ".*", "$pod": ".*"}
+VARIABLES = {
+    "${datasource}": "", "$__rate_interval": "1m", "$model": ".*", "$pod": ".*", "$namespace": ".*",
+}  # fmt: skip
 METRIC = re.compile(r"\b(hangup_[a-z_]+?)(?:_bucket|_count|_sum)?\b(?!\s*[(:])")
 
 
@@ -46,13 +52,25 @@ def panels(board: dict[str, Any]) -> Iterator[dict[str, Any]]:
         yield from panel.get("panels", [])
 
 
-def panel_queries(board: dict[str, Any] | None = None) -> list[PanelQuery]:
+def panel_queries(
+    board: dict[str, Any] | None = None, rows: tuple[int, ...] = tuple(ROWS)
+) -> list[PanelQuery]:
+    """Every query of the panels in ``rows`` (the hundreds of their ids)."""
     board = board or dashboard()
     return [
         PanelQuery(p["title"], t.get("legendFormat", ""), t["expr"])
         for p in panels(board)
+        if p["id"] // 100 in rows
         for t in p.get("targets", [])
     ]
+
+
+def server_metric_names(expr: str, prefix: str) -> set[str]:
+    """The metric families of another server an expression reads (``vllm:``, ``nv_``), histogram
+    suffixes folded away."""
+    found = re.findall(rf"\b({re.escape(prefix)}[a-zA-Z0-9_:]+?)(?:_bucket|_count|_sum)?\b(?![(])",
+                       expr)  # fmt: skip
+    return set(found)
 
 
 def rules() -> list[dict[str, Any]]:

@@ -1,12 +1,29 @@
-"""`helm test` for hangup: stream a completion through the proxy, hang up, see the cancel.
+"""`helm test` for hangup: a long call through the sidecar, hung up on; is the hang-up through?
 
-Standard library only, so it runs in any image with Python 3. Configured by environment:
-HANGUP_TEST_URL (the proxy's HTTP address), HANGUP_TEST_ADMIN_URL (its admin address),
-HANGUP_TEST_MODEL, HANGUP_TEST_MAX_TOKENS (long enough that the answer is still streaming when
-the test hangs up, short enough for the model's context), HANGUP_TEST_TIMEOUT (seconds). Exits 0 once the proxy has counted one more
-client hang-up and one more acknowledged cancel call than before the test; 1 otherwise.
-With several replicas the Service may route the scrapes to other pods: it keeps looking until the
-timeout, so a pass is certain to be seen but a slow pass needs fewer replicas to be quick.
+Standard library only, so it runs in any image with Python 3. Configured by environment (the
+chart's test pod sets every variable from its values and the `server` preset):
+
+- HANGUP_TEST_URL, HANGUP_TEST_ADMIN_URL, HANGUP_TEST_SERVER_METRICS_URL: the sidecar's HTTP
+  address, its admin address, and where the server's own /metrics is read (through the sidecar's
+  HTTP port, or Triton's metrics port), each with ``{host}`` for the host;
+  HANGUP_TEST_HOST: the Service's name; or HANGUP_TEST_PODS: a headless Service's name, whose
+  addresses (every ready pod) are checked one by one;
+- HANGUP_TEST_KIND (openai, triton, truss), HANGUP_TEST_MODEL (openai: empty, the first of GET
+  /v1/models), HANGUP_TEST_PATH and HANGUP_TEST_BODY (empty: the kind's; ``{model}`` and
+  ``{maxTokens}`` are filled in), HANGUP_TEST_MAX_TOKENS;
+- HANGUP_TEST_HANG_UP_AFTER: seconds after which a call that has sent nothing yet is hung up on
+  (one that sends is hung up on at its first bytes); HANGUP_TEST_END_WITHIN: seconds the
+  server's gauges have to be back down after it; HANGUP_TEST_TIMEOUT: seconds for the rest;
+- HANGUP_TEST_CANCEL_CALLS ("1": the adapter makes a cancel call, which must be acknowledged);
+  HANGUP_TEST_SERVER_INFLIGHT, HANGUP_TEST_SERVER_COUNTER: JSON lists of series selectors
+  (``name`` or ``name{label="value",...}``, summed): gauges that rise while the call runs and
+  are back down within HANGUP_TEST_END_WITHIN of the hang-up; counters that grow.
+
+Passes (exit 0) once, for each pod checked: the sidecar counted the client's hang-up and
+cancelled the upstream call (``hangup_proxy_client_disconnects_total``,
+``hangup_proxy_cancels_total{reason="client_disconnect"}``), the cancel call was acknowledged
+where there is one, and the server's own metrics showed it. Fails (exit 1) naming what was not
+seen. Run it on an idle release: other calls move the same gauges.
 """
 
 from __future__ import annotations
@@ -14,68 +31,239 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
+import select
+import socket
 import sys
 import time
 import urllib.parse
-import urllib.request
 
 ACKNOWLEDGED = ("ok", "finished")
+SELECTOR = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?$')
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
+BODIES = {
+    "openai": '{"model": "{model}", "prompt": "hang up on me", "max_tokens": {maxTokens}, '
+    '"stream": true, "ignore_eos": true}',
+    "triton": '{"text_input": "hang up on me", "stream": true, "sampling_parameters": '
+    '"{\\"max_tokens\\": {maxTokens}, \\"ignore_eos\\": true}"}',
+    "truss": '{"prompt": "hang up on me", "max_tokens": {maxTokens}}',
+}
+PATHS = {
+    "openai": "/v1/completions",
+    "triton": "/v2/models/{model}/generate_stream",
+    "truss": "/v1/models/model:predict",
+}
 
 
-def counter(text: str, name: str, label: str = "", values: tuple[str, ...] = ()) -> float:
-    """Sum of the samples of ``name`` (whose ``label`` is one of ``values``, when given)."""
-    total = 0.0
+class Failed(Exception):
+    """What the test did not see; the message says what to look at."""
+
+
+def parse_selector(text: str) -> tuple[str, dict[str, str]]:
+    found = SELECTOR.match(text.strip())
+    if not found:
+        raise Failed(f"not a series selector: {text!r} (name or name{{label=\"value\"}})")
+    return found.group(1), dict(LABEL.findall(found.group(2) or ""))
+
+
+def total(text: str, selector: str) -> float | None:
+    """Sum of the samples ``selector`` names in a Prometheus text page; None if it has none."""
+    name, labels = parse_selector(selector)
+    found = None
     for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
+        if not line.startswith((name + "{", name + " ")):
             continue
         series, _, value = line.rpartition(" ")
-        if label and not any(f'{label}="{v}"' in series for v in values):
-            continue
-        total += float(value)
-    return total
+        have = dict(LABEL.findall(series[len(name) :]))
+        if all(have.get(k) == v for k, v in labels.items()):
+            found = (found or 0.0) + float(value)
+    return found
 
 
-def counts(admin_url: str) -> tuple[float, float]:
-    with urllib.request.urlopen(admin_url.rstrip("/") + "/metrics", timeout=5) as resp:
-        text = resp.read().decode()
-    hangups = counter(text, "hangup_proxy_client_disconnects_total")
-    cancels = counter(text, "hangup_proxy_cancel_calls_total", "result", ACKNOWLEDGED)
-    return hangups, cancels
+class Scraper:
+    """GET one URL again and again on one keep-alive connection (one pod behind a Service)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = urllib.parse.urlsplit(url)
+        self.conn: http.client.HTTPConnection | None = None
+
+    def text(self) -> str:
+        for attempt in (1, 2):
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.url.hostname or "", self.url.port or 80,
+                                                       timeout=10)  # fmt: skip
+            try:
+                self.conn.request("GET", self.url.path or "/")
+                resp = self.conn.getresponse()
+                body = resp.read().decode(errors="replace")
+            except (OSError, http.client.HTTPException):
+                self.conn.close()
+                self.conn = None
+                if attempt == 2:
+                    raise
+                continue
+            if resp.status != 200:
+                raise Failed(f"GET {self.url.geturl()} answered {resp.status}: {body[:300]}")
+            return body
+        raise AssertionError("unreachable")
+
+    def sum(self, selectors: list[str]) -> float:
+        text = self.text()
+        found = [total(text, s) for s in selectors]
+        if all(f is None for f in found):
+            raise Failed(f"{self.url.geturl()} exports none of {selectors}: set test.serverInflight"
+                         " / test.serverCounter to what your server exports, or [] to check only"
+                         " the sidecar")  # fmt: skip
+        return sum(f or 0.0 for f in found)
 
 
-def stream_and_hang_up(url: str, model: str, max_tokens: int, timeout: float) -> None:
-    """Start a long streaming completion, read its first event, then close the connection."""
+class Call:
+    """One call through the sidecar, on a socket of its own, hung up on by closing it."""
+
+    def __init__(self, url: str, path: str, body: str) -> None:
+        target = urllib.parse.urlsplit(url)
+        self.sock = socket.create_connection((target.hostname, target.port or 80), timeout=10)
+        head = (f"POST {path} HTTP/1.1\r\nHost: {target.hostname}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body.encode())}\r\n\r\n")
+        self.sock.sendall(head.encode() + body.encode())
+        self.seen = b""
+
+    def first_bytes(self, within: float) -> bool:
+        """Wait up to ``within`` seconds for the answer's first bytes; whether any came. An answer
+        that is not a 200, or that ends before the test hangs up, fails the test."""
+        readable, _, _ = select.select([self.sock], [], [], within)
+        if not readable:
+            return False
+        chunk = self.sock.recv(65536)
+        self.seen += chunk
+        while b"\r\n\r\n" not in self.seen and chunk:
+            chunk = self.sock.recv(65536)
+            self.seen += chunk
+        status = self.seen.split(b"\r\n", 1)[0]
+        if not status.startswith(b"HTTP/1.1 200"):
+            raise Failed(f"the call answered {self.seen[:600]!r}")
+        if not chunk:
+            raise Failed("the call ended before the test hung up: ask for more (test.maxTokens)")
+        return True
+
+    def hang_up(self) -> None:
+        self.sock.close()
+
+
+def first_model(url: str) -> str:
     target = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(target.hostname or "", target.port or 80, timeout=timeout)
-    body = {"model": model, "prompt": "hang up on me", "max_tokens": max_tokens, "stream": True}
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
+    conn = http.client.HTTPConnection(target.hostname or "", target.port or 80, timeout=10)
+    try:
+        conn.request("GET", "/v1/models")
+        resp = conn.getresponse()
+        body = resp.read()
+    finally:
+        conn.close()
     if resp.status != 200:
-        raise SystemExit(f"FAIL: the completion answered {resp.status}: {resp.read()[:500]!r}")
-    while not resp.readline().startswith(b"data:"):
-        pass
-    print(f"streaming through {url}; hanging up after the first event")
-    resp.close()
-    conn.close()
+        raise Failed(f"GET /v1/models answered {resp.status}: set test.model")
+    return str(json.loads(body)["data"][0]["id"])
+
+
+def env(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def check(host: str) -> list[str]:
+    """The test against the pod (or Service) at ``host``: what it proved, or Failed."""
+    url, admin_url, metrics_url = (env(n).replace("{host}", host) for n in (
+        "HANGUP_TEST_URL", "HANGUP_TEST_ADMIN_URL", "HANGUP_TEST_SERVER_METRICS_URL"))  # fmt: skip
+    kind = env("HANGUP_TEST_KIND", "openai")
+    model = env("HANGUP_TEST_MODEL")
+    if not model and kind == "openai":
+        model = first_model(url)
+    if not model and kind == "triton":
+        raise Failed("set test.model: the Triton model to call")
+    fill = {"{model}": model, "{maxTokens}": env("HANGUP_TEST_MAX_TOKENS", "1000")}
+    path, body = env("HANGUP_TEST_PATH") or PATHS[kind], env("HANGUP_TEST_BODY") or BODIES[kind]
+    for key, value in fill.items():
+        path, body = path.replace(key, value), body.replace(key, value)
+    inflight = json.loads(env("HANGUP_TEST_SERVER_INFLIGHT", "[]"))
+    counters = json.loads(env("HANGUP_TEST_SERVER_COUNTER", "[]"))
+    cancel_calls = env("HANGUP_TEST_CANCEL_CALLS") == "1"
+    timeout = float(env("HANGUP_TEST_TIMEOUT", "60"))
+    end_within = float(env("HANGUP_TEST_END_WITHIN", "5"))
+
+    admin, server = Scraper(admin_url + "/metrics"), Scraper(metrics_url)
+
+    def sidecar() -> tuple[float, float, float]:
+        text = admin.text()
+        return (total(text, "hangup_proxy_client_disconnects_total") or 0.0,
+                total(text, 'hangup_proxy_cancels_total{reason="client_disconnect"}') or 0.0,
+                sum(total(text, f'hangup_proxy_cancel_calls_total{{result="{r}"}}') or 0.0
+                    for r in ACKNOWLEDGED))  # fmt: skip
+
+    before = sidecar()
+    gauge_before = server.sum(inflight) if inflight else 0.0
+    counter_before = server.sum(counters) if counters else 0.0
+    call = Call(url, path, body)
+    try:
+        sent = call.first_bytes(float(env("HANGUP_TEST_HANG_UP_AFTER", "2")))
+        if inflight:
+            deadline = time.monotonic() + timeout
+            while server.sum(inflight) <= gauge_before:
+                if time.monotonic() > deadline:
+                    raise Failed(f"the server's {inflight} did not rise while the call ran (with"
+                                 " several pods, enable service.headless)")  # fmt: skip
+                time.sleep(0.2)  # polling a server's metrics, with a deadline
+    finally:
+        call.hang_up()
+    hung_up = time.monotonic()
+    print(f"{host}: {'streaming' if sent else 'waiting'} on {path}; hung up")
+    missing: list[str] = ["x"]
+    while missing:
+        now = sidecar()
+        missing = []
+        if now[0] <= before[0]:
+            missing.append("the sidecar's count of the client's hang-up")
+        if now[1] <= before[1]:
+            missing.append("the sidecar's cancel of the upstream call")
+        if cancel_calls and now[2] <= before[2]:
+            missing.append("an acknowledged cancel call")
+        if counters and server.sum(counters) <= counter_before:
+            missing.append(f"the server's {counters} growing")
+        if inflight and server.sum(inflight) > gauge_before:
+            if time.monotonic() - hung_up > end_within:
+                raise Failed(f"the server's {inflight} still count the call {end_within:g} s after"
+                             " the hang-up: it did not reach the server")  # fmt: skip
+            missing.append(f"the server's {inflight} back down")
+        if missing and time.monotonic() - hung_up > timeout:
+            raise Failed(f"not seen within {timeout:g} s: {'; '.join(missing)}")
+        if missing:
+            time.sleep(0.2)  # polling the sidecar's and the server's metrics, with a deadline
+    proved = ["the sidecar counted the hang-up and cancelled the upstream call"]
+    if cancel_calls:
+        proved.append("its cancel call was acknowledged")
+    if counters:
+        proved.append(f"the server's {counters} grew")
+    if inflight:
+        proved.append(f"the server's {inflight} were back down within {end_within:g} s")
+    return proved
+
+
+def hosts() -> list[str]:
+    pods = env("HANGUP_TEST_PODS")
+    if not pods:
+        return [env("HANGUP_TEST_HOST")]
+    found = sorted({a[4][0] for a in socket.getaddrinfo(pods, None, proto=socket.IPPROTO_TCP)})
+    if not found:
+        raise Failed(f"{pods} names no ready pod")
+    return found
 
 
 def main() -> int:
-    url = os.environ["HANGUP_TEST_URL"]
-    admin_url = os.environ["HANGUP_TEST_ADMIN_URL"]
-    model = os.environ.get("HANGUP_TEST_MODEL", "hangup-sim")
-    max_tokens = int(os.environ.get("HANGUP_TEST_MAX_TOKENS", "1000"))
-    timeout = float(os.environ.get("HANGUP_TEST_TIMEOUT", "60"))
-    hangups_before, cancels_before = counts(admin_url)
-    stream_and_hang_up(url, model, max_tokens, timeout)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        hangups, cancels = counts(admin_url)
-        if hangups > hangups_before and cancels > cancels_before:
-            print(f"PASS: the proxy counted the hang-up ({hangups:g}) and the cancel ({cancels:g})")
-            return 0
-        time.sleep(0.5)  # polling an external system with a deadline, not waiting blindly
-    print(f"FAIL: no hang-up and acknowledged cancel counted within {timeout:g}s", file=sys.stderr)
-    return 1
+    try:
+        for host in hosts():
+            host = f"[{host}]" if ":" in host else host  # an IPv6 pod address
+            print(f"PASS {host}: " + "; ".join(check(host)))
+    except Failed as exc:
+        print(f"FAIL: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -102,10 +102,53 @@ exec:
     {{- end }}
 {{- end }}
 
+{{/* The server's preStop: keep serving while the proxy drains and sends its shutdown cancels. */}}
+{{- define "hangup.serverPreStop" -}}
+{{- dict "preStop" (dict "exec" (dict "command" (list "sleep" (include "hangup.upstreamPreStopSeconds" .)))) | toYaml }}
+{{- end }}
+
+{{/* A preset's server container (vllm-serve, triton, truss, sglang): see _presets.tpl. */}}
+{{- define "hangup.presetContainer" -}}
+{{- $m := .Values.modelServer -}}
+{{- $p := include "hangup.preset" . | fromYaml -}}
+{{- $c := dict "name" $p.container "image" $m.image "imagePullPolicy" .Values.image.pullPolicy -}}
+{{- with ($m.command | default $p.command) }}
+{{- $_ := set $c "command" . }}
+{{- end }}
+{{- with concat $m.args ($p.args | default list) }}
+{{- $_ := set $c "args" . }}
+{{- end }}
+{{- $env := list (dict "name" "HOME" "value" "/tmp") (dict "name" "HF_HOME" "value" "/tmp/huggingface") }}
+{{- $env = concat $env ($p.env | default list) $m.env (dig "env" list $m.container) }}
+{{- $_ := set $c "env" $env }}
+{{- with $p.metricsPort }}
+{{- $_ := set $c "ports" (list (dict "name" "server-metrics" "containerPort" (int .) "protocol" "TCP")) }}
+{{- end }}
+{{- $live := include "hangup.gatewayProbe" (dict "port" $m.httpPort "path" $p.live "probe" (dict "periodSeconds" 10 "failureThreshold" 3 "timeoutSeconds" 3)) | fromYaml }}
+{{- $ready := include "hangup.gatewayProbe" (dict "port" $m.httpPort "path" $p.ready "probe" (dict "periodSeconds" 5 "failureThreshold" 2 "timeoutSeconds" 3)) | fromYaml }}
+{{- $startup := include "hangup.gatewayProbe" (dict "port" $m.httpPort "path" $p.live "probe" $m.startupProbe) | fromYaml }}
+{{- $_ := set $c "startupProbe" $startup }}
+{{- $_ := set $c "livenessProbe" $live }}
+{{- $_ := set $c "readinessProbe" $ready }}
+{{- $_ := set $c "lifecycle" (include "hangup.serverPreStop" . | fromYaml) }}
+{{- $_ := set $c "securityContext" (deepCopy .Values.securityContext) }}
+{{- $mounts := list (dict "name" "server-tmp" "mountPath" "/tmp") }}
+{{- if and $p.shm $m.shmSize }}
+{{- $mounts = append $mounts (dict "name" "server-shm" "mountPath" "/dev/shm") }}
+{{- end }}
+{{- if $m.mountCancelToken }}
+{{- $mounts = append $mounts (dict "name" "cancel-token" "mountPath" "/var/run/hangup/cancel-token" "readOnly" true) }}
+{{- end }}
+{{- $_ := set $c "volumeMounts" (concat $mounts (dig "volumeMounts" list $m.container)) }}
+{{- $c = mergeOverwrite $c (omit (deepCopy $m.container) "env" "volumeMounts") }}
+{{- toYaml (list $c) }}
+{{- end }}
+
+{{/* server: custom: the container as written, with the preStop unless it has a lifecycle. */}}
 {{- define "hangup.modelServerContainer" -}}
 {{- $c := deepCopy .Values.modelServer.container -}}
 {{- if not (hasKey $c "lifecycle") }}
-{{- $_ := set $c "lifecycle" (dict "preStop" (dict "exec" (dict "command" (list "sleep" (include "hangup.upstreamPreStopSeconds" .))))) }}
+{{- $_ := set $c "lifecycle" (include "hangup.serverPreStop" . | fromYaml) }}
 {{- end }}
 {{- if .Values.modelServer.mountCancelToken }}
 {{- $mounts := get $c "volumeMounts" | default list }}
@@ -121,6 +164,10 @@ exec:
 - name: proxy
   image: {{ include "hangup.proxyImage" . }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
+  {{- if $p.nativeSidecar }}
+  # A native sidecar: started, and ready, before the server; stopped after it.
+  restartPolicy: Always
+  {{- end }}
   command: [hangup-proxy]
   args:
     - --host=0.0.0.0
@@ -131,7 +178,7 @@ exec:
     {{- with $upstreamGrpc }}
     - --upstream-grpc={{ . }}
     {{- end }}
-    - --cancel-adapter={{ $p.cancelAdapter }}
+    - --cancel-adapter={{ include "hangup.adapter" . }}
     {{- if $p.vllmAbortEndpoint }}
     - --vllm-abort-endpoint=true
     {{- end }}
@@ -166,6 +213,15 @@ exec:
     - name: admin
       containerPort: {{ $p.adminPort }}
       protocol: TCP
+  {{- if $p.nativeSidecar }}
+  # The server starts once this passes.
+  startupProbe:
+    httpGet:
+      path: /readyz
+      port: admin
+    periodSeconds: 1
+    failureThreshold: 60
+  {{- end }}
   livenessProbe:
     httpGet:
       path: /healthz
@@ -176,11 +232,13 @@ exec:
       path: /readyz
       port: admin
     {{- toYaml $p.readinessProbe | nindent 4 }}
+  {{- if not $p.nativeSidecar }}
   lifecycle:
     preStop:
       # Let the Service drop this pod before the proxy stops taking new calls.
       exec:
         command: [sleep, "{{ .Values.shutdown.preStopSeconds }}"]
+  {{- end }}
   {{- with $p.resources }}
   resources:
     {{- toYaml . | nindent 4 }}

@@ -52,9 +52,10 @@ app.kubernetes.io/part-of: hangup
 {{- printf "%s:%s" $repo $tag }}
 {{- end }}
 
-{{/* Whether a cancel token exists at all: the gateway always takes one; the `hangup` adapter sends it. */}}
+{{/* Whether a cancel token exists at all: the gateway always takes one; the `hangup` adapter
+     sends it; with a preset the sidecar answers the cancel by id behind it. */}}
 {{- define "hangup.tokenEnabled" -}}
-{{- if or .Values.gateway.enabled (eq .Values.proxy.cancelAdapter "hangup") .Values.modelServer.mountCancelToken }}true{{ end }}
+{{- if or (eq .Values.server "gateway") (eq (include "hangup.adapter" .) "hangup") (include "hangup.presetServer" .) .Values.modelServer.mountCancelToken }}true{{ end }}
 {{- end }}
 
 {{- define "hangup.tokenSecretName" -}}
@@ -66,8 +67,10 @@ app.kubernetes.io/part-of: hangup
 {{- end }}
 
 {{- define "hangup.upstreamHttp" -}}
-{{- if .Values.gateway.enabled }}
+{{- if eq .Values.server "gateway" }}
 {{- printf "http://127.0.0.1:%d" (int .Values.gateway.httpPort) }}
+{{- else if include "hangup.presetServer" . }}
+{{- printf "http://127.0.0.1:%d" (int .Values.modelServer.httpPort) }}
 {{- else }}
 {{- .Values.modelServer.upstreamHttp }}
 {{- end }}
@@ -77,14 +80,18 @@ app.kubernetes.io/part-of: hangup
      spreads its calls over them (one connection to the shared port reaches one process). */}}
 {{- define "hangup.upstreamGrpc" -}}
 {{- $g := .Values.gateway }}
-{{- if and $g.enabled (gt (int $g.apiProcesses) 1) }}
+{{- $gateway := eq .Values.server "gateway" }}
+{{- if and $gateway (gt (int $g.apiProcesses) 1) }}
 {{- $ports := list }}
 {{- range $k := until (int $g.apiProcesses) }}
 {{- $ports = append $ports (printf "127.0.0.1:%d" (add (int $g.grpcProcessPorts) $k)) }}
 {{- end }}
 {{- join "," $ports }}
-{{- else if $g.enabled }}
+{{- else if $gateway }}
 {{- printf "127.0.0.1:%d" (int $g.grpcPort) }}
+{{- else if eq .Values.server "triton" }}
+{{- printf "127.0.0.1:%d" (int .Values.modelServer.grpcPort) }}
+{{- else if include "hangup.presetServer" . }}
 {{- else }}
 {{- .Values.modelServer.upstreamGrpc }}
 {{- end }}
@@ -97,7 +104,7 @@ app.kubernetes.io/part-of: hangup
 {{- end }}
 
 {{- define "hangup.requiredGraceSeconds" -}}
-{{- $gatewayDrain := ternary .Values.gateway.drainTimeoutSeconds 0 .Values.gateway.enabled }}
+{{- $gatewayDrain := ternary .Values.gateway.drainTimeoutSeconds 0 (eq .Values.server "gateway") }}
 {{- add (include "hangup.upstreamPreStopSeconds" . | int) $gatewayDrain }}
 {{- end }}
 
@@ -113,8 +120,15 @@ app.kubernetes.io/part-of: hangup
 {{- end }}
 {{- end }}
 
+{{/* The model `helm test` and the notes call; empty: the server's first (GET /v1/models). */}}
 {{- define "hangup.testModel" -}}
-{{- .Values.test.model | default .Values.gateway.servedModelName | default .Values.gateway.model | default "hangup-sim" }}
+{{- if .Values.test.model }}
+{{- .Values.test.model }}
+{{- else if eq .Values.server "gateway" }}
+{{- .Values.gateway.servedModelName | default .Values.gateway.model | default "hangup-sim" }}
+{{- else if eq .Values.server "truss" }}
+{{- "model" }}
+{{- end }}
 {{- end }}
 
 {{/* The proxy's --workers: proxy.workers, or (0) one per CPU of its CPU limit, rounded up. */}}
