@@ -481,7 +481,7 @@ HELM_TEST = {
     "triton-values.yaml": ("triton", "vllm_model", "0",
                            ["vllm:num_requests_running", "vllm:num_requests_waiting"], [],
                            "http://{host}:8002/metrics"),
-    "truss-values.yaml": ("truss", "model", "0", [], [], "http://{host}:8080/metrics"),
+    "truss-values.yaml": ("truss", "model", "0", [], [], "http://{host}:8080/metrics/"),
     "sglang-values.yaml": ("openai", "", "1", [], [], "http://{host}:8080/metrics"),
 }  # fmt: skip
 

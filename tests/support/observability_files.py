@@ -66,11 +66,15 @@ def panel_queries(
 
 
 def server_metric_names(expr: str, prefix: str) -> set[str]:
-    """The metric families of another server an expression reads (``vllm:``, ``nv_``), histogram
-    suffixes folded away."""
-    found = re.findall(rf"\b({re.escape(prefix)}[a-zA-Z0-9_:]+?)(?:_bucket|_count|_sum)?\b(?![(])",
-                       expr)  # fmt: skip
-    return set(found)
+    """The series names of another server an expression reads (``vllm:``, ``nv_``), as written
+    (a histogram's with its ``_bucket``)."""
+    return set(re.findall(rf"\b({re.escape(prefix)}[a-zA-Z0-9_:]+)\b(?![(])", expr))
+
+
+def exported(name: str, families: set[str]) -> bool:
+    """Whether a series ``name`` belongs to one of ``families`` (a histogram's ``_bucket``,
+    ``_sum`` and ``_count``, a counter's ``_total``, are its family's)."""
+    return name in families or re.sub(r"_(bucket|sum|count|total)$", "", name) in families
 
 
 def rules() -> list[dict[str, Any]]:

@@ -44,13 +44,13 @@ LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="([^"]*)"')
 BODIES = {
     "openai": '{"model": "{model}", "prompt": "hang up on me", "max_tokens": {maxTokens}, '
     '"stream": true, "ignore_eos": true}',
-    "triton": '{"text_input": "hang up on me", "stream": true, "sampling_parameters": '
+    "triton": '{"text_input": "hang up on me", "stream": false, "sampling_parameters": '
     '"{\\"max_tokens\\": {maxTokens}, \\"ignore_eos\\": true}"}',
     "truss": '{"prompt": "hang up on me", "max_tokens": {maxTokens}}',
 }
 PATHS = {
     "openai": "/v1/completions",
-    "triton": "/v2/models/{model}/generate_stream",
+    "triton": "/v2/models/{model}/generate",  # not streamed: what Triton's HTTP never cancels
     "truss": "/v1/models/model:predict",
 }
 

@@ -188,6 +188,10 @@ exec:
     {{- with $p.cancelPool }}
     - --cancel-pool={{ join "," . }}
     {{- end }}
+    {{- if ne (include "hangup.metricsPath" .) "/metrics" }}
+    # The server's metrics path, relayed as a scrape (not a call).
+    - --scrape-paths=/metrics,/metrics/pool,{{ include "hangup.metricsPath" . }}
+    {{- end }}
     {{- if include "hangup.tokenEnabled" . }}
     - --cancel-token-file={{ include "hangup.tokenPath" . }}
     {{- end }}

@@ -18,7 +18,7 @@
 {{- else if $v.metrics.upstream.enabled }}
 # The server's metrics, relayed by the proxy from loopback.
 - port: http
-  path: {{ $v.metrics.upstream.path }}
+  path: {{ include "hangup.metricsPath" .root }}
   interval: {{ .monitor.interval }}
   scrapeTimeout: {{ .monitor.scrapeTimeout }}
 {{- end }}

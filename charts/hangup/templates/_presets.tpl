@@ -10,6 +10,7 @@
                   always rendered, so that only the sidecar's ports admit anyone)
      live, ready  paths of its liveness and readiness, asked inside its container
      metricsPort  a port of its own for /metrics (Triton); else it is scraped through the proxy
+     metricsPath  where it serves /metrics (Truss mounts its exporter at /metrics/)
      shm          whether it gets a memory-backed /dev/shm
      test         what `helm test` calls (kind: openai | triton | truss) and what it reads from
                   the server's /metrics (inflight: gauges; counter: counters)
@@ -72,6 +73,7 @@ env:
 loopback: false
 live: /
 ready: /v1/models/model
+metricsPath: /metrics/
 test:
   kind: truss
   inflight: []
@@ -101,6 +103,11 @@ test:
   counter: []
 rows: [1, 2, 3, 4]
 {{- end }}
+{{- end }}
+
+{{/* The path the server's metrics are read on (metrics.upstream.path, else the preset's). */}}
+{{- define "hangup.metricsPath" -}}
+{{- .Values.metrics.upstream.path | default (include "hangup.preset" . | fromYaml).metricsPath | default "/metrics" }}
 {{- end }}
 
 {{- define "hangup.adapter" -}}

@@ -1,6 +1,10 @@
 """How each request ended, as a Truss model of the Truss tier saw it: one JSON line per event,
 appended to ``$TRUSS_RECORD_DIR/<model>.jsonl`` (the launcher sets it). Copied next to each
-``model.py`` when the server's directory is laid out (``bench/harness/truss_server.py``)."""
+``model.py`` when the server's directory is laid out (``bench/harness/truss_server.py``).
+
+It also counts the calls a model runs, ``truss_model_calls_running``, a gauge on
+prometheus_client's default registry, which Truss's server exports on its /metrics: a metric of a
+model's own, what the chart's `helm test` reads in front of Truss (test.serverInflight)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,10 @@ import json
 import os
 import time
 from typing import Any
+
+from prometheus_client import Gauge
+
+RUNNING = Gauge("truss_model_calls_running", "Calls the model is running.")
 
 
 class Record:
@@ -20,11 +28,13 @@ class Record:
         self.id = request_id
         self.steps = steps
         self.how: str | None = None
+        RUNNING.inc()
         self.write(how="started", step=0)
 
     def end(self, how: str, step: int) -> None:
         if self.how is None:
             self.how = how
+            RUNNING.dec()
             self.write(how=how, step=step)
 
     def write(self, **fields: Any) -> None:

@@ -2,7 +2,8 @@
 of its own (decoupled), one step every ``step_s`` seconds: first ``prefill_s`` seconds of silence
 (as a long prefill), then one token a step up to ``max_tokens``, all three read from
 ``sampling_parameters``. Every step checks ``is_cancelled()``; how the request ended is recorded
-(``record.py``)."""
+(``record.py``). The requests running are a gauge on Triton's metrics port
+(``streamer_requests_running``, a custom metric): what `helm test` reads of a model of its own."""
 
 from __future__ import annotations
 
@@ -36,10 +37,31 @@ def _text(text: str) -> Any:
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
         self.records = record_dir(args)
+        family = pb_utils.MetricFamily(
+            name="streamer_requests_running",
+            description="Requests the streamer is running (started, not yet ended).",
+            kind=pb_utils.MetricFamily.GAUGE,
+        )
+        self._family = family  # a family dropped by Python is dropped by Triton
+        self._gauge = family.Metric(labels={"model": "streamer"})
+        self._lock = threading.Lock()
+        self._running = 0
+
+    def _count(self, change: int) -> None:
+        with self._lock:
+            self._running += change
+            self._gauge.set(self._running)
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
-            threading.Thread(target=self._run, args=(request,), daemon=True).start()
+            self._count(1)
+            threading.Thread(target=self._counted, args=(request,), daemon=True).start()
+
+    def _counted(self, request: Any) -> None:
+        try:
+            self._run(request)
+        finally:
+            self._count(-1)
 
     def _run(self, request: Any) -> None:
         sender = request.get_response_sender()
