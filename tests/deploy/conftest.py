@@ -1,5 +1,6 @@
 """The deploy tests' shared fixtures: Helm's engine, every ci/ scenario rendered once, and a
-container engine with the CPU image built once for the session."""
+container engine with the CPU image (and the Truss image, for the pods of a server that is not
+hangup's) built once for the session."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from tests.support.containers import (
     build_cpu_image,
     container_engine,
 )
+from tests.support.truss_image import MODEL, TRUSS_IMAGE, build_truss_image
 
 
 @pytest.fixture(scope="session")
@@ -47,6 +49,18 @@ def cpu_image(engine: Engine) -> Any:
     """The CPU image from the Dockerfile as it is, as localhost/hangup:test (a local build)."""
     image = build_cpu_image(engine, CPU_IMAGE)
     REPORT.append(f"images: built {CPU_IMAGE} with {engine.name}, on {engine.base_description()}")
+    return image
+
+
+@pytest.fixture(scope="session")
+def truss_image(engine: Engine) -> Any:
+    """Truss's own model server serving a model of the Truss tier's (tests/support/truss_image.py),
+    as localhost/hangup-truss:test."""
+    try:
+        image = build_truss_image(engine)
+    except LookupError as exc:
+        pytest.skip(f"no Truss image: {exc}")
+    REPORT.append(f"images: built {TRUSS_IMAGE} (Truss 0.18.36's server, model {MODEL})")
     return image
 
 

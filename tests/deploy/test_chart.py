@@ -232,14 +232,30 @@ def test_shutdown_order_lets_the_proxy_cancel_before_the_upstream_stops(
         return
     upstream = by_name.get("gateway") or next(c for n, c in by_name.items() if n != "proxy")
     assert prestop_seconds(upstream) >= proxy_done
-    gateway_drain = int(flag(upstream, "drain-timeout") or 0)
-    assert grace >= prestop_seconds(upstream) + gateway_drain
+    # Then the server stops: the gateway's drain, or a server of the user's its own time.
+    values = scenario(name)
+    server_drain = int(flag(upstream, "drain-timeout") or 0) if "gateway" in by_name else int(
+        values.get("modelServer", {}).get("drainTimeoutSeconds", 10)
+    )
+    assert grace >= prestop_seconds(upstream) + server_drain
 
 
 def test_a_grace_period_too_short_for_the_drain_is_refused(helm: HelmEngine) -> None:
     release = helm.render({"shutdown": {"terminationGracePeriodSeconds": 20}})
     assert not release.ok
     assert "shorter than the 55s the pod needs to drain" in release.error
+
+
+def test_a_server_of_yours_gets_its_stop_in_the_grace_period(renders: dict[str, Release]) -> None:
+    """The grace period holds the server's preStop and then its own stop after SIGTERM
+    (modelServer.drainTimeoutSeconds): Truss took 2 s, which a grace period of the preStop and
+    the margin alone did not leave it (killed at 8 s, 8.2 s in)."""
+    for name in ("vllm-serve-values.yaml", "truss-values.yaml", "existing-deployment-values.yaml"):
+        spec = pod_spec(renders[name])
+        server = next(c for c in spec["containers"] if c["name"] != "proxy")
+        assert spec["terminationGracePeriodSeconds"] == prestop_seconds(server) + 10 + 5, name
+    triton = containers(renders["triton-values.yaml"])["triton"]
+    assert "--exit-timeout-secs=10" in triton["args"]
 
 
 def test_probes_watch_proxy_health_and_gateway_health(renders: dict[str, Release]) -> None:

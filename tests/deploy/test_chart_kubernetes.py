@@ -14,7 +14,6 @@ container. Where a ``kubectl`` is on PATH, ``kubectl kustomize`` must merge it t
 
 from __future__ import annotations
 
-import copy
 import re
 import shutil
 import subprocess
@@ -26,6 +25,7 @@ import pytest
 import yaml
 
 from tests.support.chart import HelmEngine, Release, scenario, scenarios
+from tests.support.kube_patch import strategic_merge, unordered
 
 KUBERNETES = "1.33"
 NOT_VALIDATED = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
@@ -194,29 +194,6 @@ spec:
           volumeMounts: [{name: shm, mountPath: /dev/shm}]
       volumes: [{name: shm, emptyDir: {medium: Memory}}]
 """)
-MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
-              "volumeMounts": "mountPath", "ports": "containerPort"}  # fmt: skip
-
-
-def strategic_merge(base: Any, patch: Any, key: str = "") -> Any:
-    """A strategic-merge patch as the API server applies one to a Deployment: maps merge, the
-    lists Kubernetes gives a merge key merge item by item on it, other lists are replaced."""
-    if isinstance(base, dict) and isinstance(patch, dict):
-        out = dict(base)
-        for name, value in patch.items():
-            out[name] = strategic_merge(base.get(name), value, name) if name in base else value
-        return out
-    if isinstance(base, list) and isinstance(patch, list) and key in MERGE_KEYS:
-        by = MERGE_KEYS[key]
-        out = [dict(item) for item in base]
-        for item in patch:
-            same = [i for i, old in enumerate(out) if old.get(by) == item.get(by)]
-            if same:
-                out[same[0]] = strategic_merge(out[same[0]], item)
-            else:
-                out.append(item)
-        return out
-    return copy.deepcopy(patch)
 
 
 def patched(helm: HelmEngine, native: bool) -> tuple[dict[str, Any], dict[str, Any], Release]:
@@ -288,16 +265,3 @@ def test_kustomize_merges_the_patch_as_the_api_server_does(
                           text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert unordered(yaml.safe_load(done.stdout)) == unordered(merged)
-
-
-def unordered(obj: Any, key: str = "") -> Any:
-    """``obj`` with its merge-keyed lists sorted by their key (kustomize puts what a patch adds
-    first, the API server last; Kubernetes does not order them)."""
-    if isinstance(obj, dict):
-        return {name: unordered(value, name) for name, value in obj.items()}
-    if isinstance(obj, list):
-        items = [unordered(item) for item in obj]
-        if key in MERGE_KEYS:
-            items.sort(key=lambda item: str(item.get(MERGE_KEYS[key])))
-        return items
-    return obj

@@ -29,9 +29,9 @@ from bench.harness.scrape import metric_sum, parse, total
 from bench.harness.waiting import poll_until
 from tests.deploy.test_chart_pod import wait_ready
 from tests.support.chart import HelmEngine
-from tests.support.containers import REPORT, Engine
+from tests.support.containers import Engine
 from tests.support.kube_pod import Pod, played_pod
-from tests.support.truss_image import MODEL, TRUSS_IMAGE, build_truss_image
+from tests.support.truss_image import MODEL, TRUSS_IMAGE
 
 pytestmark = pytest.mark.slow
 
@@ -40,23 +40,13 @@ VALUES: dict[str, Any] = {
     "fullnameOverride": "hangup-truss",  # a pod name of its own beside the gateway's pod tests
     "server": "truss",
     "image": {"repository": "localhost/hangup", "tag": "test", "pullPolicy": "Never"},
-    "modelServer": {"image": TRUSS_IMAGE,
+    "modelServer": {"image": TRUSS_IMAGE, "drainTimeoutSeconds": 5,
                     "env": [{"name": "TRUSS_RECORD_DIR", "value": "/tmp"}]},
     "shutdown": {"preStopSeconds": 1, "marginSeconds": 2},
     "proxy": {"drainTimeoutSeconds": 3, "cancelDeadlineSeconds": 2},
     "test": {"body": '{"id": "helm-test", "steps": {maxTokens}}', "maxTokens": 2000,
              "timeoutSeconds": 20, "serverInflight": ["truss_model_calls_running"]},
 }  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def truss_image(engine: Engine) -> Any:
-    try:
-        image = build_truss_image(engine)
-    except LookupError as exc:
-        pytest.skip(f"no Truss image: {exc}")
-    REPORT.append(f"images: built {TRUSS_IMAGE} (Truss 0.18.36's server, model {MODEL})")
-    return image
 
 
 @pytest.fixture(scope="module")

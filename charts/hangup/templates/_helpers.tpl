@@ -103,9 +103,20 @@ app.kubernetes.io/part-of: hangup
 {{- add .Values.shutdown.preStopSeconds .Values.proxy.drainTimeoutSeconds .Values.proxy.cancelDeadlineSeconds }}
 {{- end }}
 
+{{/* The server's own stop after its SIGTERM: the gateway's drain, a server of yours'
+     modelServer.drainTimeoutSeconds (none for an edge, which runs no server in the pod). */}}
+{{- define "hangup.serverDrainSeconds" -}}
+{{- if eq .Values.server "gateway" }}
+{{- .Values.gateway.drainTimeoutSeconds }}
+{{- else if or (include "hangup.presetServer" .) .Values.modelServer.container .Values.existingDeployment.container }}
+{{- .Values.modelServer.drainTimeoutSeconds }}
+{{- else }}
+{{- 0 }}
+{{- end }}
+{{- end }}
+
 {{- define "hangup.requiredGraceSeconds" -}}
-{{- $gatewayDrain := ternary .Values.gateway.drainTimeoutSeconds 0 (eq .Values.server "gateway") }}
-{{- add (include "hangup.upstreamPreStopSeconds" . | int) $gatewayDrain }}
+{{- add (include "hangup.upstreamPreStopSeconds" . | int) (include "hangup.serverDrainSeconds" . | int) }}
 {{- end }}
 
 {{- define "hangup.terminationGracePeriodSeconds" -}}
@@ -114,7 +125,7 @@ app.kubernetes.io/part-of: hangup
 {{- if kindIs "invalid" $set }}
 {{- add $required .Values.shutdown.marginSeconds }}
 {{- else if lt (int $set) $required }}
-{{- fail (printf "shutdown.terminationGracePeriodSeconds=%d is shorter than the %ds the pod needs to drain (shutdown.preStopSeconds + proxy.drainTimeoutSeconds + proxy.cancelDeadlineSeconds + gateway.drainTimeoutSeconds): a rollout would cut streams short without cancelling them" (int $set) $required) }}
+{{- fail (printf "shutdown.terminationGracePeriodSeconds=%d is shorter than the %ds the pod needs to drain (shutdown.preStopSeconds + proxy.drainTimeoutSeconds + proxy.cancelDeadlineSeconds + the server's gateway.drainTimeoutSeconds or modelServer.drainTimeoutSeconds): a rollout would cut streams short without cancelling them" (int $set) $required) }}
 {{- else }}
 {{- $set }}
 {{- end }}

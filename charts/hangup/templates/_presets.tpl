@@ -54,6 +54,7 @@ args:
   - --allow-metrics=true
   - --metrics-address=0.0.0.0
   - --metrics-port={{ $m.metricsPort }}
+  - --exit-timeout-secs={{ $m.drainTimeoutSeconds }}
 loopback: true
 live: /v2/health/live
 ready: /v2/health/ready
