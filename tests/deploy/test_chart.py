@@ -234,8 +234,10 @@ def test_shutdown_order_lets_the_proxy_cancel_before_the_upstream_stops(
     assert prestop_seconds(upstream) >= proxy_done
     # Then the server stops: the gateway's drain, or a server of the user's its own time.
     values = scenario(name)
-    server_drain = int(flag(upstream, "drain-timeout") or 0) if "gateway" in by_name else int(
-        values.get("modelServer", {}).get("drainTimeoutSeconds", 10)
+    server_drain = (
+        int(flag(upstream, "drain-timeout") or 0)
+        if "gateway" in by_name
+        else int(values.get("modelServer", {}).get("drainTimeoutSeconds", 10))
     )
     assert grace >= prestop_seconds(upstream) + server_drain
 

@@ -25,7 +25,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.harness.processes import Process, spawn
 from bench.harness.waiting import poll_until
 from tests.support.observability_files import RULES, PanelQuery, metric_names, panel_queries, rules
-from tests.support.prometheus import Prometheus, Target, prometheus_binary, running_prometheus
+from tests.support.prometheus import (
+    Prometheus,
+    Target,
+    prometheus_binary,
+    running_prometheus,
+    wait_all_return_data,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -146,18 +152,7 @@ def needs_proxy(expr: str) -> bool:
 
 
 def check_all_return_data(prometheus: Prometheus, exprs: dict[str, str]) -> None:
-    """Wait, with a deadline, until each expression returns a finite value; name the rest."""
-    empty = dict(exprs)
-
-    def all_have_data() -> bool:
-        for name in [n for n, e in empty.items() if prometheus.finite(e)]:
-            del empty[name]
-        return not empty
-
-    poll_until(
-        all_have_data, 60, "every expression to return data",
-        interval=PROMETHEUS_POLL, explain=lambda: f"no data for: {sorted(empty)}",
-    )  # fmt: skip
+    wait_all_return_data(prometheus, exprs)
 
 
 def panel_exprs(proxy: bool) -> dict[str, str]:

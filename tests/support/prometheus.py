@@ -135,3 +135,28 @@ def wait_ready(server: Prometheus, timeout: float) -> bool:
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.popen.wait(0.05)  # a pause that also notices an early exit
     raise TimeoutError(f"Prometheus not ready within {timeout}s:\n{server.log.read_text()}")
+
+
+def wait_all_return_data(prometheus: Prometheus, exprs: dict[str, str], within: float = 60) -> None:
+    """Wait, with a deadline, until each expression (by name) returns a finite value; the
+    failure names the rest."""
+    from bench.harness.waiting import poll_until
+
+    empty = dict(exprs)
+
+    def all_have_data() -> bool:
+        for name in [n for n, e in empty.items() if prometheus.finite(e)]:
+            del empty[name]
+        return not empty
+
+    poll_until(
+        all_have_data, within, "every expression to return data",
+        interval=0.2, explain=lambda: f"no data for: {sorted(empty)}",
+    )  # fmt: skip
+
+
+def row_exprs(rows: tuple[int, ...]) -> dict[str, str]:
+    """The dashboard's queries of ``rows``, variables expanded as Grafana's "All" does."""
+    from tests.support.observability_files import panel_queries
+
+    return {f"{q.panel} [{q.legend}]": q.promql() for q in panel_queries(rows=rows)}

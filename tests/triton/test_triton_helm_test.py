@@ -10,7 +10,8 @@ default reads only the sidecar; a model of one's own exports what it runs (the s
 (``--cancel-adapter triton``: the call is carried over gRPC and cancelled) and fails through a
 sidecar that relays HTTP as it is (``none``: Triton's HTTP frontend never sees the hang-up of a
 call not streamed, Triton 7077; a stream it notices at its next write). The dashboard's Triton
-row reads metrics this Triton exports, with their labels.
+row reads metrics this Triton exports, with their labels, and every query of it returns data
+from a real Prometheus scraping this Triton.
 """
 
 from __future__ import annotations
@@ -27,9 +28,17 @@ import pytest
 from bench.harness.processes import Process
 from bench.harness.scrape import scrape, total
 from bench.harness.triton_server import TritonServer, install
+from bench.harness.waiting import poll_until
 from tests.support.chart import Release
 from tests.support.helm_test_pod import passed, rendered, run_helm_test
 from tests.support.observability_files import exported, panel_queries, server_metric_names
+from tests.support.prometheus import (
+    Target,
+    prometheus_binary,
+    row_exprs,
+    running_prometheus,
+    wait_all_return_data,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -107,6 +116,32 @@ def test_the_dashboards_triton_row_reads_what_triton_exports(triton: TritonServe
     for name in used:
         assert 'model="' in labels[name], labels[name]
     assert 'reason="CANCELED"' in text  # the failure reasons the row splits by
+
+
+def test_every_query_of_the_triton_row_returns_data(
+    triton: TritonServer, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A real Prometheus scrapes this Triton's metrics port (with the labels Kubernetes discovery
+    adds) while short calls run: each query of the dashboard's Triton row returns a number."""
+    if prometheus_binary() is None:
+        pytest.skip("prometheus not found: `make k8s-tools` installs Debian's prometheus package")
+    labels = {"pod": "triton-0", "namespace": "triton"}
+    target = Target("triton", triton.metrics, labels)
+    with running_prometheus(tmp_path_factory.mktemp("prometheus"), [target], []) as prometheus:
+        host, port = triton.http.rsplit(":", 1)
+        params = json.dumps({"max_tokens": 2, "step_s": 0.02})
+        body = json.dumps({"text_input": "x", "sampling_parameters": params}).encode()
+        up = {"triton": 1.0}
+        poll_until(lambda: prometheus.targets_up() == up, 60, "the target scraped", interval=0.2)
+        deadline = time.monotonic() + 5  # calls across several 1 s scrapes
+        while time.monotonic() < deadline:
+            request = urllib.request.Request(f"http://{host}:{port}/v2/models/streamer/generate",
+                                             data=body, method="POST")  # fmt: skip
+            with urllib.request.urlopen(request, timeout=10) as resp:
+                assert resp.status == 200
+        exprs = row_exprs((4,))
+        assert len(exprs) >= 5
+        wait_all_return_data(prometheus, exprs)
 
 
 def test_the_presets_flags_are_tritons(release: Release) -> None:

@@ -8,7 +8,8 @@ scheduler's gauges: ``vllm:num_requests_running`` and ``vllm:num_requests_waitin
 call runs and are back down within ``test.endWithinSeconds`` of the hang-up, where the call asked
 for 8,000 tokens (about 12 s of the tiny model's). It passes with the sidecar in front, and fails
 behind a hop that swallows the hang-up (vLLM generates on). The dashboard's vLLM row reads
-metrics this `vllm serve` exports, with the labels it groups by.
+metrics this `vllm serve` exports, with the labels it groups by, and every query of it returns
+data from a real Prometheus scraping it.
 """
 
 from __future__ import annotations
@@ -22,10 +23,18 @@ import pytest
 from bench.harness.faults import Forwarder
 from bench.harness.processes import spawn
 from bench.harness.scrape import scrape, total
+from bench.harness.waiting import poll_until
 from tests.support import vllm_serve_fronts as serve_fronts
 from tests.support.chart import Release
 from tests.support.helm_test_pod import passed, rendered, run_helm_test
 from tests.support.observability_files import exported, panel_queries, server_metric_names
+from tests.support.prometheus import (
+    Target,
+    prometheus_binary,
+    row_exprs,
+    running_prometheus,
+    wait_all_return_data,
+)
 from tests.support.vllm_fixtures import requires_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, requires_vllm]
@@ -80,8 +89,6 @@ async def test_fails_behind_a_hop_that_swallows_the_hang_up(
 
 
 def _idle(served: serve_fronts.Served) -> None:
-    from bench.harness.waiting import poll_until
-
     poll_until(served.idle, 120, "vLLM idle again", interval=0.5)
 
 
@@ -94,3 +101,31 @@ def test_the_dashboards_vllm_row_reads_what_vllm_serve_exports(
     assert used and all(exported(n, names) for n in used), sorted(used - names)
     labels = {label for (name, pairs) in text if name.startswith("vllm:") for label, _ in pairs}
     assert "finished_reason" in labels and "model_name" in labels
+
+
+def test_every_query_of_the_vllm_row_returns_data(
+    vllm_serve_fronts: serve_fronts.Served, tmp_path: Path
+) -> None:
+    """A real Prometheus scrapes this `vllm serve` (with the labels Kubernetes discovery adds)
+    while short completions run: each query of the dashboard's vLLM row returns a number."""
+    import json
+    import time
+    import urllib.request
+
+    if prometheus_binary() is None:
+        pytest.skip("prometheus not found: `make k8s-tools` installs Debian's prometheus package")
+    url = vllm_serve_fronts.url
+    target = Target("vllm", url.removeprefix("http://"), {"pod": "vllm-0", "namespace": "llm"})
+    with running_prometheus(tmp_path / "prometheus", [target], []) as prometheus:
+        body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 16}).encode()
+        up = {"vllm": 1.0}
+        poll_until(lambda: prometheus.targets_up() == up, 60, "the target scraped", interval=0.2)
+        deadline = time.monotonic() + 5  # completions across several 1 s scrapes
+        while time.monotonic() < deadline:
+            request = urllib.request.Request(f"{url}/v1/completions", data=body, method="POST")
+            request.add_header("Content-Type", "application/json")
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                assert resp.status == 200
+        exprs = row_exprs((3,))
+        assert len(exprs) >= 7
+        wait_all_return_data(prometheus, exprs)
