@@ -13,8 +13,9 @@ import json
 import pytest
 import yaml
 
+from proxy.config import AdapterName
 from tests.deploy.test_chart import containers, pod_spec, prestop_seconds
-from tests.support.chart import HelmEngine, Release, scenario
+from tests.support.chart import CHART, HelmEngine, Release, scenario
 from tests.support.observability_files import DASHBOARD, RULES
 
 
@@ -137,3 +138,15 @@ def test_a_server_of_yours_gets_its_stop_in_the_grace_period(renders: dict[str, 
         assert spec["terminationGracePeriodSeconds"] == prestop_seconds(server) + 10 + 5, name
     triton = containers(renders["triton-values.yaml"])["triton"]
     assert "--exit-timeout-secs=10" in triton["args"]
+
+
+@pytest.mark.parametrize("adapter", [a.value for a in AdapterName])
+def test_every_adapter_the_proxy_has_is_allowed(helm: HelmEngine, adapter: str) -> None:
+    """The proxy's adapters (``--cancel-adapter``), each accepted by the schema and passed on."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    allowed = schema["properties"]["proxy"]["properties"]["cancelAdapter"]["enum"]
+    assert set(allowed) == {a.value for a in AdapterName} | {""}
+    values = {**scenario("bring-your-own-server-values.yaml"), "proxy": {"cancelAdapter": adapter}}
+    assert helm.lint(values).ok
+    args = containers(helm.render(values))["proxy"]["args"]
+    assert f"--cancel-adapter={adapter}" in args

@@ -37,6 +37,7 @@ import socket
 import sys
 import time
 import urllib.parse
+from dataclasses import dataclass
 
 ACKNOWLEDGED = ("ok", "finished")
 SELECTOR = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?$')
@@ -168,8 +169,25 @@ def env(name: str, default: str = "") -> str:
     return os.environ.get(name, default)
 
 
-def check(host: str) -> list[str]:
-    """The test against the pod (or Service) at ``host``: what it proved, or Failed."""
+@dataclass(frozen=True)
+class Plan:
+    """What the test calls at one pod (or the Service) and what it reads there."""
+
+    url: str
+    admin_url: str
+    metrics_url: str
+    path: str
+    body: str
+    inflight: list[str]
+    counters: list[str]
+    cancel_calls: bool
+    hang_up_after: float
+    end_within: float
+    timeout: float
+
+
+def plan(host: str) -> Plan:
+    """The test's plan at ``host``, from the environment the chart sets."""
     url, admin_url, metrics_url = (env(n).replace("{host}", host) for n in (
         "HANGUP_TEST_URL", "HANGUP_TEST_ADMIN_URL", "HANGUP_TEST_SERVER_METRICS_URL"))  # fmt: skip
     kind = env("HANGUP_TEST_KIND", "openai")
@@ -182,66 +200,85 @@ def check(host: str) -> list[str]:
     path, body = env("HANGUP_TEST_PATH") or PATHS[kind], env("HANGUP_TEST_BODY") or BODIES[kind]
     for key, value in fill.items():
         path, body = path.replace(key, value), body.replace(key, value)
-    inflight = json.loads(env("HANGUP_TEST_SERVER_INFLIGHT", "[]"))
-    counters = json.loads(env("HANGUP_TEST_SERVER_COUNTER", "[]"))
-    cancel_calls = env("HANGUP_TEST_CANCEL_CALLS") == "1"
-    timeout = float(env("HANGUP_TEST_TIMEOUT", "60"))
-    end_within = float(env("HANGUP_TEST_END_WITHIN", "5"))
+    return Plan(url, admin_url, metrics_url, path, body,
+                json.loads(env("HANGUP_TEST_SERVER_INFLIGHT", "[]")),
+                json.loads(env("HANGUP_TEST_SERVER_COUNTER", "[]")),
+                env("HANGUP_TEST_CANCEL_CALLS") == "1",
+                float(env("HANGUP_TEST_HANG_UP_AFTER", "2")),
+                float(env("HANGUP_TEST_END_WITHIN", "5")),
+                float(env("HANGUP_TEST_TIMEOUT", "60")))  # fmt: skip
 
-    admin, server = Scraper(admin_url + "/metrics"), Scraper(metrics_url)
 
-    def sidecar() -> tuple[float, float, float]:
-        text = admin.text()
+class Readings:
+    """The sidecar's counters and the server's metrics, before the call and after it."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.admin, self.server = Scraper(plan.admin_url + "/metrics"), Scraper(plan.metrics_url)
+        self.before = self.sidecar()
+        self.gauge_before = self.server.sum(plan.inflight) if plan.inflight else 0.0
+        self.counter_before = self.server.sum(plan.counters) if plan.counters else 0.0
+
+    def sidecar(self) -> tuple[float, float, float]:
+        """Client hang-ups, upstream calls it cancelled for one, cancel calls acknowledged."""
+        text = self.admin.text()
         return (total(text, "hangup_proxy_client_disconnects_total") or 0.0,
                 total(text, 'hangup_proxy_cancels_total{reason="client_disconnect"}') or 0.0,
                 sum(total(text, f'hangup_proxy_cancel_calls_total{{result="{r}"}}') or 0.0
                     for r in ACKNOWLEDGED))  # fmt: skip
 
-    before = sidecar()
-    gauge_before = server.sum(inflight) if inflight else 0.0
-    counter_before = server.sum(counters) if counters else 0.0
-    call = Call(url, path, body)
+    def wait_rise(self) -> None:
+        """Until the server's gauges count the call running (they must, to show its end)."""
+        deadline = time.monotonic() + self.plan.timeout
+        while self.server.sum(self.plan.inflight) <= self.gauge_before:
+            if time.monotonic() > deadline:
+                raise Failed(f"the server's {self.plan.inflight} did not rise while the call ran"
+                             " (with several pods, enable service.headless)")  # fmt: skip
+            time.sleep(0.2)  # polling a server's metrics, with a deadline
+
+    def missing(self, since_hang_up: float) -> list[str]:
+        """What is not seen yet; Failed once the server's gauges outlast test.endWithinSeconds."""
+        p, now, missing = self.plan, self.sidecar(), []
+        if now[0] <= self.before[0]:
+            missing.append("the sidecar's count of the client's hang-up")
+        if now[1] <= self.before[1]:
+            missing.append("the sidecar's cancel of the upstream call")
+        if p.cancel_calls and now[2] <= self.before[2]:
+            missing.append("an acknowledged cancel call")
+        if p.counters and self.server.sum(p.counters) <= self.counter_before:
+            missing.append(f"the server's {p.counters} growing")
+        if p.inflight and self.server.sum(p.inflight) > self.gauge_before:
+            if since_hang_up > p.end_within:
+                raise Failed(f"the server's {p.inflight} still count the call {p.end_within:g} s"
+                             " after the hang-up: it did not reach the server")  # fmt: skip
+            missing.append(f"the server's {p.inflight} back down")
+        return missing
+
+
+def check(host: str) -> list[str]:
+    """The test against the pod (or Service) at ``host``: what it proved, or Failed."""
+    p = plan(host)
+    readings = Readings(p)
+    call = Call(p.url, p.path, p.body)
     try:
-        sent = call.first_bytes(float(env("HANGUP_TEST_HANG_UP_AFTER", "2")))
-        if inflight:
-            deadline = time.monotonic() + timeout
-            while server.sum(inflight) <= gauge_before:
-                if time.monotonic() > deadline:
-                    raise Failed(f"the server's {inflight} did not rise while the call ran (with"
-                                 " several pods, enable service.headless)")  # fmt: skip
-                time.sleep(0.2)  # polling a server's metrics, with a deadline
+        sent = call.first_bytes(p.hang_up_after)
+        if p.inflight:
+            readings.wait_rise()
     finally:
         call.hang_up()
     hung_up = time.monotonic()
-    print(f"{host}: {'streaming' if sent else 'waiting'} on {path}; hung up")
-    missing: list[str] = ["x"]
-    while missing:
-        now = sidecar()
-        missing = []
-        if now[0] <= before[0]:
-            missing.append("the sidecar's count of the client's hang-up")
-        if now[1] <= before[1]:
-            missing.append("the sidecar's cancel of the upstream call")
-        if cancel_calls and now[2] <= before[2]:
-            missing.append("an acknowledged cancel call")
-        if counters and server.sum(counters) <= counter_before:
-            missing.append(f"the server's {counters} growing")
-        if inflight and server.sum(inflight) > gauge_before:
-            if time.monotonic() - hung_up > end_within:
-                raise Failed(f"the server's {inflight} still count the call {end_within:g} s after"
-                             " the hang-up: it did not reach the server")  # fmt: skip
-            missing.append(f"the server's {inflight} back down")
-        if missing and time.monotonic() - hung_up > timeout:
-            raise Failed(f"not seen within {timeout:g} s: {'; '.join(missing)}")
-        if missing:
-            time.sleep(0.2)  # polling the sidecar's and the server's metrics, with a deadline
+    print(f"{host}: {'streaming' if sent else 'waiting'} on {p.path}; hung up")
+    while missing := readings.missing(time.monotonic() - hung_up):
+        if time.monotonic() - hung_up > p.timeout:
+            raise Failed(f"not seen within {p.timeout:g} s: {'; '.join(missing)}")
+        time.sleep(0.2)  # polling the sidecar's and the server's metrics, with a deadline
     proved = ["the sidecar counted the hang-up and cancelled the upstream call"]
-    if cancel_calls:
+    if p.cancel_calls:
         proved.append("its cancel call was acknowledged")
-    if counters:
-        proved.append(f"the server's {counters} grew")
-    if inflight:
-        proved.append(f"the server's {inflight} were back down within {end_within:g} s")
+    if p.counters:
+        proved.append(f"the server's {p.counters} grew")
+    if p.inflight:
+        proved.append(f"the server's {p.inflight} were back down within {p.end_within:g} s")
     return proved
 
 
