@@ -5,7 +5,9 @@ a CPU budget, attacks on live processes), ``deploy/`` (chart, image, observabili
 real Triton) and ``vllm/`` (the real engine; its own conftest adds the vLLM session fixtures and
 makes ``gateway`` the shared vLLM gateway). Helpers live in ``tests/support/``. A socket a test
 leaves open fails that test (``tests/support/leaks.py``), and so does an environment variable it
-leaves changed (``tests/support/environment.py``)."""
+leaves changed (``tests/support/environment.py``). A test skips only for a thing this machine lacks
+(``Unavailable``), every skip is listed at the end, and under ``--require-all`` (CI) each one is a
+failure (``tests/support/skips.py``)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from bench.harness.stack import RawClients
 from tests.support.gateway import Gateway, running_gateway
 from tests.support.scripted_upstream import ScriptedUpstream
 
-pytest_plugins = ["tests.support.leaks", "tests.support.environment"]
+pytest_plugins = ["tests.support.leaks", "tests.support.environment", "tests.support.skips"]
 
 
 @pytest.fixture

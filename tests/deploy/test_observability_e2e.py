@@ -23,6 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.harness.processes import Process, spawn
+from bench.harness.unavailable import Unavailable
 from bench.harness.waiting import poll_until
 from tests.support.observability_files import RULES, PanelQuery, metric_names, panel_queries, rules
 from tests.support.prometheus import (
@@ -101,7 +102,7 @@ async def workload(url: str) -> None:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if prometheus_binary() is None:
-        pytest.skip("prometheus not found: `make k8s-tools` installs Debian's prometheus package")
+        raise Unavailable("prometheus not found: `make k8s-tools` installs Debian's prometheus")
     tmp = tmp_path_factory.mktemp("e2e")
     token = tmp / "cancel-token"
     token.write_text(secrets.token_urlsafe(32))

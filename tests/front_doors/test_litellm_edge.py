@@ -28,6 +28,7 @@ from bench.harness.front_doors import LITELLM, MODEL, running_front_door
 from bench.harness.processes import Process, spawn
 from bench.harness.scrape import metric_sum
 from bench.harness.truss_server import TrussServer
+from bench.harness.unavailable import Unavailable
 from bench.harness.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -50,9 +51,9 @@ class Edge:
 @pytest.fixture(scope="module")
 def behind_litellm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
     if not LITELLM.exists():
-        pytest.skip(f"no {LITELLM}: `make test` installs LiteLLM there")
+        raise Unavailable(f"no {LITELLM}: `make test` installs LiteLLM there")
     if reason := truss_server.skip_reason():
-        pytest.skip(reason)
+        raise Unavailable(reason)
     work = tmp_path_factory.mktemp("litellm-edge")
     token = work / "cancel-token"
     token.write_text(TOKEN)

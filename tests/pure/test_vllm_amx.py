@@ -5,6 +5,7 @@ request on every CPU with AMX (the vLLM tier's guard, ``tests/vllm/conftest.py``
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 from importlib.metadata import entry_points
@@ -36,11 +37,17 @@ def test_vllm_finds_the_plugin() -> None:
     assert plugins.get("hangup_allow_amx") == "gateway_server.engine.vllm.amx:allow_amx"
 
 
-@pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX: nothing to ask for")
+@pytest.mark.skipif(
+    sys.platform != "linux" or platform.machine() != "x86_64",
+    reason="AMX is asked of Linux on x86-64 only",
+)
 def test_a_fresh_process_is_not_permitted_until_the_plugin_asks() -> None:
+    """Where the CPU has AMX, the plugin gets it; where it has none (CI's CPU, at times), the
+    request is refused and nothing changes: the test runs either way."""
     done = subprocess.run([sys.executable, "-c", PERMITTED], capture_output=True, text=True,
                           env=child_env(), cwd=REPO, timeout=60, check=True)  # fmt: skip
-    assert done.stdout.split() == ["False", "True", "True"], done.stdout + done.stderr
+    expected = ["False", "True", "True"] if HAS_AMX else ["False", "False", "False"]
+    assert done.stdout.split() == expected, done.stdout + done.stderr
 
 
 def test_asking_again_or_without_amx_is_harmless() -> None:

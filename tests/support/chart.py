@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from bench.harness.processes import REPO
+from bench.harness.unavailable import Unavailable
 
 CHART = REPO / "charts" / "hangup"
 HELM_VENV_PYTHON = REPO / ".venv-helm" / "bin" / "python"
@@ -84,7 +85,7 @@ class HelmEngine:
     def __init__(self) -> None:
         self.helm = shutil.which("helm")
         if self.helm is None and not HELM_VENV_PYTHON.exists():
-            raise LookupError("no `helm` on PATH and no .venv-helm: run `make k8s-tools`")
+            raise Unavailable("no `helm` on PATH and no .venv-helm: run `make k8s-tools`")
 
     @property
     def name(self) -> str:

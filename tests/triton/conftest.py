@@ -10,13 +10,14 @@ import pytest
 
 from bench.harness.processes import Process, spawn
 from bench.harness.triton_server import TritonServer, install, running_triton
+from bench.harness.unavailable import Unavailable
 
 
 @pytest.fixture(scope="session")
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     found = install()
     if isinstance(found, str):
-        pytest.skip(found)
+        raise Unavailable(found)
     with running_triton(tmp_path_factory.mktemp("triton"), found) as server:
         yield server
 

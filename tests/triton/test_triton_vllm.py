@@ -42,11 +42,8 @@ def triton_vllm(
     tmp_path_factory: pytest.TempPathFactory,
     tiny_model: Path,  # noqa: F811 (the fixture, by name)
 ) -> Iterator[TritonServer]:
-    try:
-        with triton_with_vllm(tmp_path_factory.mktemp("triton-vllm"), tiny_model) as server:
-            yield server
-    except LookupError as why:
-        pytest.skip(str(why))
+    with triton_with_vllm(tmp_path_factory.mktemp("triton-vllm"), tiny_model) as server:
+        yield server  # Unavailable where Triton cannot run: a skip
 
 
 @pytest.fixture(scope="module")

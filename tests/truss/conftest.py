@@ -13,6 +13,7 @@ import pytest
 from bench.harness import truss_server
 from bench.harness.processes import Process, spawn
 from bench.harness.truss_server import TrussServer
+from bench.harness.unavailable import Unavailable
 
 MODELS = ["polling", "polling_stream", "watcher_sync", "ignoring_stream"]
 TOKEN = "truss-sidecar-token"
@@ -31,7 +32,7 @@ class Pod:
 @pytest.fixture(scope="session")
 def truss_pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Pod]]:
     if reason := truss_server.skip_reason():
-        pytest.skip(reason)
+        raise Unavailable(reason)
     work = tmp_path_factory.mktemp("truss")
     token = work / "cancel-token"
     token.write_text(TOKEN)
