@@ -49,6 +49,7 @@ class Answer:
     fields: list[tuple[bytes, bytes]]
     body: bytes
     cut: bool = False  # the connection ended before the body did (the honest end of a cut one)
+    stalled: bool = False  # its head came, then its body stopped coming
 
     def field(self, name: bytes) -> bytes | None:
         return next((v for n, v in self.fields if n.lower() == name), None)
@@ -64,6 +65,7 @@ class Target:
     address: str
     upstream: RecordingUpstream | None = None
     probe: bytes = b""
+    settle_s: float = SETTLE_S  # the time it has to end what its client left behind
 
 
 @dataclass
@@ -83,7 +85,7 @@ class Result:
                 answer = self.answers[i]
                 relayed = answer.field(SEEN) == target and answer.status == 200
                 words.append("relay" if relayed else str(answer.status))
-                words[-1] += " cut" if answer.cut else ""
+                words[-1] += " cut" if answer.cut else " stalled" if answer.stalled else ""
             else:
                 words.append("close" if self.ended == "closed" else "wait")
         return ",".join(words)
@@ -94,8 +96,8 @@ class Result:
         ``none``: when a relay that refused something closes is its own timing (Envoy waits up
         to a second for the client to close first), and the tables compare what is stable."""
         words = self.verdict.split(",")
-        return ",".join("none" if w in ("close", "wait") or w.endswith(" cut") else w
-                        for w in words)  # fmt: skip
+        return ",".join("none" if w in ("close", "wait") or w.endswith((" cut", " stalled"))
+                        else w for w in words)  # fmt: skip
 
 
 class _Malformed(Exception):
@@ -104,7 +106,10 @@ class _Malformed(Exception):
 
 async def _read_answer(reader: asyncio.StreamReader, within: float) -> Answer | None:
     """The next final answer (1xx skipped); None if the connection ended cleanly before one.
-    ``TimeoutError`` if no byte came for ``within`` s; ``_Malformed`` if it is not HTTP/1.1."""
+    ``TimeoutError`` if no head came for ``within`` s; ``_Malformed`` if it is not HTTP/1.1. A
+    head whose body stops coming for ``within`` s is an answer still, ``stalled``: the client
+    has read what it says (an answer the upstream wrote past the last one that claims a body
+    nothing sends shows up so)."""
     while True:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), within)
@@ -141,6 +146,8 @@ async def _read_answer(reader: asyncio.StreamReader, within: float) -> Answer | 
                 answer.body = await asyncio.wait_for(reader.read(), within)
         except (asyncio.IncompleteReadError, ConnectionError):
             answer.cut = True
+        except TimeoutError:
+            answer.stalled = True
         return answer
 
 
@@ -199,8 +206,8 @@ async def _converse(
                 ended = "closed"
                 break
             answers.append(answer)
-            if answer.cut:
-                ended = "closed"
+            if answer.cut or answer.stalled:
+                ended = "closed" if answer.cut else "open"
                 break
     finally:
         writer.close()
@@ -262,12 +269,12 @@ async def _probe(target: Target, n: int) -> str | None:
     return None
 
 
-async def _settled(upstream: RecordingUpstream, mark: list[int]) -> bool:
-    """Every upstream connection the case used closed or between requests, within
-    ``SETTLE_S``."""
+async def _settled(upstream: RecordingUpstream, mark: list[int], within: float) -> bool:
+    """Every upstream connection the case used closed or between requests, within ``within``
+    s."""
     with contextlib.suppress(AssertionError):
         return await wait_until(
-            lambda: upstream.at_rest_since(mark), SETTLE_S, "the upstream at rest"
+            lambda: upstream.at_rest_since(mark), within, "the upstream at rest"
         )
     return False
 
@@ -300,7 +307,7 @@ async def run_case(target: Target, case: Case, n: int) -> Result:
         failed = [a.status for a in answers if a.status >= 500 and a.status not in (501, 505)]
         result.findings += [f"a server error: {status}" for status in failed]
     else:
-        if not await _settled(upstream, used):
+        if not await _settled(upstream, used, target.settle_s):
             result.findings.append("a half-sent request was left on an open upstream connection")
         result.upstream = upstream.log[mark:]
         for parsed in result.upstream:
@@ -324,6 +331,18 @@ async def run_case(target: Target, case: Case, n: int) -> Result:
 
 async def run_requests(target: Target, cases: list[Case] = REQUESTS) -> list[Result]:
     return [await run_case(target, case, n) for n, case in enumerate(cases)]
+
+
+async def run_requests_in_lanes(lanes: list[Target], cases: list[Case] = REQUESTS) -> list[Result]:
+    """The cases shared out among ``lanes`` (relays alike, each before an upstream of its own),
+    each lane taking its cases one at a time; the results in the cases' order."""
+
+    async def lane(k: int) -> list[tuple[int, Result]]:
+        mine = range(k, len(cases), len(lanes))
+        return [(n, await run_case(lanes[k], cases[n], n)) for n in mine]
+
+    done = await asyncio.gather(*(lane(k) for k in range(len(lanes))))
+    return [result for _, result in sorted((p for run in done for p in run), key=lambda p: p[0])]
 
 
 class ScriptedAnswers:

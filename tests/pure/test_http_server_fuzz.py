@@ -1,20 +1,26 @@
 """The proxy's HTTP/1.1 server under a byte-level fuzz (``bench/harness/server_fuzz.py``): requests
 built from the parts a client controls, then mutated byte by byte, cut into reads anywhere. A
 bounded number of examples here, derandomized (the same inputs every run); the long run with
-fresh seeds is ``python -m bench.robustness.framing --fuzz-examples N``."""
+fresh seeds is ``python -m bench.robustness.framing --fuzz-examples N``. The last test runs the
+fuzz against a mutant of the proxy's header rule (trailer fields joined to the head, as 27a1715
+did) and shows it caught."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+import inspect
+import textwrap
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+import proxy.http.protocol
 from bench.harness.server_fuzz import (
     check_built,
     check_mutated,
     messages,
     mutated,
     serve,
-    violations,
 )
 
 FUZZ = settings(
@@ -38,12 +44,33 @@ def test_mutated_requests_break_no_rule_and_read_the_same_however_cut(data: st.D
     check_mutated(raw, data.draw(st.lists(st.integers(0, len(raw)), max_size=6)))
 
 
-def test_the_fuzz_sees_a_trailer_field_in_a_head() -> None:
-    """The rule is not vacuous: a request whose trailer field ends up in its head (what
-    27a1715 did) breaks it."""
-    data = (b"POST /c HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
-            b"0\r\nX-Trailer-Auth: 1\r\n\r\n")  # fmt: skip
-    outcome = serve([data])
-    outcome.handed[0].headers.append(("X-Trailer-Auth", "1"))
-    assert violations(data, outcome, built=[data]) == ["a trailer or body field in a head: "
-                                                     "'X-Trailer-Auth': '1'"]  # fmt: skip
+# The mutation (of the method's source, dedented): a trailer field is counted, then falls
+# through to the head's fields, as on 27a1715.
+_RULE = "        self._trailers += 1\n        return\n"
+_MUTANT = "        self._trailers += 1\n"
+
+
+def _mutant_on_header() -> object:
+    """``HttpConnection.on_header`` compiled from its own source with the mutation applied, in
+    its module's namespace."""
+    source = textwrap.dedent(inspect.getsource(proxy.http.protocol.HttpConnection.on_header))
+    assert source.count(_RULE) == 1, "the trailer rule changed shape: update the mutation"
+    namespace: dict[str, object] = {}
+    exec(source.replace(_RULE, _MUTANT), vars(proxy.http.protocol), namespace)
+    return namespace["on_header"]
+
+
+def test_the_fuzz_catches_a_header_rule_that_joins_trailers_to_the_head(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rule is not vacuous: with the proxy's header rule mutated so that trailer fields
+    join the head's (what 27a1715 did), the same fuzz, on the same examples, fails and says
+    why; the request it found reaches the handler with a trailer field in its head."""
+    monkeypatch.setattr(proxy.http.protocol.HttpConnection, "on_header", _mutant_on_header())
+    fuzz = settings(FUZZ, phases=[Phase.generate])  # the first failure, unshrunk
+    with pytest.raises(AssertionError) as caught:
+        given(messages, st.lists(st.integers(0, 2000), max_size=6))(fuzz(check_built))()
+    data, found = caught.value.args[0]
+    assert any(f.startswith("a trailer or body field in a head: ") for f in found), found
+    handed = serve([data]).handed
+    assert any(n.lower().startswith("x-trailer-") for h in handed for n, _ in h.headers)
