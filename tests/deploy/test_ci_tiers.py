@@ -72,7 +72,11 @@ def _checkout(tmp: Path, broken: str) -> tuple[Path, dict[str, str], list[str]]:
     _script(bin_dir / "promtool", SUCCEEDS)  # promtool is here; apt-get never answers
     _script(bin_dir / "apt-get", FAILS)
     _script(tmp / "python", BROKEN_PYTHON)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    # Without the make that runs this suite: its MAKEFLAGS would pass REQUIRE_ALL=1 and
+    # WITH_CONTAINERS=1 down to the copy's make.
+    outer = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+    env = {k: v for k, v in os.environ.items() if k not in outer}
+    env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
     args = [f"PYTHON={tmp / 'python'}", f"HELM_PYTHON={tmp / 'python'}"]
     if broken == "engine":
         args.append("ENGINE_EXTRA=none")  # a machine with no vLLM build
