@@ -145,21 +145,34 @@ lint-installed: $(VENV)/.installed-engine
 
 # What the suite needs is installed four at a time (the engine's download, Triton, Truss, LiteLLM,
 # Helm's engine: each into a place of its own; lint once the engine is in), then the suite runs
-# alone, under coverage: pytest's process and every Python process it starts (pyproject.toml's
-# [tool.coverage.run]), combined, then held to its floor ([tool.coverage.report] fail_under; each
-# file's figures in coverage-report.txt).
+# alone, under coverage (pyproject.toml's [tool.coverage.*]): pytest's process, and each
+# `python -m proxy` or `python -m gateway_server` it starts (their workers too), where the hook
+# below starts it; the data combined, then held to its floor (fail_under; each file's figures in
+# coverage-report.txt).
 test:
 	@$(MAKE) --no-print-directory -j4 --output-sync=line test-deps
 	@rm -f .coverage .coverage.*
-	$(BIN)/coverage run -m pytest $(PYTEST_ARGS) $(if $(REQUIRED),--require-all)
+	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml COVERAGE_FILE=$(CURDIR)/.coverage \
+	  $(BIN)/coverage run -m pytest $(PYTEST_ARGS) $(if $(REQUIRED),--require-all)
 	@$(BIN)/coverage combine --quiet
 	@$(BIN)/coverage report > coverage-report.txt; held=$$?; \
-	  echo "coverage, line and branch: $$($(BIN)/coverage report --format=total)%, floor" \
+	  echo "coverage, line and branch: $$($(BIN)/coverage report --format=total --fail-under=0)%, floor" \
 	       "$$(sed -n 's/^fail_under = //p' pyproject.toml)% (each file: coverage-report.txt)"; \
-	  exit $$held
+	  [ $$held = 0 ] || echo "coverage is under its floor: the run fails" >&2; exit $$held
 
 test-deps: $(VENV)/.installed-engine $(TRITON_VENV)/.installed $(TRUSS_VENV)/.installed \
-           $(LITELLM_VENV)/.installed $(FRONT_DOORS)/.installed lint-installed $(CONTAINER_DEPS)
+           $(LITELLM_VENV)/.installed $(FRONT_DOORS)/.installed lint-installed \
+           $(VENV)/.installed-coverage-hook $(CONTAINER_DEPS)
+
+# A .pth file in $(VENV) that starts coverage in a Python process at its start, when
+# COVERAGE_PROCESS_START is set (make test sets it) and the process is hangup's own (`-m proxy`,
+# `-m gateway_server`). The other Python processes the suite starts (vLLM's engine cores and
+# workers, `vllm serve`) run untraced: traced, they cost the vLLM tier a third of its time and
+# measured nothing of hangup's. Inert outside make test.
+$(VENV)/.installed-coverage-hook: .ci/hangup_coverage.pth | $(VENV)/.installed-base
+	site=$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))') \
+	  && [ -d "$$site" ] && cp .ci/hangup_coverage.pth "$$site/"
+	touch $@
 
 # Strict: a broken link or anchor, or a page missing from the navigation, fails the build.
 $(VENV)/.installed-docs: pyproject.toml $(LOCKS)/venv.txt | $(BIN)/python

@@ -57,7 +57,7 @@ def _checkout(tmp: Path, broken: str) -> tuple[Path, dict[str, str], list[str]]:
     and the make arguments that break it."""
     repo = tmp / "checkout"
     (repo / ".ci").mkdir(parents=True)
-    for name in ("Makefile", "pyproject.toml", ".ci/run"):
+    for name in ("Makefile", "pyproject.toml", ".ci/run", ".ci/hangup_coverage.pth"):
         shutil.copy2(REPO / name, repo / name)
     shutil.copytree(REPO / "locks", repo / "locks")
     for tool in ("python", "ruff", "mypy", "coverage", "pytest"):
@@ -67,7 +67,8 @@ def _checkout(tmp: Path, broken: str) -> tuple[Path, dict[str, str], list[str]]:
         if tier != broken:
             (repo / stamp).parent.mkdir(parents=True, exist_ok=True)
             (repo / stamp).touch()
-    (repo / ".venv" / ".installed-base").touch()
+    for stamp in (".installed-base", ".installed-coverage-hook"):
+        (repo / ".venv" / stamp).touch()
     bin_dir = tmp / "bin"
     _script(bin_dir / "promtool", SUCCEEDS)  # promtool is here; apt-get never answers
     _script(bin_dir / "apt-get", FAILS)
