@@ -15,7 +15,7 @@ SUITE = """
 import pytest
 from bench.harness.unavailable import Unavailable
 
-@pytest.fixture
+@pytest.fixture(scope="session")  # pytest re-raises what it raised for each test that asks
 def server():
     raise Unavailable("no frobd here: `make test` installs it")
 
@@ -24,6 +24,9 @@ def buggy():
     return {}["missing"]
 
 def test_needs_frobd(server):
+    pass
+
+def test_needs_frobd_too(server):
     pass
 
 def test_finds_it_missing_itself():
@@ -58,11 +61,12 @@ def test_unavailable_is_a_skip_listed_last_and_any_other_exception_an_error(
     lines = done.stdout.splitlines()
     assert done.returncode == 1, done.stdout  # the buggy fixture's KeyError
     assert "1 failed" not in lines[-1] and "1 error" in lines[-1], lines[-1]
-    assert "3 skipped" in lines[-1] and "1 passed" in lines[-1], lines[-1]
-    listed = lines[lines.index(next(x for x in lines if "3 tests did not run" in x)) :]
-    assert listed[1].split() == ["2", "unavailable:", "no", "frobd", "here:", "`make", "test`",
+    assert "4 skipped" in lines[-1] and "1 passed" in lines[-1], lines[-1]
+    listed = lines[lines.index(next(x for x in lines if "4 tests did not run" in x)) :]
+    assert listed[1].split() == ["3", "unavailable:", "no", "frobd", "here:", "`make", "test`",
                                  "installs", "it"]  # fmt: skip
-    assert "test_needs_frobd" in listed[2] and "test_finds_it_missing_itself" in listed[2]
+    for test in ("test_needs_frobd", "test_needs_frobd_too", "test_finds_it_missing_itself"):
+        assert f"::{test}," in listed[2] + ",", listed[2]
     assert "this CPU has no frob unit" in listed[3]
     assert listed[-1] is lines[-1]  # then only pytest's own last line
     assert len(listed) == 6, listed
@@ -73,7 +77,7 @@ def test_under_require_all_a_skip_fails_the_run(tmp_path: Path) -> None:
     last = done.stdout.splitlines()[-1]
     assert done.returncode == 1, done.stdout
     # A skip in set-up (a fixture's, a skipif mark's) fails as an error, one in the test a failure.
-    assert "1 failed" in last and "2 errors" in last and "skipped" not in last, last
+    assert "1 failed" in last and "3 errors" in last and "skipped" not in last, last
     assert "each a failure under --require-all (CI)" in done.stdout
     assert "skipped, and --require-all (CI) runs every test: this CPU has no frob unit" in (
         done.stdout
