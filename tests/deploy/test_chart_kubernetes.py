@@ -9,13 +9,13 @@ The patch for a Deployment of the user's (``existingDeployment``) is no object o
 merged, as the API server merges a strategic-merge patch (``kubectl patch``), into a Deployment
 such as a user has (vLLM's production stack writes one much like it), and the result validated:
 the proxy a native sidecar (an init container with ``restartPolicy: Always``) or a second
-container. Where a ``kubectl`` is on PATH, ``kubectl kustomize`` must merge it the same way.
+container. ``kubectl kustomize`` (the project's own kubectl: ``make k8s-tools``) must merge it
+the same way.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from tests.support.chart import HelmEngine, Release, scenario, scenarios
-from tests.support.kube_patch import strategic_merge, unordered
+from tests.support.kube_patch import kubectl, strategic_merge, unordered
 
 KUBERNETES = "1.33"
 NOT_VALIDATED = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
@@ -249,7 +249,6 @@ def test_the_patch_adds_the_sidecar_to_a_deployment_of_yours(
     assert 8000 not in allowed
 
 
-@pytest.mark.skipif(shutil.which("kubectl") is None, reason="no kubectl (kustomize) on PATH")
 def test_kustomize_merges_the_patch_as_the_api_server_does(
     helm: HelmEngine, tmp_path: Path
 ) -> None:
@@ -261,7 +260,7 @@ def test_kustomize_merges_the_patch_as_the_api_server_does(
     (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(
         {"resources": ["deployment.yaml"], "patches": [{"path": "hangup-patch.yaml"}]}
     ))  # fmt: skip
-    done = subprocess.run(["kubectl", "kustomize", str(tmp_path)], capture_output=True,
+    done = subprocess.run([str(kubectl()), "kustomize", str(tmp_path)], capture_output=True,
                           text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert unordered(yaml.safe_load(done.stdout)) == unordered(merged)

