@@ -56,6 +56,12 @@ class GatewayConfig:
     ended_ids_max_bytes: int = 16 * 1024 * 1024
     tombstones_max: int = 100_000
     tombstones_max_bytes: int = 16 * 1024 * 1024
+    max_groups: int = 4096
+    """Groups (jobs, ``hangup_contract.jobs``) held at once per API process."""
+    max_group_calls: int = 4096
+    """Calls of one group held at once per API process."""
+    max_batch_ids: int = 1000
+    """Ids one batch cancel may name."""
     responses_max_stored: int = 1000
     responses_background_per_client: int = 100
     responses_stored_per_client: int = 100
@@ -203,6 +209,18 @@ _OPTIONS = (
     Option("--ended-ids-max-bytes", int, "bytes those ended ids may take, entries included"),
     Option("--tombstones-max", int, "tombstones kept (cancels of ids not yet seen)"),
     Option("--tombstones-max-bytes", int, "bytes the tombstones may take, entries included"),
+    Option(
+        "--max-groups",
+        int,
+        "groups (X-Hangup-Group, metadata.hangup_group) held at once per API process; a call "
+        "opening one more is refused 429",
+    ),
+    Option(
+        "--max-group-calls",
+        int,
+        "calls of one group held at once per API process; one more is refused 429",
+    ),
+    Option("--max-batch-ids", int, "ids one batch cancel (POST /v2/requests/cancel) may name"),
     Option(
         "--responses-max-stored",
         int,
@@ -375,6 +393,9 @@ def validate(config: GatewayConfig) -> None:
         raise ConfigError("--grpc-stream-max-requests must be at least 1")
     if config.grpc_stream_buffer_bytes < 1024:
         raise ConfigError("--grpc-stream-buffer-bytes must be at least 1024")
+    for name in ("max_groups", "max_group_calls", "max_batch_ids"):
+        if getattr(config, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
     for memory in ("ended_ids", "tombstones"):
         flag = f"--{memory.replace('_', '-')}-max"
         if getattr(config, f"{memory}_max") < 1:

@@ -28,6 +28,7 @@ from gateway_server.errors import (
     InvalidRequest,
     RequestNotFound,
 )
+from gateway_server.groups import GROUP_BOUNDS, GroupBounds, Groups
 from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.placement import Placement
 from gateway_server.placement.legs import merge_answers
@@ -174,6 +175,8 @@ class Call:
     """Reason recorded if the handler is cancelled under this call (the client went away)."""
     client: str = ""
     """Who sent it, for fair shares (``gateway_server.clients``)."""
+    group: str | None = None
+    """The job it belongs to (``hangup_contract.jobs``): a group cancel ends it."""
     requests: dict[str, EngineCall] = field(default_factory=dict)
     cancel_reason: Reason | None = None
     generated_tokens: int = 0
@@ -199,27 +202,35 @@ class CallRegistry:
         finished_ttl: float = 600.0,
         ended: IdBounds = ID_BOUNDS,
         tombstones: IdBounds = ID_BOUNDS,
+        groups: GroupBounds = GROUP_BOUNDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``groups``: the groups held at most (``gateway_server.groups``); the groups
+        cancelled are remembered as the tombstones are (``tombstone_ttl``, ``tombstones``)."""
         self._metrics = metrics
         self._live: dict[str, Call] = {}
         self._aliases: dict[str, tuple[Call, EngineCall]] = {}
         self._ended = Remembered[int](finished_ttl, ended, clock)  # tokens
         self._tombstones = Remembered[Reason](tombstone_ttl, tombstones, clock)
+        self._groups = Groups[Call](groups, Remembered[Reason](tombstone_ttl, tombstones, clock))
         self._clock = clock
         self._idle = asyncio.Event()
         self._idle.set()
 
     # -- lifecycle of a call ---------------------------------------------------------------
 
-    def open(self, call_id: str, model: str, protocol: Protocol) -> Call:
-        """Register a call. Raises DuplicateRequestId (in flight) or CancelledBeforeArrival."""
+    def open(self, call_id: str, model: str, protocol: Protocol, group: str | None = None) -> Call:
+        """Register a call (of ``group``, if given). Raises DuplicateRequestId (in flight),
+        CancelledBeforeArrival (its id, or its group, was cancelled first), or TooManyRequests
+        (a bound on groups, ``gateway_server.groups``)."""
         if call_id in self._live or call_id in self._aliases:
             raise DuplicateRequestId(f"request id {call_id!r} is already in flight")
         tomb = self._tombstones.pop(call_id)
         if tomb is not None:
             raise CancelledBeforeArrival(call_id, tomb)
-        call = Call(call_id, model, protocol, self._clock())
+        call = Call(call_id, model, protocol, self._clock(), group=group)
+        if group is not None:
+            self._groups.join(group, call_id, call)
         self._live[call_id] = call
         self._idle.clear()
         return call
@@ -230,6 +241,8 @@ class CallRegistry:
         if self._live.get(call.call_id) is not call:
             return
         del self._live[call.call_id]
+        if call.group is not None:
+            self._groups.leave(call.group, call.call_id)
         if remember:
             self._ended.put(call.call_id, call.generated_tokens)
         if not self._live:
@@ -309,6 +322,19 @@ class CallRegistry:
         """Refuse ``request_id`` if it arrives within the tombstone TTL (a cancel came first)."""
         self._tombstones.put(request_id, reason)
 
+    async def cancel_group(self, group: str, reason: Reason) -> list[CancelAnswer]:
+        """Cancel every call of ``group`` in flight here, and refuse the group's calls that
+        open within the tombstone ttl. Returns each call's answer once its engines confirmed
+        (``finished`` for one that ended meanwhile)."""
+        calls = self._groups.calls(group)
+        self._groups.bury(group, reason)
+        answers = await asyncio.gather(*(self.cancel_live(c.call_id, reason) for c in calls))
+        ended = CancelState.FINISHED
+        return [
+            answer or self.finished(call.call_id) or CancelAnswer(call.call_id, ended, None, 0)
+            for call, answer in zip(calls, answers, strict=True)
+        ]
+
     async def cancel_all(self, reason: Reason) -> int:
         """Cancel every call in flight (shutdown). Returns how many calls were cancelled."""
         calls = list(self._live.values())
@@ -366,6 +392,7 @@ class CallRegistry:
         return [
             {
                 "request_id": call.call_id,
+                "group": call.group,
                 "model": call.model,
                 "protocol": call.protocol.value,
                 "phase": call.phase().value,
@@ -389,8 +416,9 @@ class CallRegistry:
 
     @property
     def remembered_bytes(self) -> int:
-        """What the ended ids and tombstones held here cost (see :class:`Remembered`)."""
-        return self._ended.bytes + self._tombstones.bytes
+        """What the ended ids, tombstones and groups cancelled held here cost (see
+        :class:`Remembered`)."""
+        return self._ended.bytes + self._tombstones.bytes + self._groups.buried.bytes
 
     def __len__(self) -> int:
         return len(self._live)

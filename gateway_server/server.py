@@ -36,6 +36,7 @@ from gateway_server.engine.base import Engine
 from gateway_server.engine.pool import EnginePool, RestartPolicy
 from gateway_server.engine.table import engine_factory
 from gateway_server.engine.tools import ToolSettings
+from gateway_server.groups import GroupBounds
 from gateway_server.grpc.server import GrpcServerHandle, start_grpc_server
 from gateway_server.health import LoopWatchdog, liveness
 from gateway_server.http.app import build_app
@@ -101,7 +102,11 @@ class GatewayServer:
         )
         ended, tombstones = self._id_bounds()
         self.registry = CallRegistry(
-            self.metrics, tombstone_ttl=config.tombstone_ttl, ended=ended, tombstones=tombstones
+            self.metrics,
+            tombstone_ttl=config.tombstone_ttl,
+            ended=ended,
+            tombstones=tombstones,
+            groups=GroupBounds(config.max_groups, config.max_group_calls),
         )
         self.api_process = api_process
         self.scope = self._scope()
@@ -208,6 +213,7 @@ class GatewayServer:
             max_body_bytes=cfg.max_body_bytes,
             body_timeout=cfg.body_timeout,
             responses=responses,
+            max_batch_ids=cfg.max_batch_ids,
         )
         self._runner = LimitedAppRunner(
             app,

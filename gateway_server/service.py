@@ -18,6 +18,7 @@ How a request is cancelled, whichever way:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -59,6 +60,7 @@ from gateway_server.placement import placer_for
 from gateway_server.registry import Call, CallRegistry, EngineCall
 from gateway_server.siblings.scope import CallDirectory, LocalDirectory
 from gateway_server.vocabulary import Outcome, Protocol
+from hangup_contract import jobs
 from hangup_contract.cancel import CancelAnswer
 from hangup_contract.runtime.logs import log_event
 from hangup_contract.vocabulary import Phase, Reason
@@ -126,19 +128,26 @@ class GenerationService:
 
     @asynccontextmanager
     async def call(
-        self, call_id: str, model: str, protocol: Protocol, client: str = ""
+        self,
+        call_id: str,
+        model: str,
+        protocol: Protocol,
+        client: str = "",
+        group: str | None = None,
     ) -> AsyncIterator[Call]:
         """Open a call for the duration of the block; ``client``: who sent it
-        (``gateway_server.clients``), whose turn its engine requests wait for.
+        (``gateway_server.clients``), whose turn its engine requests wait for; ``group``: the
+        job it belongs to (``hangup_contract.jobs``), if any.
 
-        Raises ModelNotFound, Unavailable (draining), DuplicateRequestId, or
-        CancelledBeforeArrival (counted as a cancellation in the queued phase).
+        Raises ModelNotFound, Unavailable (draining), DuplicateRequestId, TooManyRequests (a
+        bound on groups), or CancelledBeforeArrival (counted as a cancellation in the queued
+        phase).
         """
         self.check_model(model)
         if self.draining:
             raise Unavailable("the gateway is shutting down")
         try:
-            call = self.registry.open(call_id, model, protocol)
+            call = self.registry.open(call_id, model, protocol, group)
             call.client = client
             await self._claim(call_id, partial(self.registry.close, call, remember=False))
         except CancelledBeforeArrival as exc:  # here or at the id's home
@@ -235,11 +244,29 @@ class GenerationService:
         return self.pool.workers[0].engine
 
     async def cancel(self, request_id: str, reason: Reason) -> CancelAnswer:
-        """Cancel a call, or one request by its alias (see ``CallRegistry.cancel``).
+        """Cancel a call, or one request by its alias (see ``CallRegistry.cancel``), or a call
+        by its answer's own id (``chatcmpl-<call id>``, ``cmpl-<call id>``: what a streaming
+        client saw first) when no call is known by that id itself.
 
         Shielded: a cancel caller that hangs up must not leave an abort half done.
         """
-        return await asyncio.shield(self.directory.cancel(request_id, reason))
+        return await asyncio.shield(self._cancel(request_id, reason))
+
+    async def _cancel(self, request_id: str, reason: Reason) -> CancelAnswer:
+        try:
+            return await self.directory.cancel(request_id, reason)
+        except RequestNotFound:
+            call_id = jobs.call_id_of_answer_id(request_id)
+            if call_id is None:
+                raise
+        answer = await self.directory.cancel(call_id, reason)
+        return dataclasses.replace(answer, request_id=request_id)
+
+    async def cancel_group(self, group: str, reason: Reason) -> list[dict[str, object]]:
+        """Cancel every call of ``group`` in the gateway, and refuse its calls that arrive
+        within the tombstone ttl; each call's answer (``CancelAnswer.to_json()``), once its
+        engines confirmed. Shielded, as :meth:`cancel`."""
+        return await asyncio.shield(self.directory.cancel_group(group, reason))
 
     async def all_calls(self) -> list[dict[str, object]]:
         """Every call in flight in the gateway (each API process's, with ``--api-processes``)."""

@@ -15,10 +15,13 @@ from typing import Any
 
 import grpc
 
-from gateway_server.errors import GatewayError, InvalidRequest
+from gateway_server.errors import GatewayError, InvalidRequest, RequestNotFound
 from gateway_server.grpc.common import check_token, status_of
 from gateway_server.service import GenerationService
+from hangup_contract import jobs
 from hangup_contract import request_id as request_ids
+from hangup_contract.cancel import CancelAnswer
+from hangup_contract.jobs import CancelKind
 from hangup_contract.protos import cancellation_pb2 as pb
 from hangup_contract.vocabulary import Reason
 
@@ -41,7 +44,7 @@ class CancellationServicer:
                 reason = Reason.parse(request.reason or None)
             except ValueError as exc:
                 raise InvalidRequest(str(exc), param="reason") from exc
-            result = await self._service.cancel(request.request_id, reason)
+            result = await self._counted(request.request_id, reason)
         except GatewayError as exc:
             await context.abort(status_of(exc), exc.message)
             raise AssertionError("context.abort returns by raising") from exc
@@ -51,6 +54,17 @@ class CancellationServicer:
             phase=result.phase.value if result.phase is not None else "",
             generated_tokens=result.generated_tokens,
         )
+
+    async def _counted(self, request_id: str, reason: Reason) -> CancelAnswer:
+        """The service's cancel, counted as one call of the cancel API (a single id)."""
+        metrics = self._service.metrics
+        try:
+            answer = await self._service.cancel(request_id, reason)
+        except RequestNotFound:
+            metrics.cancel_answered(CancelKind.SINGLE, [jobs.NOT_FOUND])
+            raise
+        metrics.cancel_answered(CancelKind.SINGLE, [answer.state.value])
+        return answer
 
 
 def cancellation_handler(servicer: CancellationServicer) -> grpc.GenericRpcHandler:

@@ -39,6 +39,7 @@ from gateway_server.errors import (
 )
 from gateway_server.registry import Call
 from gateway_server.service import GenerationService
+from hangup_contract import jobs
 from hangup_contract import request_id as request_ids
 from hangup_contract.cancel import bearer_matches
 from hangup_contract.vocabulary import Reason
@@ -102,6 +103,15 @@ def call_id(context: Any, fresh: Callable[[], str]) -> str:
     if not request_ids.is_valid(given):
         raise InvalidRequest(f"{REQUEST_ID_KEY} must be {request_ids.RULE}")
     return given
+
+
+def group_of(context: Any) -> str | None:
+    """The call's group, its ``x-hangup-group`` metadata (``hangup_contract.jobs``). Raises
+    InvalidRequest for one that breaks the id rule."""
+    try:
+        return jobs.check_group(metadata_value(context, jobs.GROUP_METADATA_KEY))
+    except ValueError as exc:
+        raise InvalidRequest(f"{jobs.GROUP_METADATA_KEY}: {exc}") from exc
 
 
 def check_token(context: Any, token: str | None) -> None:

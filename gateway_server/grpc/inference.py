@@ -26,6 +26,7 @@ from gateway_server.grpc.common import (
     call_id,
     client_of,
     generate_guarded,
+    group_of,
     hangup_reason,
     parse,
     refused,
@@ -146,9 +147,9 @@ class InferenceServicer:
     async def model_infer(self, request: pb.ModelInferRequest, context: Any) -> Any:
         call_name = call_id(context, self.service.fresh_call_id)
         text, params = prepare(self.service, request)
-        client = client_of(context, self.service)
+        client, group = client_of(context, self.service), group_of(context)
         async with self.service.call(
-            call_name, request.model_name, Protocol.KSERVE_GRPC, client
+            call_name, request.model_name, Protocol.KSERVE_GRPC, client, group
         ) as call:
             whole = await generate_guarded(call, context, self._complete(call, text, params))
         await context.send_initial_metadata(((REQUEST_ID_KEY, call_name),))
@@ -165,8 +166,8 @@ class InferenceServicer:
     async def model_stream_infer(self, requests: AsyncIterator[bytes], context: Any) -> None:
         call_name = call_id(context, self.service.fresh_call_id)
         model = self.service.model.name
-        client = client_of(context, self.service)
-        async with self.service.call(call_name, model, Protocol.KSERVE_GRPC, client) as call:
+        client, group = client_of(context, self.service), group_of(context)
+        async with self.service.call(call_name, model, Protocol.KSERVE_GRPC, client, group) as call:
             await context.send_initial_metadata(((REQUEST_ID_KEY, call_name),))
             session = StreamSession(self.service, call, self.limits)
             try:

@@ -25,6 +25,7 @@ from gateway_server.http import responses as http_responses
 from gateway_server.http.common import (
     BODY_TIMEOUT,
     CANCEL_TOKEN,
+    MAX_BATCH_IDS,
     MAX_BODY_BYTES,
     MODEL,
     PROTOCOL,
@@ -33,6 +34,7 @@ from gateway_server.http.common import (
 )
 from gateway_server.openai.responses.runner import ResponsesRunner
 from gateway_server.service import GenerationService
+from hangup_contract.jobs import MAX_BATCH_IDS as MAX_BATCH
 
 Exposition = Callable[[], Awaitable[bytes]]
 """The ``/metrics`` body: this gateway's metrics (every API process's, with several)."""
@@ -52,20 +54,24 @@ def build_app(
     body_timeout: float,
     responses: ResponsesRunner,
     sim_faults: bool = False,
+    max_batch_ids: int = MAX_BATCH,
 ) -> web.Application:
     """``metrics``: the whole of ``/metrics``; ``pool_metrics``: ``/metrics/pool``, only the
     Endpoint Picker's gauges (``gateway_server.metrics.pool``), cheap enough to scrape every
     50 ms. ``sim_faults``: serve the simulated engine's fault switch (``.faults``).
-    ``responses``: what runs the Responses API's responses (the server stops it)."""
+    ``responses``: what runs the Responses API's responses (the server stops it).
+    ``max_batch_ids``: ids one batch cancel may name (``--max-batch-ids``)."""
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors])
     app[SERVICE] = service
     if cancel_token is not None:
         app[CANCEL_TOKEN] = cancel_token
     app[MAX_BODY_BYTES] = max_body_bytes
     app[BODY_TIMEOUT] = body_timeout
+    app[MAX_BATCH_IDS] = max_batch_ids
     app[METRICS] = metrics
     app[POOL_METRICS] = pool_metrics
     http_responses.add_routes(app, responses)
+    cancel.add_vllm_routes(app)  # before the OpenAI API's catch-all under /v1
     openai.add_routes(app)
     kserve.add_routes(app)
     cancel.add_routes(app)

@@ -10,6 +10,7 @@ from gateway_server.errors import BodyTimeout, InvalidRequest, RequestTooLarge
 from gateway_server.requests import json_object
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
+from hangup_contract import jobs
 from hangup_contract import request_id as request_ids
 from hangup_contract.runtime.connections import BodyStalled, body_chunks
 
@@ -19,6 +20,7 @@ SERVICE = web.AppKey("service", GenerationService)
 CANCEL_TOKEN = web.AppKey("cancel_token", str)
 MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
 BODY_TIMEOUT = web.AppKey("body_timeout", float)
+MAX_BATCH_IDS = web.AppKey("max_batch_ids", int)
 # What the error middleware needs to count a refused generation request.
 PROTOCOL = web.RequestKey("protocol", Protocol)
 MODEL = web.RequestKey("model", str)
@@ -39,6 +41,17 @@ def request_id(request: web.Request) -> str:
     if not request_ids.is_valid(given):
         raise InvalidRequest(f"{REQUEST_ID_HEADER} must be {request_ids.RULE}")
     return given
+
+
+def group_of(request: web.Request, body: dict[str, Any] | None = None) -> str | None:
+    """The call's group (``hangup_contract.jobs``): its ``X-Hangup-Group`` header, or its
+    body's ``metadata.hangup_group`` (an OpenAI body), or both the same. Raises InvalidRequest
+    for one that breaks the id rule, or two that differ."""
+    try:
+        header = jobs.check_group(request.headers.get(jobs.GROUP_HEADER))
+        return jobs.one_group(header, None if body is None else jobs.body_group(body))
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="metadata") from exc
 
 
 async def read_body(request: web.Request) -> bytes:

@@ -51,6 +51,7 @@ from gateway_server.http.common import (
     REQUEST_ID_HEADER,
     SERVICE,
     client_of,
+    group_of,
     read_json_object,
     request_id,
 )
@@ -246,7 +247,8 @@ async def generate(request: web.Request) -> web.Response:
     prompt, params, options = _parse(service, body)
     echoed = _echoed_id(body)
     text = ""
-    async with service.call(call_id, model, Protocol.KSERVE_HTTP, client_of(request)) as call:
+    client, group = client_of(request), group_of(request)
+    async with service.call(call_id, model, Protocol.KSERVE_HTTP, client, group) as call:
         try:
             async with aclosing(service.generate(call, prompt, params)) as chunks:
                 async for chunk in chunks:
@@ -264,7 +266,8 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
     prompt, params, options = _parse(service, body)
     empty_final = bool(options.get(EMPTY_FINAL_OPT_IN, False))
     head: dict[str, Any] = _echoed_id(body) | {"model_name": model, "model_version": MODEL_VERSION}
-    async with service.call(call_id, model, Protocol.KSERVE_HTTP, client_of(request)) as call:
+    client, group = client_of(request), group_of(request)
+    async with service.call(call_id, model, Protocol.KSERVE_HTTP, client, group) as call:
         response = web.StreamResponse(
             headers={
                 "Content-Type": EVENT_STREAM,

@@ -44,6 +44,7 @@ from gateway_server.http.common import (
     REQUEST_ID_HEADER,
     SERVICE,
     client_of,
+    group_of,
     read_json_object,
     request_id,
 )
@@ -124,8 +125,10 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     if isinstance(body.get("model"), str):  # a refused request is counted under its model
         request[MODEL] = body["model"]
     job = parse(body, service, chat=chat)
+    group = group_of(request, body)
     answer = _Answer(job)
-    async with service.call(call_id, job.model, Protocol.OPENAI, client_of(request)) as call:
+    client = client_of(request)
+    async with service.call(call_id, job.model, Protocol.OPENAI, client, group) as call:
         streams = [service.generate(call, c.prompt, c.params) for c in job.choices]
         if job.stream:
             return await _stream(request, call, answer, merge(streams))

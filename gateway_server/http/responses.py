@@ -37,6 +37,7 @@ from gateway_server.http.common import (
     REQUEST_ID_HEADER,
     SERVICE,
     client_of,
+    group_of,
     read_json_object,
     request_id,
 )
@@ -76,12 +77,13 @@ async def create(request: web.Request) -> web.StreamResponse:
     if isinstance(body.get("model"), str):  # a refused request is counted under its model
         request[MODEL] = body["model"]
     job = read(body, service, await runner.earlier(body.get("previous_response_id")))
+    group = group_of(request, body)
     if job.background:
-        return await _background(request, runner, job, call_id)
+        return await _background(request, runner, job, call_id, group)
     client = client_of(request)
     record = new_record(job, call_id, runner.fresh_id(), client)
     headers = {REQUEST_ID_HEADER: call_id}
-    async with service.call(call_id, job.model, Protocol.OPENAI, client) as call:
+    async with service.call(call_id, job.model, Protocol.OPENAI, client, group) as call:
         store.start(record)
         try:
             if job.stream:
@@ -140,9 +142,13 @@ async def _stream(
 
 
 async def _background(
-    request: web.Request, runner: ResponsesRunner, job: ResponsesJob, post_id: str
+    request: web.Request,
+    runner: ResponsesRunner,
+    job: ResponsesJob,
+    post_id: str,
+    group: str | None,
 ) -> web.StreamResponse:
-    record = await runner.start_background(job, client_of(request))
+    record = await runner.start_background(job, client_of(request), group)
     log_event(
         log,
         "response_background",

@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from gateway_server.engine.handoff import DisaggregatedEngine
 from gateway_server.engine.pool import EnginePool
 from gateway_server.vocabulary import Outcome, Protocol, Refusal
+from hangup_contract.jobs import ENTRY_STATES, CancelKind
 from hangup_contract.vocabulary import Phase, Reason
 
 
@@ -102,6 +103,20 @@ class GatewayMetrics:
             ["worker"],
             registry=registry,
         )
+        self.cancel_api = Counter(
+            "hangup_gateway_cancel_api_calls",
+            "Calls of the cancel API answered, by what they named: one id (single), a group "
+            "(group), a batch of ids (batch).",
+            ["kind"],
+            registry=registry,
+        )
+        self.cancel_api_ids = Counter(
+            "hangup_gateway_cancel_api_ids",
+            "Ids the cancel API answered for, by the kind of call and what it found of each: "
+            "cancelled, finished, not_found.",
+            ["kind", "state"],
+            registry=registry,
+        )
         self.event_loop_stalls = Counter(
             "hangup_gateway_event_loop_stalls",
             "Stalls of the event loop longer than --loop-stall-log (each logged with its stack).",
@@ -127,6 +142,13 @@ class GatewayMetrics:
             registry=registry,
         )
 
+    def cancel_answered(self, kind: CancelKind, states: Iterable[str]) -> None:
+        """One call of the cancel API, and the state of each id it answered for."""
+        self.cancel_api.labels(kind.value).inc()
+        for state in states:
+            if state in ENTRY_STATES:
+                self.cancel_api_ids.labels(kind.value, state).inc()
+
     def create_worker_series(self, workers: Iterable[str]) -> None:
         """Every worker's restart count exists from the start (at 0)."""
         for worker in workers:
@@ -149,6 +171,10 @@ class GatewayMetrics:
         for reason in Reason:
             for phase in Phase:
                 self.cancellations.labels(model, reason.value, phase.value)
+        for kind in CancelKind:
+            self.cancel_api.labels(kind.value)
+            for state in ENTRY_STATES:
+                self.cancel_api_ids.labels(kind.value, state)
 
 
 class InflightCollector(Collector):

@@ -58,6 +58,8 @@ class Op(enum.StrEnum):
     """To an id's home: cancel it wherever it runs."""
     CANCEL_OWNED = "cancel_owned"
     """To the process running an id (or every process, the home being unreachable)."""
+    CANCEL_GROUP = "cancel_group"
+    """To every process: cancel the calls of a group you run, refuse its calls for a while."""
     CALLS = "calls"
     """The calls in flight (``GET /v2/requests``)."""
     LOADS = "loads"

@@ -9,6 +9,7 @@ rules it keeps are the package's (:mod:`gateway_server.siblings`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -104,6 +105,7 @@ class SiblingDirectory:
         channel.on(Op.CALLS, lambda _: {"calls": registry.describe()})
         channel.on_awaited(Op.CANCEL, self._on_cancel)
         channel.on_awaited(Op.CANCEL_OWNED, self._on_cancel)
+        channel.on_awaited(Op.CANCEL_GROUP, self._on_cancel_group)
 
     def home(self, request_id: str) -> int:
         return home_of(request_id, self.count)
@@ -182,6 +184,25 @@ class SiblingDirectory:
             return await self._cancel_everywhere(request_id, reason)
         return _answer_of(reply, request_id)
 
+    async def cancel_group(self, group: str, reason: Reason) -> list[dict[str, object]]:
+        """The group's calls cancelled in every process at once (a call of it may run, or
+        arrive, at any), each answer as its process gave it. A process that does not answer
+        within the cancel's wait is logged: what it runs of the group is not in the answer."""
+        fields = {"group": group, "reason": reason.value}
+        here, replies = await asyncio.gather(
+            self._registry.cancel_group(group, reason),
+            self._channel.ask_all(Op.CANCEL_GROUP, fields, CANCEL_WAIT),
+        )
+        answers: list[dict[str, object]] = [a.to_json() for a in here]
+        for _, reply in replies:
+            answers.extend(a for a in reply.get("answers", ()) if isinstance(a, dict))
+        if len(replies) < self.count - 1:
+            log_event(
+                log, "cancel_group_unanswered", logging.WARNING, group=group,
+                answered=len(replies), siblings=self.count - 1,
+            )  # fmt: skip
+        return answers
+
     async def all_calls(self) -> list[dict[str, object]]:
         calls = self._registry.describe()
         for _, answer in await self._channel.ask_all(Op.CALLS):
@@ -259,6 +280,12 @@ class SiblingDirectory:
 
     def _on_release(self, message: Message) -> None:
         self.entries.release(message["id"], message["owner"], message["tokens"])
+
+    async def _on_cancel_group(self, message: Message) -> Message:
+        group, reason = message["group"], Reason.parse(message["reason"])
+        if not isinstance(group, str) or not request_ids.is_valid(group):
+            raise ValueError("a group must keep the id rule")
+        return {"answers": [a.to_json() for a in await self._registry.cancel_group(group, reason)]}
 
     async def _on_cancel(self, message: Message) -> Message:
         reason = Reason.parse(message["reason"])

@@ -52,6 +52,11 @@ class CallDirectory(Protocol):
         """The cancel contract (``CallRegistry.cancel``'s answers), wherever the id runs."""
         ...
 
+    async def cancel_group(self, group: str, reason: Reason) -> list[dict[str, object]]:
+        """Cancel every call of ``group``, in every process (``CallRegistry.cancel_group``):
+        each call's answer, as JSON."""
+        ...
+
     async def all_calls(self) -> list[dict[str, object]]:
         """Every call in flight in the gateway (``GET /v2/requests``)."""
         ...
@@ -156,6 +161,9 @@ class LocalDirectory:
 
     async def cancel(self, request_id: str, reason: Reason) -> CancelAnswer:
         return await self._registry.cancel(request_id, reason)
+
+    async def cancel_group(self, group: str, reason: Reason) -> list[dict[str, object]]:
+        return [a.to_json() for a in await self._registry.cancel_group(group, reason)]
 
     async def all_calls(self) -> list[dict[str, object]]:
         return self._registry.describe()

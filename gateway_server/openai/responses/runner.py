@@ -190,20 +190,27 @@ class ResponsesRunner:
         if emit is not None:
             await emit(events.ended())
 
-    async def start_background(self, job: ResponsesJob, client: str = "") -> ResponseRecord:
-        """Start a background response for ``client`` as a task of its own; return its record
-        once its call holds its id. Raises TooManyRequests past the store's bounds (the
-        client's share included), and what opening the call raises (the gateway drains)."""
+    async def start_background(
+        self, job: ResponsesJob, client: str = "", group: str | None = None
+    ) -> ResponseRecord:
+        """Start a background response for ``client`` as a task of its own (its call in
+        ``group``, if given: a group cancel stops it); return its record once its call holds its
+        id. Raises TooManyRequests past the store's bounds (the client's share included), and
+        what opening the call raises (the gateway drains, a bound on groups)."""
         call_id = self.service.fresh_call_id()
         record = new_record(job, call_id, PREFIX + call_id, client)
         self.store.start(record)
         opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        record.task = asyncio.create_task(self._work(record, job, opened))
+        record.task = asyncio.create_task(self._work(record, job, opened, group))
         await asyncio.shield(opened)  # a client leaving here must not cancel the work
         return record
 
     async def _work(
-        self, record: ResponseRecord, job: ResponsesJob, opened: asyncio.Future[None]
+        self,
+        record: ResponseRecord,
+        job: ResponsesJob,
+        opened: asyncio.Future[None],
+        group: str | None = None,
     ) -> None:
         """A background response's task: its own call; ``opened`` once it holds its id."""
 
@@ -212,7 +219,8 @@ class ResponsesRunner:
 
         try:
             model, client = job.model, record.client
-            async with self.service.call(record.call_id, model, Protocol.OPENAI, client) as call:
+            opening = self.service.call(record.call_id, model, Protocol.OPENAI, client, group)
+            async with opening as call:
                 call.hangup_reason = Reason.SHUTDOWN  # only shutdown cancels this task
                 record.emit([record.events.created(), record.events.queued()])
                 opened.set_result(None)
