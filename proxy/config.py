@@ -73,6 +73,10 @@ class Config:
     ended_ids_max_bytes: int = 16 << 20
     tombstones_max: int = 65536
     tombstones_max_bytes: int = 16 << 20
+    # Jobs (hangup_contract.jobs): groups held, calls per group (per worker), ids per batch.
+    max_groups: int = 4096
+    max_group_calls: int = 4096
+    max_batch_ids: int = 1000
     drain_timeout: float = 30.0
     workers: int = 1  # processes sharing the HTTP and gRPC ports (proxy.workers) when > 1
     reuse_port: bool = False  # set in each worker: its gRPC listener shares the port
@@ -182,6 +186,13 @@ _OPTIONS = (
     Option("--ended-ids-max-bytes", int, "bytes of ended calls' ids remembered, per worker"),
     Option("--tombstones-max", int, "tombstones (cancels that beat their call) kept, per worker"),
     Option("--tombstones-max-bytes", int, "bytes of tombstones kept, per worker"),
+    Option(
+        "--max-groups",
+        int,
+        "groups (X-Hangup-Group) held at once, per worker; a call opening one more is refused 429",
+    ),
+    Option("--max-group-calls", int, "calls of one group held at once, per worker (then 429)"),
+    Option("--max-batch-ids", int, "ids one batch cancel (POST /v2/requests/cancel) may name"),
     Option("--drain-timeout", float, "seconds calls may finish after SIGTERM"),
     Option("--workers", int, "processes relaying calls on the shared ports (see docs/proxy.md)"),
     Option("--ready-file", Path, "write the listener map here once serving"),
@@ -305,6 +316,9 @@ def _validate_memory(config: Config) -> None:
         raise ConfigError(
             f"--tombstone-ttl={ttl!r}: expected seconds, more than 0 and at most {TTL_MOST:g}"
         )
-    for name in ("ended_ids_max", "ended_ids_max_bytes", "tombstones_max", "tombstones_max_bytes"):
+    for name in (
+        "ended_ids_max", "ended_ids_max_bytes", "tombstones_max", "tombstones_max_bytes",
+        "max_groups", "max_group_calls", "max_batch_ids",
+    ):  # fmt: skip
         if getattr(config, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")

@@ -9,6 +9,8 @@ carries the HTTP status and outcome of a call it ends.
     │   ├── BodyTimeout              408  no body bytes for --body-timeout
     │   ├── ExpectationFailed        417  an Expect other than 100-continue
     │   ├── BadRequestId             400
+    │   ├── BadGroup                 400  a group (X-Hangup-Group) that breaks the id rule
+    │   ├── TooManyGroupCalls        429  past --max-groups or --max-group-calls
     │   └── DuplicateRequestId       409  a trusted id another call holds (gRPC ALREADY_EXISTS)
     ├── CancelledById                499    cancelled  a cancel by id on the proxy's own API
     ├── ClientGone                   499    cancelled  the client left: nothing more can be sent
@@ -71,6 +73,16 @@ class ExpectationFailed(ClientError):
 
 class BadRequestId(ClientError):
     status = 400
+
+
+class BadGroup(ClientError):
+    status = 400
+
+
+class TooManyGroupCalls(ClientError):
+    """Past a bound on the groups a worker holds (``proxy.calls.groups``)."""
+
+    status = 429
 
 
 class DuplicateRequestId(ClientError):

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
+from hangup_contract.jobs import ENTRY_STATES, CancelKind
 from hangup_contract.vocabulary import Reason
 from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
 
@@ -79,6 +80,24 @@ class ProxyMetrics:
             ["protocol", "reason"],
             registry=registry,
         )
+        self.cancel_api = Counter(
+            "hangup_proxy_cancel_api_calls",
+            "Calls of the proxy's own cancel API answered, by what they named: one id (single), "
+            "a group (group), a batch of ids (batch).",
+            ["kind"],
+            registry=registry,
+        )
+        self.cancel_api_ids = Counter(
+            "hangup_proxy_cancel_api_ids",
+            "Ids the proxy's cancel API answered for, by the kind of call and what it found of "
+            "each: cancelled, finished, not_found.",
+            ["kind", "state"],
+            registry=registry,
+        )
+        for kind in CancelKind:
+            self.cancel_api.labels(kind.value)
+            for state in ENTRY_STATES:
+                self.cancel_api_ids.labels(kind.value, state)
         self.connections_closed = connections_closed(registry)
         self.event_loop_stalls = Counter(
             "hangup_proxy_event_loop_stalls",
@@ -176,6 +195,13 @@ class ProxyMetrics:
 
     def cancelled(self, protocol: CallProtocol, reason: Reason) -> None:
         self.cancel_reasons.labels(protocol.value, reason.value).inc()
+
+    def cancel_answered(self, kind: CancelKind, states: Iterable[str]) -> None:
+        """One call of the cancel API, and the state of each id it answered for."""
+        self.cancel_api.labels(kind.value).inc()
+        for state in states:
+            if state in ENTRY_STATES:
+                self.cancel_api_ids.labels(kind.value, state).inc()
 
     def admin_refused(self, protocol: CallProtocol, rule: str) -> None:
         self.admin_refusals.labels(protocol.value, rule).inc()

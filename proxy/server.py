@@ -133,6 +133,7 @@ class Server:
             )  # fmt: skip
             await siblings.start()
             held.on_spent = lambda request_id: siblings.tell("unbury", request_id)
+            siblings.listing = self.state.listing
             self.state.siblings = siblings
         if held is not None:
             held.on_expired = lambda held: self.metrics.held(held.sizes())

@@ -12,6 +12,11 @@ One table, id → slot, holds three kinds of slot:
 - a **tombstone**: a cancel for an id nobody held, remembered for ``ttl`` seconds; a call that
   arrives under it is refused as cancelled before it arrived (the gateway's contract).
 
+A held call is also found by its answer's own id once its answer began (``chatcmpl-…``: what a
+streaming client saw first; :meth:`HeldCalls.name`, an alias as the client's id is), and by its
+group (``hangup_contract.jobs``; ``proxy.calls.groups``): :meth:`HeldCalls.cancel_group` ends
+every call of a group held here.
+
 A *trusted* id (the client's, sent upstream as it came) is the client's only while nobody else
 holds it: :meth:`HeldCalls.hold` refuses one already held (``DuplicateRequestId``), and one that
 extends a held id with ``:`` (the gateway's name for one request of a gRPC stream,
@@ -43,14 +48,16 @@ from typing import Protocol
 
 from hangup_contract import request_id as request_ids
 from hangup_contract.vocabulary import Reason
+from proxy.calls.groups import GroupBounds, HeldGroups
 from proxy.cancel.seams import CancelTask
-from proxy.errors import CancelledById, DuplicateRequestId
+from proxy.errors import CancelledById, DuplicateRequestId, ProxyError
 from proxy.vocabulary import CancelResult
 
 ID_COST = 200
 """Bytes an id in the table costs beyond its characters (the string's header, its slot, the
 table's and the queue's entries: measured in ``tests/pure/test_proxy_held.py``)."""
 EXPIRE_EVERY_S = 1.0  # how often remembered ids past their ttl are forgotten (at most)
+GROUPS = GroupBounds()
 
 
 class Call(Protocol):
@@ -61,6 +68,9 @@ class Call(Protocol):
 
     @property
     def client_request_id(self) -> str | None: ...
+
+    @property
+    def group(self) -> str | None: ...
 
 
 Ender = Callable[[Reason], CancelTask | None]
@@ -86,13 +96,17 @@ class Holding:
     first. ``trusted``: the id is the client's own, sent upstream as it came (with
     ``--workers``, the other workers are asked about it)."""
 
-    __slots__ = ("alias", "call", "ender", "key", "next", "shared", "trusted", "until")
+    __slots__ = (
+        "alias", "call", "ender", "group", "key", "named", "next", "shared", "trusted", "until"
+    )  # fmt: skip
 
     def __init__(self, key: str, call: Call | None, ender: Ender | None) -> None:
         self.key = key
         self.call = call
         self.ender = ender
         self.alias: Holding | None = None
+        self.named: Holding | None = None  # its slot under its answer's own id (name)
+        self.group: str | None = None  # the group it joined
         self.next: Holding | None = None
         self.shared = False  # ever chained with another: released the long way
         self.trusted = False
@@ -146,9 +160,12 @@ class HeldCalls:
         bounds: Bounds = Bounds(),
         *,
         trust_client: bool = False,
+        groups: GroupBounds = GROUPS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``groups``: the groups held at most (``proxy.calls.groups``)."""
         self._table: dict[str, Holding | _Tombstone] = {}
+        self.groups = HeldGroups[Holding](groups)
         self._trust = trust_client
         self._clock = clock
         self._ended = _Remembered(self._table, bounds.ttl, bounds.ended, bounds.ended_bytes)
@@ -172,7 +189,8 @@ class HeldCalls:
         Raises ``CancelledById`` when a tombstone names one of its ids (spent: the call is
         refused as cancelled before it arrived), and ``DuplicateRequestId`` when its id is the
         client's own (``--trust-client-request-id``) and another call holds it, or holds the id
-        it extends with ``:``. Nothing is held then.
+        it extends with ``:``; ``CancelledById`` or ``TooManyGroupCalls`` for its group
+        (``HeldGroups.join``). Nothing is held then.
         """
         key = call.request_id
         assert key is not None
@@ -184,7 +202,30 @@ class HeldCalls:
             self._take(slot, trusted=False)
         self.live += 1
         self.live_bytes += len(key) + ID_COST
+        group = call.group
+        if group is not None:
+            try:
+                self.groups.join(group, slot, self._clock())
+            except ProxyError:
+                self.drop(slot)
+                raise
+            slot.group = group
         return slot
+
+    def name(self, holding: Holding, answer_id: str) -> None:
+        """Hold the call also under its answer's own id (an alias, as a client's id is), once:
+        an id that breaks the rule, or that a tombstone names (spent), is not kept."""
+        if holding.call is None or holding.named is not None or answer_id == holding.key:
+            return
+        if not request_ids.is_valid(answer_id):
+            return
+        slot = Holding(answer_id, holding.call, holding.ender)
+        try:
+            self._take(slot, trusted=False)
+        except CancelledById:
+            return
+        holding.named = slot
+        self.live_bytes += len(answer_id) + ID_COST
 
     def _hold_named(self, slot: Holding, client: str) -> None:
         """Hold ``slot`` when its client sent an id: trusted and checked, or kept as an alias
@@ -231,10 +272,12 @@ class HeldCalls:
         now = self._clock()
         self.live -= 1
         self.live_bytes -= len(holding.key) + ID_COST
-        alias = holding.alias
-        if alias is not None:
-            self.live_bytes -= len(alias.key) + ID_COST
-            self._leave(alias, now)
+        if holding.group is not None:
+            self.groups.leave(holding.group, holding)
+        for alias in (holding.alias, holding.named):
+            if alias is not None:
+                self.live_bytes -= len(alias.key) + ID_COST
+                self._leave(alias, now)
         if holding.shared:
             self._unchain(holding, now)
         else:
@@ -252,9 +295,12 @@ class HeldCalls:
         """Give the call's slots back with no memory of them: it was refused before it ran."""
         self.live -= 1
         self.live_bytes -= len(holding.key) + ID_COST
-        if holding.alias is not None:
-            self.live_bytes -= len(holding.alias.key) + ID_COST
-            self._drop(holding.alias)
+        if holding.group is not None:
+            self.groups.leave(holding.group, holding)
+        for alias in (holding.alias, holding.named):
+            if alias is not None:
+                self.live_bytes -= len(alias.key) + ID_COST
+                self._drop(alias)
         self._drop(holding)
 
     def _drop(self, slot: Holding) -> None:
@@ -322,6 +368,23 @@ class HeldCalls:
         ended = isinstance(found, Holding) and found.until > self._clock()
         return "finished" if ended else None
 
+    async def cancel_group(self, group: str) -> list[tuple[Call, str]]:
+        """End every call of ``group`` held here (reason ``explicit``), and refuse its calls
+        that arrive within the ttl; each call with how it went (``cancelled``, or ``finished``
+        when the upstream says it had already ended), once each cancel call has its answer."""
+        held = [s for s in self.groups.calls(group) if s.call is not None and s.ender is not None]
+        self.groups.bury(group, self._clock())
+        ended = [(s.call, s.ender(Reason.EXPLICIT)) for s in held if s.call and s.ender]
+        results = await asyncio.gather(*(c for _, c in ended if c is not None))
+        answers, at = [], 0
+        for call, cancel in ended:
+            state = "cancelled"
+            if cancel is not None:
+                state = "finished" if results[at] is CancelResult.FINISHED else "cancelled"
+                at += 1
+            answers.append((call, state))
+        return answers
+
     def bury(self, request_id: str) -> None:
         """A cancel for an id not held: refuse a call that arrives under it within the ttl.
         An id that breaks the rule is not kept (no call is ever held under one)."""
@@ -351,6 +414,7 @@ class HeldCalls:
         now = self._clock()
         self._ended.expire(now)
         self._tombs.expire(now)
+        self.groups.expire(now)
 
     def start(self) -> None:
         """Expire on a timer, every second (or ``ttl``, if shorter), in the running loop."""
@@ -369,11 +433,14 @@ class HeldCalls:
             self._timer = None
 
     def sizes(self) -> dict[str, tuple[int, int]]:
-        """For each memory (``live``, ``ended``, ``tombstone``): its ids and their bytes."""
+        """For each memory (``live``, ``ended``, ``tombstone``, ``group_tombstone``): its ids
+        and their bytes."""
+        _, buried, buried_bytes = self.groups.sizes()
         return {
             "live": (self.live, self.live_bytes),
             "ended": (len(self._ended), self._ended.bytes),
             "tombstone": (len(self._tombs), self._tombs.bytes),
+            "group_tombstone": (buried, buried_bytes),
         }
 
 

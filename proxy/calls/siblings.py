@@ -18,6 +18,12 @@ call's own CPU. A sibling whose socket is missing or refuses is restarting: it h
 - ``"bury"``: nobody held it: keep a tombstone (the call may arrive at any worker); ``"buried"``
   once kept: the cancel is answered after every worker's.
 - ``"unbury"``: a call arrived under the id elsewhere and spent its tombstone; ``"unburied"``.
+- ``"cancel_group"`` (the ``id`` is a group): end every call of the group you hold, refuse its
+  calls for the ttl; the ``state`` is a JSON object, ``{"entries": [{"request_id", "state",
+  "client_request_id"?}, ...], "more": N}``: the entries that fit in a line, and how many did
+  not (:func:`fitted`).
+- ``"list"`` (the ``id`` is a group, or empty for every call): the calls you hold, as the
+  sidecar's list shows them (``ServerState.listing``), in the same JSON object.
 
 Each line is at most 64 KiB, a JSON object whose fields are strings (:func:`read_message`,
 linear in the line). The asker closes a connection after 2 waits without a question, the
@@ -35,7 +41,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, cast
 
-from proxy.calls.held import HeldCalls
+from proxy.calls.held import Call, HeldCalls
 
 log = logging.getLogger("hangup.proxy.siblings")
 
@@ -43,11 +49,38 @@ COUNT_ENV = "HANGUP_PROXY_WORKERS"  # in a worker's environment: how many worker
 LINE_LIMIT = 64 * 1024
 NOT_RUNNING = "not_running"  # what a worker that is not there (restarting) answers, in effect
 _ENDED = "(ended)"  # a question's answer when its connection ended before the answer came
-_NOW = frozenset({"held", "bury", "unbury"})  # answered at once; "cancel" waits for upstream
+_NOW = frozenset({"held", "bury", "unbury", "list"})  # answered at once
+_AWAITED = frozenset({"cancel", "cancel_group"})  # answered once the upstream answered
+_FIT = LINE_LIMIT - 4096  # what a fitted answer's line may take (the rest: "n" and framing)
 
 
 def socket_path(directory: Path, slot: int) -> Path:
     return directory / f"cancel-{slot}.sock"
+
+
+def fitted(entries: list[dict[str, object]]) -> str:
+    """``entries`` as one answer's ``state``: ``{"entries": [...], "more": N}``, as many as fit
+    in a line (the first ones), ``more`` counting the rest."""
+    kept = len(entries)
+    while True:
+        state = json.dumps({"entries": entries[:kept], "more": len(entries) - kept})
+        if len(json.dumps(state)) <= _FIT or kept == 0:
+            return state
+        kept = kept * 3 // 4
+
+
+def unfitted(state: str | None) -> tuple[list[dict[str, object]], int]:
+    """A fitted answer's entries and how many more there were (none for a state that is no
+    such answer: a worker not running, or not answering)."""
+    try:
+        answer = json.loads(state or "")
+    except (ValueError, RecursionError):
+        return [], 0
+    if not isinstance(answer, dict) or not isinstance(answer.get("entries"), list):
+        return [], 0
+    more = answer.get("more")
+    entries = [e for e in answer["entries"] if isinstance(e, dict)]
+    return entries, more if isinstance(more, int) else 0
 
 
 def read_message(line: bytes, *fields: str) -> dict[str, str | None]:
@@ -253,11 +286,13 @@ class _Answering(_Line):
     def line(self, line: bytes) -> None:
         message = read_message(line, "n", "op", "id")
         number, op, request_id = message["n"], message["op"], message["id"]
-        if number is None or request_id is None or (op not in _NOW and op != "cancel"):
+        if number is None or request_id is None or (op not in _NOW and op not in _AWAITED):
             raise ValueError(f"no such question: {op!r}")
         self._quiet.touch()
         if op == "cancel":
             self._siblings.spawn(self._cancel(number, request_id))
+        elif op == "cancel_group":
+            self._siblings.spawn(self._cancel_group(number, request_id))
         else:
             self.send({"n": number, "state": self._siblings.answer_now(op, request_id)})
         if self.transport.get_write_buffer_size() > LINE_LIMIT:
@@ -267,6 +302,10 @@ class _Answering(_Line):
         self.send(
             {"n": number, "state": await self._siblings.held.cancel(request_id) or "not_held"}
         )
+
+    async def _cancel_group(self, number: str, group: str) -> None:
+        ended = await self._siblings.held.cancel_group(group)
+        self.send({"n": number, "state": fitted([group_entry(c, s) for c, s in ended])})
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._quiet.stop()
@@ -293,6 +332,8 @@ class Siblings:
         }
         self._server: asyncio.Server | None = None
         self.serving: set[_Answering] = set()  # the other workers' connections to this one
+        self.listing: Callable[[str | None], list[dict[str, object]]] = lambda group: []
+        """What this worker answers ``list`` with (``ServerState.listing``, set by the server)."""
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
@@ -354,8 +395,10 @@ class Siblings:
         task.add_done_callback(self._tasks.discard)
 
     def answer_now(self, op: str, request_id: str) -> str:
-        """What this worker answers ``held``, ``bury`` and ``unbury`` (at once)."""
+        """What this worker answers ``held``, ``bury``, ``unbury`` and ``list`` (at once)."""
         held = self.held
+        if op == "list":
+            return fitted(self.listing(request_id or None))
         if op == "held":
             return "held" if held.holds(request_id) else "free"
         if op == "bury":
@@ -363,3 +406,12 @@ class Siblings:
             return "buried"
         held.unbury(request_id)
         return "unburied"
+
+
+def group_entry(call: Call, state: str) -> dict[str, object]:
+    """A group cancel's entry for one call held here: its id upstream (echoed to its client),
+    what happened to it, and the client's own id when the call is held under it too."""
+    entry: dict[str, object] = {"request_id": call.request_id, "state": state}
+    if call.client_request_id is not None and call.client_request_id != call.request_id:
+        entry["client_request_id"] = call.client_request_id
+    return entry

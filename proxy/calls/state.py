@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hangup_contract.vocabulary import Reason
+from proxy.calls.groups import GroupBounds
 from proxy.calls.held import Bounds, Ender, HeldCalls, Holding
 from proxy.calls.siblings import Siblings
 from proxy.cancel.canceller import Canceller
@@ -34,6 +35,10 @@ class Call:
     started: float = field(default_factory=time.monotonic)
     request_id: str | None = None  # the upstream call's id (what cancel calls name)
     client_request_id: str | None = None
+    group: str | None = None  # its job (X-Hangup-Group), held with the call (proxy.calls.groups)
+    answer_id: str | None = None  # its answer's own id, read once (proxy.http.answer_ids)
+    model: str | None = None  # the model its answer names, read with that id
+    streaming: bool | None = None  # an event stream (HTTP: its answer; gRPC: a stream method)
     status: int | None = None  # what the client was told (None: nothing was sent)
     outcome: Outcome | None = None
     stage: Stage = Stage.BEFORE_RESPONSE
@@ -57,12 +62,29 @@ class Call:
             self.reason = reason
             self.task.cancel()
 
+    def listed(self, now: float) -> dict[str, object]:
+        """What the sidecar's list of calls says of this one (``GET /v2/sidecar/requests``)."""
+        return {
+            "request_id": self.request_id,
+            "client_request_id": self.client_request_id,
+            "answer_id": self.answer_id,
+            "group": self.group,
+            "model": self.model,
+            "protocol": self.protocol.value,
+            "method": self.method,
+            "path": self.path[:LISTED_PATH],
+            "stage": self.stage.value,
+            "streaming": self.streaming,
+            "age_s": round(now - self.started, 3),
+        }
+
     def record(self) -> dict[str, object]:
         """The structured log fields for this call."""
         ended = self.ended if self.ended is not None else time.monotonic()
         return {
             "request_id": self.request_id,
             "client_request_id": self.client_request_id,
+            "group": self.group,
             "protocol": self.protocol.value,
             "method": self.method,
             "path": self.path,
@@ -84,6 +106,10 @@ class Call:
         }
 
 
+LISTED_PATH = 200  # characters of a call's path its listing shows
+LIST_MOST = 1000  # calls one listing shows at most (of each worker, and in all)
+
+
 def held_bounds(config: Config) -> Bounds:
     """What the proxy remembers of ids, from its flags."""
     return Bounds(
@@ -92,6 +118,17 @@ def held_bounds(config: Config) -> Bounds:
         config.ended_ids_max_bytes,
         config.tombstones_max,
         config.tombstones_max_bytes,
+    )
+
+
+def group_bounds(config: Config) -> GroupBounds:
+    """What the proxy holds of groups, and remembers of groups cancelled, from its flags."""
+    return GroupBounds(
+        config.max_groups,
+        config.max_group_calls,
+        config.tombstones_max,
+        config.tombstones_max_bytes,
+        config.tombstone_ttl,
     )
 
 
@@ -109,7 +146,11 @@ class ServerState:
         # The calls by id: for the proxy's own cancel by id (on with a token), and to refuse a
         # trusted id another call holds (--trust-client-request-id).
         self.held = (
-            HeldCalls(held_bounds(config), trust_client=config.trust_client_request_id)
+            HeldCalls(
+                held_bounds(config),
+                trust_client=config.trust_client_request_id,
+                groups=group_bounds(config),
+            )
             if config.cancel_token is not None or config.trust_client_request_id
             else None
         )
@@ -163,6 +204,17 @@ class ServerState:
         held.drop(holding)
         call.holding = None
         raise error
+
+    def listing(self, group: str | None = None) -> list[dict[str, object]]:
+        """The calls in flight here (of ``group``, if given), as the sidecar's list shows them,
+        at most ``LIST_MOST``."""
+        now, listed = time.monotonic(), []
+        for call in self._calls:
+            if call.request_id is not None and (group is None or call.group == group):
+                listed.append(call.listed(now))
+                if len(listed) >= LIST_MOST:
+                    break
+        return listed
 
     def release(self, call: Call) -> None:
         if call.holding is not None and self.held is not None:

@@ -12,7 +12,10 @@ servers showed):
   adds (cache resets, ``collective_rpc``, ``server_info``, sleep and wake, and the RL routes:
   pause, resume, ``abort_requests``, weight updates), runtime LoRA loading
   (``VLLM_ALLOW_RUNTIME_LORA_UPDATING``, SageMaker's ``/adapters`` too), the profiler, elastic
-  expert parallelism, fault tolerance, and the scale-out API's abort by id.
+  expert parallelism, fault tolerance, the scale-out API's abort by id, and the cancel by id of
+  vLLM PR 55521 (``/v1/requests/...``, open: not in 0.32), which any holder of vLLM's API key
+  could call for any request. With its token the sidecar answers those paths itself
+  (``proxy.http.cancel_api``), before this refusal.
 - ``sglang``: ``/abort_request`` (any rid by prefix, or all) and its control routes: cache
   flushes, profiling, weight and LoRA updates, memory release, logging, internal state, pause,
   and the server-info dumps (its server arguments, the API key among them).
@@ -87,6 +90,9 @@ VLLM = AdminRoutes(
         *_rule("vllm-scale-out-abort", "vLLM's scale-out abort by id (--enable-scale-out)", (
             "/inference/v1/abort_requests",
         )),
+        *_rule("vllm-cancel", "vLLM PR 55521's cancel by id (open; any holder of vLLM's API "
+               "key may cancel any request: the sidecar answers these paths itself, with its "
+               "token)", ("/v1/requests/**",)),
     ),
 )  # fmt: skip
 

@@ -87,17 +87,17 @@ class HttpCancelAdapter:
         path, body = self.call.request(request_id, reason)
         return await self._result(self._client.request("POST", path, self._headers, body))
 
-    async def forward(self, request_id: str, reason: Reason) -> tuple[int, bytes]:
-        """One cancel call for ``request_id``, made as the proxy makes its own (to its cancel
-        URL, with its token and nothing of a caller's), and the answer as it came: its status
-        and body (at most 1 MiB). The proxy's cancel API asks the gateway so about an id it
-        does not hold. Raises ``UpstreamError`` when no answer came within the attempt's time."""
-        path, body = self.call.request(request_id, reason)
+    async def forward(self, path: str, body: bytes, limit: int = MAX_BODY) -> tuple[int, bytes]:
+        """One POST of ``body`` to ``path`` under the cancel URL, made as the proxy makes its
+        own cancel calls (with its token and nothing of a caller's), and the answer as it came:
+        its status and body (at most ``limit`` bytes). The proxy's cancel API asks the gateway
+        so about ids, groups and batches it does not hold. Raises ``UpstreamError`` when no
+        answer came within the attempt's time."""
         try:
             async with asyncio.timeout(self._timeout):
                 response = await self._client.request("POST", path, self._headers, body)
                 try:
-                    answer = await response.read(MAX_BODY)
+                    answer = await response.read(limit)
                 except BaseException:
                     response.close()
                     raise

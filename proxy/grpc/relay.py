@@ -42,19 +42,23 @@ from typing import Any
 
 import grpc
 
+from hangup_contract.jobs import GROUP_METADATA_KEY
 from hangup_contract.runtime.connections import grpc_server_options
 from hangup_contract.vocabulary import Reason
 from proxy.calls.admin_paths import Refusal
+from proxy.calls.groups import checked_group
 from proxy.calls.lifecycle import CallEnding, log_call
 from proxy.calls.request_ids import RequestIds, choose_request_ids
 from proxy.calls.state import Call, ServerState
 from proxy.errors import (
+    BadGroup,
     BadRequestId,
     CancelledById,
     ClientGone,
     DuplicateRequestId,
     Overloaded,
     ProxyError,
+    TooManyGroupCalls,
     WorkerSilent,
 )
 from proxy.grpc.metadata import (
@@ -85,6 +89,16 @@ _PROXY_STOPPED = {
     # A cancel by id on the proxy's own API (proxy.http.cancel_api): as the gateway ends one.
     Reason.EXPLICIT: (grpc.StatusCode.CANCELLED, "request cancelled (explicit)"),
 }
+
+
+def _group(metadata: Metadata) -> str | None:
+    """The call's ``x-hangup-group`` (the first), checked; raises ``BadGroup``."""
+    value = next((v for k, v in metadata if k == GROUP_METADATA_KEY), None)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadGroup(f"{GROUP_METADATA_KEY} must be text")
+    return checked_group(value)
 
 
 class _Exchange:
@@ -254,8 +268,11 @@ class GrpcRelay:
                 [(k, v) for k, v in metadata if isinstance(v, str)],
                 trust_client=self._config.trust_client_request_id,
             )
+            if self._state.held is not None:  # held by its group too (proxy.calls.groups)
+                call.group = _group(metadata)
+                call.streaming = "Stream" in method
             self._state.admit(call)
-        except (BadRequestId, Overloaded) as exc:
+        except (BadRequestId, BadGroup, Overloaded) as exc:
             self._refuse(call, context, exc)
             ending.finish()
             return
@@ -268,7 +285,7 @@ class GrpcRelay:
             try:
                 if state.held is not None and state.hold(call, call.stop):
                     await state.hold_everywhere(call)  # --workers: a trusted id, free everywhere?
-            except (CancelledById, DuplicateRequestId, WorkerSilent) as exc:
+            except (CancelledById, DuplicateRequestId, TooManyGroupCalls, WorkerSilent) as exc:
                 self._refuse(call, context, exc)
                 return
             await self._relay(ending, method, metadata, ids, requests, context)
@@ -289,7 +306,7 @@ class GrpcRelay:
         context.set_details(refusal.message(method))
 
     def _refuse(self, call: Call, context: Any, exc: ProxyError) -> None:
-        if isinstance(exc, BadRequestId):
+        if isinstance(exc, BadRequestId | BadGroup):
             code = grpc.StatusCode.INVALID_ARGUMENT
         elif isinstance(exc, CancelledById):
             code = grpc.StatusCode.CANCELLED

@@ -5,6 +5,8 @@ upstream body to the client as it arrives.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from proxy.calls.lifecycle import CallEnding
 from proxy.calls.state import Call
 from proxy.cancel.seams import CancelTask
@@ -20,9 +22,17 @@ class ClientSink:
     bytes). A client that left is not written to: its hang-up ends the call
     (``HttpRelay.connection_lost``)."""
 
-    __slots__ = ("_call", "_connection", "_high", "_response", "_transport")
+    __slots__ = ("_call", "_connection", "_high", "_response", "_transport", "_watch")
 
-    def __init__(self, request: Request, response: Stream, call: Call) -> None:
+    def __init__(
+        self,
+        request: Request,
+        response: Stream,
+        call: Call,
+        watch: Callable[[bytes], bool] | None = None,
+    ) -> None:
+        """``watch``: shown each chunk until it answers True (the answer's first bytes read
+        for its id, ``proxy.http.answer_ids``), then no more."""
         transport = request.connection.transport
         if transport is None or request.connection.closed:
             raise ClientGone("the client left before the response began")
@@ -31,10 +41,14 @@ class ClientSink:
         self._response = response
         self._call = call
         self._high = transport.get_write_buffer_limits()[1]
+        self._watch = watch
 
     def write(self, chunk: bytes) -> None:
         if self._connection.closed:
             return
+        watch = self._watch
+        if watch is not None and watch(chunk):
+            self._watch = None
         self._response.send(chunk)
         self._call.bytes_out += len(chunk)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from hangup_contract.jobs import GROUP_HEADER
 from proxy.calls.request_ids import CLIENT_REQUEST_ID, REQUEST_ID, RequestIds
 from proxy.messages import HeadFields
 from proxy.vocabulary import SERVER_HEADER
@@ -34,6 +35,7 @@ HOP_BY_HOP = frozenset(
 )
 _REQUEST_ID = REQUEST_ID.lower()
 _DROP_UPSTREAM = frozenset({"expect", _REQUEST_ID, CLIENT_REQUEST_ID.lower()})
+_GROUP = GROUP_HEADER.lower()
 
 
 class ClientHead(NamedTuple):
@@ -42,6 +44,7 @@ class ClientHead(NamedTuple):
     upstream: Headers  # the fields to send upstream, the call's ids still to add (add_ids)
     request_id: str | None  # the client's own X-Request-Id (the first), dropped from upstream
     expect: str | None  # its Expect (answered by the proxy, never relayed)
+    group: str | None  # its X-Hangup-Group (the first; relayed as it came)
 
 
 def upstream_request_headers(
@@ -53,7 +56,7 @@ def upstream_request_headers(
     named: set[str] = set()  # what Connection names, dropped once it is all known
     forwarded_for: str | None = None
     forwarded_proto = False
-    request_id = expect = None
+    request_id = expect = group = None
     for name, value in headers:
         lowered = name.lower()
         if lowered in HOP_BY_HOP:
@@ -68,6 +71,8 @@ def upstream_request_headers(
             if forwarded_for is None:
                 forwarded_for = value
         else:
+            if lowered == _GROUP:
+                group = value if group is None else group
             forwarded_proto = forwarded_proto or lowered == "x-forwarded-proto"
             out.append((name, value))
     if named:
@@ -80,7 +85,7 @@ def upstream_request_headers(
         )
     if not forwarded_proto:
         out.append(("X-Forwarded-Proto", scheme))
-    return ClientHead(out, request_id, expect)
+    return ClientHead(out, request_id, expect, group)
 
 
 def add_ids(headers: Headers, ids: RequestIds) -> None:

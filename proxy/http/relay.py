@@ -36,12 +36,14 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from hangup_contract.cancel import cancelled_id
+from hangup_contract.jobs import Route, route_of
 from hangup_contract.runtime.connections import BodyStalled
 from hangup_contract.vocabulary import Reason
 from proxy.calls.admin_paths import Refusal
+from proxy.calls.groups import checked_group
 from proxy.calls.lifecycle import CallEnding, log_call
 from proxy.calls.request_ids import REQUEST_ID, request_ids_for
 from proxy.calls.state import Call, ServerState
@@ -64,6 +66,7 @@ from proxy.errors import (
     UpstreamError,
     UpstreamUnavailable,
 )
+from proxy.http.answer_ids import FirstBytes
 from proxy.http.cancel_api import CancelById
 from proxy.http.exchange import ClientSink, Exchange, held_upstream
 from proxy.http.headers import add_ids, client_response_head, upstream_request_headers
@@ -81,6 +84,15 @@ log = logging.getLogger("hangup.proxy.http")
 
 def _as_is(body: bytes, request_id: str) -> bytes:
     return body
+
+
+def _cancel_route(method: str, target: str) -> Route | None:
+    """The cancel API's route ``target`` names (``hangup_contract``), or None."""
+    if method == "POST":
+        request_id = cancelled_id(target)
+        if request_id is not None:
+            return Route("single", request_id=request_id)
+    return route_of(method, target)
 
 
 class HttpRelay:
@@ -103,12 +115,14 @@ class HttpRelay:
         config = self._config
         self._cancels: CancelById | None = None  # the proxy's own cancel by id, with a token
         if state.held is not None and config.cancel_token is not None:
-            # With hangup's gateway behind, an id not held is asked of it (the proxy's own call)
-            forward = adapter.forward if isinstance(adapter, HttpCancelAdapter) else None
+            # With hangup's gateway behind, what is not held is asked of it (the proxy's own call)
+            post = adapter.forward if isinstance(adapter, HttpCancelAdapter) else None
             hangup = config.cancel_adapter is AdapterName.HANGUP and not config.cancel_pool
             self._cancels = CancelById(
-                state.held, config.cancel_token, forward=forward if hangup else None,
-                body_timeout=config.body_timeout, siblings=state.siblings,
+                state.held, config.cancel_token, post=post if hangup else None,
+                body_timeout=config.body_timeout, metrics=state.metrics,
+                max_batch_ids=config.max_batch_ids, siblings=state.siblings,
+                listing=state.listing,
             )  # fmt: skip
 
     async def close(self) -> None:
@@ -119,13 +133,13 @@ class HttpRelay:
     async def __call__(self, request: Request) -> Answer | Stream | None:
         if request.method == "GET" and request.path in self._config.scrape_paths:
             return await scrape(request, self._upstream, self._state.metrics)
+        if self._cancels is not None:  # the proxy's own cancel API: answered here, never relayed
+            route = _cancel_route(request.method, request.raw_path)
+            if route is not None:
+                return await self._cancels.route(request, route)
         refused = self._guard.http(request.raw_path)
         if refused is not None:
             return self._refused(request, refused)
-        if self._cancels is not None and request.method == "POST":
-            request_id = cancelled_id(request.raw_path)
-            if request_id is not None:
-                return await self._cancels.answer(request, request_id)
         call = Call(CallProtocol.HTTP, request.method, request.path_qs, request.remote)
         ending = CallEnding(
             call,
@@ -174,6 +188,28 @@ class HttpRelay:
             ending.close_upstream(ex.close_upstream)
             ending.finish()
             self._state.release(call)
+
+    def _watch(self, call: Call) -> Callable[[bytes], bool] | None:
+        """With the cancel API on, what reads the answer's own id from its first bytes, once,
+        and holds the call under it too (``proxy.http.answer_ids``); else None."""
+        held = self._state.held
+        if self._cancels is None or held is None or call.holding is None:
+            return None
+        first, holding = FirstBytes(), call.holding
+
+        def watch(chunk: bytes) -> bool:
+            if not first.feed(chunk):
+                return False
+            if first.answer_id is not None and call.holding is holding:
+                call.answer_id, call.model, call.streaming = (
+                    first.answer_id,
+                    first.model,
+                    first.streaming,
+                )
+                held.name(holding, first.answer_id)
+            return True
+
+        return watch
 
     def _refused(self, request: Request, refusal: Refusal) -> Answer:
         """403 for an admin route of the server behind (``proxy.calls.admin_paths``), naming its
@@ -232,6 +268,8 @@ class HttpRelay:
         ids = request_ids_for(head.request_id, trust_client=self._config.trust_client_request_id)
         call.request_id, call.client_request_id = ids.upstream, ids.client
         state = self._state
+        if head.group is not None and state.held is not None:
+            call.group = checked_group(head.group)
         if state.held is not None and state.hold(call, lambda why: self._end_by_id(ex, why)):
             await state.hold_everywhere(call)  # --workers: a trusted id, free in every worker?
         limit = self._config.max_body_size
@@ -279,7 +317,8 @@ class HttpRelay:
             self._state.metrics.first_byte(call.upstream_ttfb)
             response = self._respond(ex, upstream)
             if request.method != "HEAD" and upstream.status >= 200:  # a body: relayed as it comes
-                await upstream.stream_to(ClientSink(request, response, call))
+                watch = self._watch(call) if upstream.status == 200 else None
+                await upstream.stream_to(ClientSink(request, response, call, watch))
         except (asyncio.CancelledError, TimeoutError, ClientGone):
             raise  # a cancel follows: the upstream is closed once it is answered
         except BaseException:

@@ -21,6 +21,7 @@ from proxy.errors import CancelledById, DuplicateRequestId
 class FakeCall:
     request_id: str | None
     client_request_id: str | None = None
+    group: str | None = None
 
 
 class Clock:
@@ -51,7 +52,9 @@ async def test_a_held_call_is_found_by_both_ids_then_answered_finished_until_the
     clock.now += 61
     assert await held.cancel("job-1") is None  # past the ttl, even before the timer ran
     held.expire()
-    assert held.sizes() == {"live": (0, 0), "ended": (0, 0), "tombstone": (0, 0)}
+    assert held.sizes() == {
+        "live": (0, 0), "ended": (0, 0), "tombstone": (0, 0), "group_tombstone": (0, 0)
+    }  # fmt: skip
 
 
 def test_a_trusted_id_already_held_is_refused_and_holds_nothing() -> None:
@@ -169,7 +172,7 @@ def test_an_id_refused_elsewhere_is_dropped_without_a_memory() -> None:
     holding = held.hold(FakeCall("dup-1", "dup-1"), never)
     held.drop(holding)
     assert not held.holds("dup-1") and held.sizes() == {
-        "live": (0, 0), "ended": (0, 0), "tombstone": (0, 0)
+        "live": (0, 0), "ended": (0, 0), "tombstone": (0, 0), "group_tombstone": (0, 0)
     }  # fmt: skip
 
 

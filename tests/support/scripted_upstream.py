@@ -5,6 +5,9 @@ sees is recorded so tests can assert on it without sleeping.
 
 - ``/echo``                 answers the request's method, path, headers and body as JSON
 - ``/sse?events=N``         streams N SSE events; with ``gate=1`` each waits for ``release()``
+- ``/answer``               an SSE answer whose first event opens with its own ``id``
+                            (``chatcmpl-`` and the call's ``X-Request-Id``), then nothing more
+                            until its client goes (``closed``), as a long generation does
 - ``/hold``                 reads the body, never answers; ``held`` / ``closed`` events
   (also ``/v1/responses`` and below: a Responses call that runs until its client leaves)
 - ``/status/{code}``        answers ``code`` with a JSON error body
@@ -60,6 +63,7 @@ class ScriptedUpstream:
         app.router.add_route("*", "/echo/{tail:.*}", self._echo)
         app.router.add_get("/sse", self._sse)
         app.router.add_route("*", "/hold", self._hold)
+        app.router.add_route("*", "/answer", self._answer)
         app.router.add_route("*", "/v1/responses", self._hold)
         app.router.add_route("*", "/v1/responses/{tail:.*}", self._hold)
         app.router.add_get("/status/{code}", self._status)
@@ -109,6 +113,20 @@ class ScriptedUpstream:
             await response.write(f'data: {{"n": {i}}}\n\n'.encode())
         await response.write(b"data: [DONE]\n\n")
         return response
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        event = {"id": "chatcmpl-" + request.headers.get("X-Request-Id", ""),
+                 "object": "chat.completion.chunk", "created": 1, "model": "scripted"}  # fmt: skip
+        try:
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
+            self.held.set()
+            await asyncio.Event().wait()
+        finally:
+            self.closed.set()
+        raise AssertionError("unreachable")
 
     async def _hold(self, request: web.Request) -> web.StreamResponse:
         try:
