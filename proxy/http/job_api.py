@@ -3,11 +3,12 @@ batch of ids, and the list of the calls held; the routes and token are ``proxy.h
 
 - **A group** (``POST /v2/groups/{group}/cancel``): every worker ends the calls of the group it
   holds, as a cancel by id ends one, and refuses the group's calls that arrive within
-  ``--tombstone-ttl``. With the ``hangup`` adapter the gateway is asked too (its calls tagged by
-  the body's ``metadata.hangup_group``, which the sidecar does not read; and the calls that
+  ``--tombstone-ttl``. With the ``hangup`` adapter the gateway is asked first (its calls tagged
+  by the body's ``metadata.hangup_group``, which the sidecar does not read; and the calls that
   reach it another way), and its entries (phase, tokens, legs) replace the sidecar's for the
-  same id. 200 with each call's entry; a group nobody holds answers an empty list (and is
-  refused for the ttl all the same).
+  same id; when it fails, the answer carries its error as ``upstream_error`` beside what the
+  sidecar ended. 200 with each call's entry; a group nobody holds answers an empty list (and
+  is refused for the ttl all the same).
 - **A batch** (``POST /v2/requests/cancel``, ``POST /v1/requests/cancel``): each id as one cancel
   by id is answered, all at once; the ids nobody here holds are asked of the gateway in one
   batch (``hangup``), else each is buried in every worker and answered ``not_found``.
@@ -65,25 +66,29 @@ def json_answer(status: int, body: object) -> Answer:
 
 
 async def group(api: Cancels, name: str, reason: Reason) -> Answer:
-    """End every call of group ``name``, in every worker (and at the gateway, ``hangup``)."""
+    """End every call of group ``name``: at the gateway first (``hangup``: it sees the engine,
+    its entries say where each call was), then in every worker."""
     try:
         checked = jobs.check_group(name)
     except ValueError as exc:
         return error_answer(400, str(exc))
     assert checked is not None
+    upstream: list[Entry] | Answer = []
+    if api.post is not None:
+        path = jobs.GROUP_ROUTE.format(group=checked)
+        upstream = await _forwarded(api.post, path, json.dumps({"reason": reason.value}))
     ended = await api.held.cancel_group(checked)
     entries: list[Entry] = [group_entry(call, state) for call, state in ended]
     if api.siblings is not None:
         for state in await api.siblings.ask("cancel_group", checked):
             entries.extend(unfitted(state)[0])
-    if api.post is not None:
-        path = jobs.GROUP_ROUTE.format(group=checked)
-        upstream = await _forwarded(api.post, path, json.dumps({"reason": reason.value}))
-        if isinstance(upstream, Answer):
-            return upstream
-        entries = _merged(entries, upstream)
-    api.metrics.cancel_answered(CancelKind.GROUP, [str(e.get("state")) for e in entries])
-    return json_answer(200, jobs.job_answer(entries, checked))
+    answer = jobs.job_answer(entries, checked)
+    if isinstance(upstream, Answer):  # the gateway's part failed: said beside the sidecar's
+        answer["upstream_error"] = {"status": upstream.status, "body": upstream.body.decode()}
+    else:
+        answer = jobs.job_answer(_merged(entries, upstream), checked)
+    api.metrics.cancel_answered(CancelKind.GROUP, [str(e.get("state")) for e in answer["results"]])
+    return json_answer(200, answer)
 
 
 async def batch(api: Cancels, body: bytes, *, vllm: bool) -> Answer:

@@ -137,6 +137,69 @@ async def test_cancels_sent_to_either_process_reach_their_request(
     assert total(gateway, "hangup_gateway_cancel_forward_seconds_count") >= 1
 
 
+async def _job_stream(raw: RawClients, url: str, *, header: bool) -> asyncio.StreamReader:
+    """A streamed completion of job ``rollout-1``, tagged by ``X-Hangup-Group`` or by its body's
+    ``metadata.hangup_group`` (read by the gateway only), once its first token arrived."""
+    body = LONG | ({} if header else {"metadata": {"hangup_group": "rollout-1"}})
+    request = completion_request("/v1/completions", body)
+    if header:
+        request = request.replace(b"\r\n\r\n", b"\r\nX-Hangup-Group: rollout-1\r\n\r\n", 1)
+    reader, _ = await raw.open(url, request)
+    async with asyncio.timeout(10):
+        while not (await reader.readline()).startswith(b"data: {"):
+            pass
+    return reader
+
+
+async def test_a_job_spread_over_both_scaled_ends_with_one_call(
+    stack: Stack, raw: RawClients
+) -> None:
+    """Twelve streams of one job, each on a connection of its own (so over both proxy workers
+    and both API processes), half tagged by header, half by body: one group cancel on the
+    proxy's port ends them all and answers each; a call of the job that comes after is refused;
+    a batch of ids does the same for the ids it names."""
+    streams = await asyncio.gather(
+        *(_job_stream(raw, stack.proxy_url, header=n % 2 == 0) for n in range(12))
+    )
+    fresh = aiohttp.TCPConnector(force_close=True)
+    async with aiohttp.ClientSession(connector=fresh) as session:
+        listed = await in_flight(session, stack.gateway_url)
+        assert len(listed) == 12 and {c["group"] for c in listed.values()} == {"rollout-1"}
+        async with session.post(f"{stack.proxy_url}/v2/groups/rollout-1/cancel", headers=AUTH) as r:
+            status, answer = r.status, await r.json()
+        assert status == 200, answer
+        assert len(answer["cancelled_request_ids"]) == 12, answer
+        assert {e["request_id"] for e in answer["results"]} == set(listed)
+        assert all(e["phase"] == "decode" for e in answer["results"])  # the gateway's entries
+        for reader in streams:
+            async with asyncio.timeout(10):
+                rest = await reader.readuntil(b"\r\n0\r\n\r\n")
+            assert b"request cancelled (explicit)" in rest and b"[DONE]" not in rest
+        late = completion_request("/v1/completions", {"model": MODEL, "prompt": "x",
+                                                       "max_tokens": 2})  # fmt: skip
+        late = late.replace(b"\r\n\r\n", b"\r\nX-Hangup-Group: rollout-1\r\n\r\n", 1)
+        for _ in range(4):  # whichever worker and process it lands on
+            reader, writer = await raw.open(stack.proxy_url, late)
+            assert (await reader.readline()).startswith(b"HTTP/1.1 499 ")
+            writer.close()
+        batch_ids = [f"batch-{n}" for n in range(6)]
+        batch = await asyncio.gather(*(_stream(raw, stack.proxy_url, i) for i in batch_ids))
+        body = {"request_ids": [*batch_ids, "nobody"]}
+        async with session.post(
+            f"{stack.proxy_url}/v2/requests/cancel", json=body, headers=AUTH
+        ) as resp:
+            answer = await resp.json()
+        assert [(e["request_id"], e["state"]) for e in answer["results"]] == [
+            *((i, "cancelled") for i in batch_ids), ("nobody", "not_found")
+        ]  # fmt: skip
+        for reader, _ in batch:
+            async with asyncio.timeout(10):
+                await reader.readuntil(b"\r\n0\r\n\r\n")
+        await wait_until(lambda: _idle(session, stack), what="nothing in flight on the gateway")
+        gateway = await scrape_async(session, stack.gateway_url)
+    assert total(gateway, "hangup_gateway_cancellations_total", reason="explicit") == 18
+
+
 async def test_a_hang_up_while_the_ids_home_answers_leaves_the_call_in_flight_nowhere(
     stack: Stack, raw: RawClients
 ) -> None:
