@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -19,7 +20,7 @@ from bench.harness.grpc_fuzz import INFERENCE, infer_request
 from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from proxy.config import AdapterName
-from proxy.server import Server
+from proxy.server import Server, WorkerOf
 from tests.support.gateway import LONG, MODEL, running_gateway
 from tests.support.proxy_harness import http_url, metric, raw_request, running_proxy
 from tests.support.scripted_upstream import ScriptedUpstream
@@ -228,3 +229,48 @@ async def test_a_grpc_stream_joins_its_group_by_metadata(session: aiohttp.Client
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await bad.read()
         assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+
+@contextlib.asynccontextmanager
+async def two_workers(upstream: ScriptedUpstream, run_dir: Path) -> AsyncIterator[list[Server]]:
+    """Two workers of one proxy, as ``--workers 2`` runs them (each on a port of its own here,
+    so a test picks which one a call or a cancel lands on)."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(running_proxy(
+                upstream.url, WorkerOf(run_dir, slot, 2), cancel_adapter=NONE,
+                cancel_token=TOKEN,
+            ))
+            for slot in range(2)
+        ]  # fmt: skip
+
+
+async def test_with_workers_the_group_the_list_and_the_batch_reach_every_worker(
+    upstream: ScriptedUpstream, session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    async with (
+        two_workers(upstream, tmp_path) as (first, second),
+        held(first, X_Hangup_Group="job-w") as one,
+        held(second, X_Hangup_Group="job-w") as two,
+        held(first, X_Request_Id="solo-1") as solo,
+    ):
+        await wait_until(lambda: first.state.inflight == 2 and second.state.inflight == 1, 5)
+        status, listed = await call(session, second, "GET", "/v2/sidecar/requests")
+        assert status == 200 and len(listed["requests"]) == 3, listed
+        status, listed = await call(session, second, "GET", "/v2/sidecar/requests?group=job-w")
+        assert len(listed["requests"]) == 2
+        status, answer = await call(session, second, "POST", "/v2/groups/job-w/cancel")
+        assert status == 200 and len(answer["cancelled_request_ids"]) == 2, answer
+        assert await status_of(one) == await status_of(two) == b"499"
+        for worker in (first, second):  # the job is refused at whichever worker it reaches
+            async with session.post(
+                http_url(worker) + "/echo", json={}, headers={"X-Hangup-Group": "job-w"}
+            ) as late:
+                assert late.status == 499
+        body = {"request_ids": ["solo-1", "gone-1"]}
+        status, answer = await call(session, second, "POST", "/v2/requests/cancel", body)
+        assert [(e["request_id"], e["state"]) for e in answer["results"]] == [
+            ("solo-1", "cancelled"), ("gone-1", "not_found")
+        ]  # fmt: skip
+        assert await status_of(solo) == b"499"
+        assert first.state.held.buried("gone-1") and second.state.held.buried("gone-1")
