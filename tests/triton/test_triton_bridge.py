@@ -289,6 +289,55 @@ async def test_a_cancel_by_id_on_the_bridge_stops_the_model_mid_stream(
     assert end["how"] == "cancelled" and end["at"] - cancelled_at < SEEN_WITHIN_S, end
 
 
+async def test_vllm_pr_55521_paths_and_a_group_cancel_on_the_bridge_stop_the_model(
+    triton: TritonServer, triton_bridge: Process
+) -> None:
+    """A client written for vLLM PR 55521 in front of Triton (which has none of its paths): the
+    bridge answers them itself, with its token. ``DELETE /v1/requests/{id}`` stops one stream's
+    model (the PR's 200, then its 404 once ended), one group cancel stops a job's two streams,
+    each answered."""
+    auth = {"Authorization": f"Bearer {BRIDGE_TOKEN}"}
+    url = f"{triton_bridge.url()}/v2/models/streamer/generate_stream"
+    group = request_id("job")
+
+    def body(prompt: str) -> dict[str, object]:
+        return {"text_input": prompt, "stream": True,
+                "sampling_parameters": json.dumps({"max_tokens": LONG})}  # fmt: skip
+
+    async with aiohttp.ClientSession() as session:
+        one = request_id("pr-one")
+        jobs = [request_id("pr-job-a"), request_id("pr-job-b")]
+        streams = [await session.post(url, json=body(one), headers={"X-Request-Id": one})]
+        streams += [await session.post(url, json=body(p), headers={"X-Hangup-Group": group})
+                    for p in jobs]  # fmt: skip
+        for response in streams:
+            assert response.status == 200
+            await response.content.readline()  # the answer has begun
+        async with session.delete(f"{triton_bridge.url()}/v1/requests/{one}", headers=auth) as r:
+            assert (r.status, await r.json()) == (
+                200, {"status": "cancelled", "request_id": one, "state": "cancelled"}
+            )  # fmt: skip
+        deleted_at = time.time()
+        async with session.post(
+            f"{triton_bridge.url()}/v2/groups/{group}/cancel", headers=auth
+        ) as r:
+            answer = await r.json()
+        grouped_at = time.time()
+        assert len(answer["cancelled_request_ids"]) == 2, answer
+        for response in streams:
+            with pytest.raises((aiohttp.ClientPayloadError, RuntimeError)):
+                async for _ in response.content.iter_any():
+                    pass
+            response.close()
+        async with session.delete(f"{triton_bridge.url()}/v1/requests/{one}", headers=auth) as r:
+            assert r.status == 404  # ended: the PR's 404
+    end = await ended(triton, "streamer", one, by="prompt")
+    assert end["how"] == "cancelled" and end["at"] - deleted_at < SEEN_WITHIN_S, end
+    for prompt in jobs:
+        end = await ended(triton, "streamer", prompt, by="prompt")
+        assert end["how"] == "cancelled" and end["at"] - grouped_at < SEEN_WITHIN_S, end
+
+
 async def test_sixteen_http_streams_hung_up_at_once_each_stop_the_model(
     triton: TritonServer, triton_bridge: Process
 ) -> None:

@@ -214,3 +214,54 @@ async def test_a_cancel_by_id_on_the_sidecar_ends_a_truss_call(
     with contextlib.suppress(ConnectionError):
         writer.close()
         await writer.wait_closed()
+
+
+async def test_vllm_pr_55521_paths_and_a_group_cancel_on_the_sidecar_end_truss_calls(
+    truss_pods: dict[str, Pod],
+) -> None:
+    """A client written for vLLM PR 55521 in front of Truss (which has none of its paths): the
+    sidecar answers them itself, with its token. ``POST /v1/requests/{id}/cancel`` ends one
+    call, one group cancel a job's two (``X-Hangup-Group``); the polling model sees each
+    connection gone; a batch naming them all after answers ``finished``."""
+    pod = truss_pods["polling"]
+    sidecar = pod.sidecars["none"]
+    one, job = uuid.uuid4().hex, [uuid.uuid4().hex, uuid.uuid4().hex]
+    group = "job-" + uuid.uuid4().hex
+    calls = [await open_call(sidecar.url(), {"id": one, "steps": STEPS}, one)]
+    for request_id in job:
+        reader, writer = await asyncio.open_connection(*address(sidecar.url()))
+        payload = json.dumps({"id": request_id, "steps": STEPS}).encode()
+        writer.write(
+            f"POST {PATH} HTTP/1.1\r\nHost: truss\r\nContent-Type: application/json\r\n"
+            f"X-Hangup-Group: {group}\r\nContent-Length: {len(payload)}\r\n\r\n".encode()
+            + payload
+        )
+        calls.append((reader, writer))
+    for request_id in (one, *job):
+        await started(pod.server, request_id)
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession() as session:
+        cancel = f"{sidecar.url()}/v1/requests/{one}/cancel"
+        async with session.post(cancel) as refused:
+            assert refused.status == 401
+        asked = time.time()
+        async with session.post(cancel, headers=headers) as answer:
+            assert (answer.status, await answer.json()) == (
+                200, {"status": "cancelled", "request_id": one, "state": "cancelled"}
+            )  # fmt: skip
+        async with session.post(f"{sidecar.url()}/v2/groups/{group}/cancel", headers=headers) as r:
+            assert len((await r.json())["cancelled_request_ids"]) == 2
+        for request_id in (one, *job):
+            line = await ended(pod.server, request_id)
+            assert line["how"] == "disconnected" and line["at"] - asked < 2 * POLLED_S, line
+        body = {"request_ids": [one]}
+        async with session.post(
+            f"{sidecar.url()}/v1/requests/cancel", json=body, headers=headers
+        ) as r:
+            assert (await r.json())["results"] == [{"request_id": one, "state": "finished"}]
+    for reader, writer in calls:
+        status = await asyncio.wait_for(reader.readuntil(b"\r\n"), 10)
+        assert status.startswith(b"HTTP/1.1 499 "), status
+        with contextlib.suppress(ConnectionError):
+            writer.close()
+            await writer.wait_closed()

@@ -156,6 +156,54 @@ async def test_hang_ups_and_cancels_reach_the_engine_across_processes(
     assert len(ends) == 40 and {e["api_process"] for e in ends} == {0, 1}
 
 
+async def test_a_job_over_both_processes_ends_with_one_group_cancel(
+    scaled: tuple[Process, Process],
+) -> None:
+    """Eight streams of one job (``X-Hangup-Group``) through the proxy's two workers, each on a
+    connection of its own, so over both API processes and both vLLM engines: one group cancel
+    on the gateway, landing on either process, aborts every one in its engine and answers each
+    with where it was; a call of the job that comes after is refused 499."""
+    gateway, proxy = scaled
+    before = scrape(gateway.url())
+    body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": LONG, "stream": True,
+            **IGNORE_EOS}  # fmt: skip
+    job = {"X-Hangup-Group": "vllm-job"}
+    fresh = aiohttp.TCPConnector(force_close=True, limit=0)
+    async with aiohttp.ClientSession(connector=fresh) as session:
+        streams = [await session.post(proxy.url() + "/v1/completions", json=body, headers=job)
+                   for _ in range(8)]  # fmt: skip
+        for resp in streams:
+            assert resp.status == 200, await resp.text()
+            await _events(resp, stop_after=1)
+        async with session.post(gateway.url() + "/v2/groups/vllm-job/cancel") as answered:
+            assert answered.status == 200, await answered.text()
+            answer = await answered.json()
+        assert len(answer["cancelled_request_ids"]) == 8, answer
+        assert {e["phase"] for e in answer["results"]} <= {"prefill", "decode"}
+        for resp in streams:
+            events = await _events(resp)
+            assert json.loads(events[-1])["error"]["type"] == "cancelled"
+            resp.close()
+        late = {**body, "max_tokens": 2, "stream": False}
+        async with session.post(proxy.url() + "/v1/completions", json=late, headers=job) as resp:
+            assert resp.status == 499
+        await wait_until(lambda: _idle(session, gateway.url()), within=120,
+                         what="nothing in flight in either API process")  # fmt: skip
+    after = scrape(gateway.url())
+
+    def grew(phase: str) -> float:
+        name, labels = "hangup_gateway_cancellations_total", {"reason": "explicit", "phase": phase}
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    assert grew("prefill") + grew("decode") == 8
+    assert grew("queued") == 1  # the late call, refused on arrival: counted as the contract says
+    assert total(after, "vllm:num_requests_running") == 0 == total(
+        after, "vllm:num_requests_waiting"
+    )  # fmt: skip
+    ends = [json.loads(line) for line in gateway.log().splitlines() if '"request_end"' in line]
+    assert {e["api_process"] for e in ends if e.get("reason") == "explicit"} == {0, 1}
+
+
 async def _idle(session: aiohttp.ClientSession, gateway: str) -> bool:
     async with session.get(gateway + "/v2/requests") as resp:
         return not (await resp.json())["requests"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import uuid
 
@@ -169,6 +170,49 @@ async def test_a_cancel_by_id_on_the_sidecar_ends_the_call_in_vllm(
     await asyncio.to_thread(poll_until, served.idle, WAIT_S, "vLLM idle again")
     await asyncio.to_thread(poll_until, lambda: served.aborted(call_id), 10, "vLLM's abort log")
     assert served.aborted_by_endpoint(call_id) is (mode == "abort"), call_id
+
+
+async def test_a_client_of_vllm_pr_55521_cancels_by_the_answers_own_id_and_by_group(
+    served: Served,
+) -> None:
+    """``vllm serve`` 0.32 has none of PR 55521's paths: the sidecar answers them itself, with
+    its token. A streaming client that set no ``X-Request-Id`` cancels by the ``id`` of its first
+    event (``cmpl-…``, Rapid-MLX issue 2342), and vLLM aborts it; the same cancel again is the
+    PR's 404; two calls of one job (``X-Hangup-Group``) end with one group cancel."""
+    await asyncio.to_thread(poll_until, served.idle, WAIT_S, "vLLM idle")
+    front = served.fronts["abort"]
+    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2000, "stream": True, **IGNORE_EOS}
+    auth = {"Authorization": f"Bearer {serve_fronts.TOKEN}"}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(front.url() + "/v1/completions", json=body) as resp:
+            first = await resp.content.readline()
+            answer_id = json.loads(first.decode()[6:])["id"]
+            assert answer_id.startswith("cmpl-")
+            url = f"{front.url()}/v1/requests/{answer_id}/cancel"
+            async with session.post(url) as refused:
+                assert refused.status == 401
+            async with session.post(url, headers=auth) as answer:
+                assert (answer.status, await answer.json()) == (
+                    200, {"status": "cancelled", "request_id": answer_id, "state": "cancelled"}
+                )  # fmt: skip
+            with contextlib.suppress(aiohttp.ClientPayloadError):
+                await resp.read()  # ended by vLLM's abort
+        await asyncio.to_thread(poll_until, served.idle, WAIT_S, "vLLM idle again")
+        async with session.delete(f"{front.url()}/v1/requests/{answer_id}", headers=auth) as again:
+            assert again.status == 404
+        job = {"X-Hangup-Group": f"job-{uuid.uuid4().hex}"}
+        streams = [await session.post(front.url() + "/v1/completions", json=body, headers=job)
+                   for _ in range(2)]  # fmt: skip
+        for resp in streams:
+            await resp.content.readline()
+        group = job["X-Hangup-Group"]
+        async with session.post(f"{front.url()}/v2/groups/{group}/cancel", headers=auth) as ended:
+            assert len((await ended.json())["cancelled_request_ids"]) == 2
+        for resp in streams:
+            with contextlib.suppress(aiohttp.ClientPayloadError):
+                await resp.read()
+            resp.close()
+    await asyncio.to_thread(poll_until, served.idle, WAIT_S, "vLLM idle at last")
 
 
 @pytest.mark.parametrize("mode", MODES)
