@@ -21,14 +21,13 @@ WATCH_BYTES = 1024
 _DECIDED = 300
 """Bytes after which an answer with no ``id`` yet never opens with one (a prefix, the key and
 an id of 128 characters fit well within)."""
-_ID = re.compile(rb'\A\s*(?:data:[ \t]*)?\{\s*"id"\s*:\s*"([A-Za-z0-9._:\-]{1,128})"')
+_ID = re.compile(rb'\A\s*(data:[ \t]*)?\{\s*"id"\s*:\s*"([A-Za-z0-9._:\-]{1,128})"')
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"\\\r\n]{1,256})"')
-_EVENT_STREAM = (b"data:", b"event:", b":")
 
 
 class FirstBytes:
     """What an answer's first bytes say, read as they come (:meth:`feed` until it says it is
-    done): its ``id``, its ``model``, whether it is an event stream."""
+    done): its ``id``, its ``model``, whether it is an event stream (its first event ``data:``)."""
 
     __slots__ = ("_head", "answer_id", "model", "streaming")
 
@@ -40,13 +39,15 @@ class FirstBytes:
 
     def feed(self, chunk: bytes) -> bool:
         """Read ``chunk`` (the answer's next bytes); True once nothing more is to be read."""
-        head = self._head + chunk[: WATCH_BYTES - len(self._head)]
+        head = self._head
+        head = chunk if not head and len(chunk) <= WATCH_BYTES else head + chunk
+        head = head[:WATCH_BYTES]  # (no copy when it is shorter)
         found = _ID.match(head)
         if found is None:
             self._head = head
             return len(head) >= _DECIDED or b"\n\n" in head  # long enough, or a whole event
-        self.answer_id = found.group(1).decode("ascii")
-        self.streaming = head.lstrip().startswith(_EVENT_STREAM)
+        self.answer_id = found.group(2).decode("ascii")
+        self.streaming = found.group(1) is not None
         model = _MODEL.search(head, found.end())
         if model is not None:
             self.model = model.group(1).decode("utf-8", errors="replace")
