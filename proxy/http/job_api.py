@@ -79,14 +79,20 @@ async def group(api: Cancels, name: str, reason: Reason) -> Answer:
         upstream = await _forwarded(api.post, path, json.dumps({"reason": reason.value}))
     ended = await api.held.cancel_group(checked)
     entries: list[Entry] = [group_entry(call, state) for call, state in ended]
+    more = 0
     if api.siblings is not None:
         for state in await api.siblings.ask("cancel_group", checked):
-            entries.extend(unfitted(state)[0])
-    answer = jobs.job_answer(entries, checked)
+            theirs, left = unfitted(state)
+            entries.extend(theirs)
+            more += left
     if isinstance(upstream, Answer):  # the gateway's part failed: said beside the sidecar's
-        answer["upstream_error"] = {"status": upstream.status, "body": upstream.body.decode()}
+        answer = jobs.job_answer(entries, checked)
+        body = upstream.body.decode(errors="replace")
+        answer["upstream_error"] = {"status": upstream.status, "body": body}
     else:
         answer = jobs.job_answer(_merged(entries, upstream), checked)
+    if more:  # cancelled, but past what a worker's answer line holds
+        answer["more_results"] = more
     api.metrics.cancel_answered(CancelKind.GROUP, [str(e.get("state")) for e in answer["results"]])
     return json_answer(200, answer)
 
