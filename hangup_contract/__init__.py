@@ -10,6 +10,8 @@ other servers' adapters read.
   every upstream call, the one rule for an id, and fresh ids.
 - :mod:`.cancel`: the cancel call over HTTP, ``POST /v2/requests/{id}/cancel``: its path, its
   JSON body and its JSON answer, encoded and parsed in one place.
+- :mod:`.jobs`: a job's calls cancelled at once (a group: ``X-Hangup-Group``), a batch of ids,
+  vLLM PR 55521's paths, and the answer both sides give them.
 - :mod:`.protos`: ``hangup.v1.Cancellation/Cancel``, the same call over gRPC
   (``cancellation.proto`` and the module generated from it).
 
