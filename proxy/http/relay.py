@@ -282,7 +282,7 @@ class HttpRelay:
         headers = head.upstream
         add_ids(headers, ids)
         self._continue(request, head.expect)
-        if self._bridge is not None and self._bridge.takes(request.method, request.path):
+        if self._bridge is not None and self._bridge.takes(request):
             if ex.ending.stopped:
                 raise CancelledById("request cancelled (explicit)")
             return await self._bridged(ex, self._bridge)

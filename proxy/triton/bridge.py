@@ -26,7 +26,7 @@ import asyncio
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -34,7 +34,14 @@ from hangup_contract.protos import inference_pb2 as pb
 from proxy.calls.state import Call
 from proxy.errors import ClientGone, UpstreamBroken
 from proxy.messages import Answer, Request, Stream
-from proxy.triton.codec import GenerateError, answer, encode, generate_request, parse_body
+from proxy.triton.codec import (
+    GenerateError,
+    answer,
+    built,
+    encode,
+    generate_request,
+    parse_body,
+)
 from proxy.triton.infer import HEADER_LENGTH, infer_answer, infer_request
 from proxy.triton.models import SERVICE, Models
 from proxy.upstream.grpc_target import upstream_channel
@@ -45,6 +52,8 @@ PATH = re.compile(
     r"/(?P<route>infer|generate|generate_stream)$"
 )
 EVENT_STREAM = "text/event-stream; charset=utf-8"
+OFF_LOOP_AT = 256 * 1024  # a body this large is read into a request in a worker thread
+T = TypeVar("T")
 DECOUPLED = b'{"error":"HTTP end point doesn\'t support models with decoupled transaction policy"}'
 SEVERAL = (
     "generate expects model to produce exactly 1 response, use generate stream for model that "
@@ -59,6 +68,11 @@ _STATUS = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
 }
+
+
+def route(request: Request) -> re.Match[str] | None:
+    """The model, version and route a request names."""
+    return PATH.match(request.path)
 
 
 class Upstream:
@@ -91,8 +105,8 @@ class TritonBridge:
         await self._channel.close()
 
     @staticmethod
-    def takes(method: str, path: str) -> bool:
-        return method == "POST" and PATH.match(path) is not None
+    def takes(request: Request) -> bool:
+        return request.method == "POST" and route(request) is not None
 
     async def relay(
         self,
@@ -106,7 +120,7 @@ class TritonBridge:
         """Answer ``request`` (its body ``raw``) from Triton over gRPC, with ``headers`` (the
         proxy's own: the call's id, ``Server``) on every answer. ``opened`` is called once the
         gRPC call is open (from then on a hang-up cancels it through ``upstream``)."""
-        match = PATH.match(request.path)
+        match = route(request)
         assert match is not None
         model, version = match["model"], match["version"] or ""
         try:
@@ -145,9 +159,11 @@ class TritonBridge:
                 if inputs.decoupled:  # as Triton answers it (its JSON, labelled text/plain)
                     return _sent(call, Answer(501, DECOUPLED, content_type="text/plain"))
                 length = request.header(HEADER_LENGTH)
-                infer, binary, all_binary = infer_request(model, version, raw, length)
+                infer, binary, all_binary = await _read(
+                    raw, lambda: infer_request(inputs, raw, length)
+                )
             else:
-                infer = generate_request(inputs, parse_body(raw))
+                infer = await _read(raw, lambda: generate_request(inputs, parse_body(raw)))
         except GenerateError as exc:
             return _error(call, exc.status, exc.message)
         sent = time.monotonic()
@@ -185,6 +201,16 @@ class TritonBridge:
         if route == "generate":
             return await _collected(call, stream, sent, first)
         return await _streamed(request, call, stream, sent, first, headers)
+
+
+async def _read(raw: bytes, build: Callable[[], T]) -> T:
+    """``build()``, the body read into a request: a body of ``OFF_LOOP_AT`` bytes or more in a
+    worker thread, so that the event loop answers other calls meanwhile (the two take turns
+    every 5 ms, Python's switch interval, but for msgspec's decode, which is one call into C:
+    about 20 ms a MiB at most), with the garbage collector paused (:func:`.codec.built`)."""
+    if len(raw) < OFF_LOOP_AT:
+        return build()
+    return await asyncio.to_thread(built, build)
 
 
 async def _collected(call: Call, stream: Any, sent: float, first: bool) -> Answer:

@@ -17,66 +17,126 @@ The JSON is read and written by msgspec, in C (the body as ``json.loads`` reads 
 
 from __future__ import annotations
 
-import contextlib
-import math
-import struct
 from typing import Any
 
 from hangup_contract.protos import inference_pb2 as pb
 from proxy.triton.codec import (
-    STRUCT_CODES,
+    SURROGATE,
     GenerateError,
+    ModelInputs,
     elements,
     encode,
     parse_body,
     set_parameters,
 )
+from proxy.triton.tensors import binary_size, member, not_a, packed, shape_of
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _HTTP_ONLY = ("binary_data", "binary_data_size", "binary_data_output")
 
 
 def infer_request(
-    model: str, version: str, raw: bytes, header_length: str | None
+    model: ModelInputs, raw: bytes, header_length: str | None
 ) -> tuple[pb.ModelInferRequest, set[str], bool]:
-    """The gRPC request, the outputs asked for as binary data, and whether every output is."""
-    try:
-        split = len(raw) if header_length is None else int(header_length)
-    except ValueError as exc:
-        raise GenerateError(400, f"{HEADER_LENGTH} is not a number: {header_length!r}") from exc
-    if not 0 <= split <= len(raw):
-        raise GenerateError(400, f"{HEADER_LENGTH} {split} is outside the body")
+    """The gRPC request for ``model``, the outputs asked for as binary data, and whether every
+    output is. Raises ``GenerateError`` (400) for anything Triton would refuse to read: the
+    framing first (where the JSON ends), then each field as it is used, an input or output the
+    model does not have before the next is read; binary data must fill its inputs exactly, as
+    Triton checks it."""
+    split = len(raw) if header_length is None else _split(header_length, len(raw))
     body, binary = parse_body(raw[:split]), memoryview(raw)[split:]
-    request = pb.ModelInferRequest(model_name=model, model_version=version)
+    try:
+        return _request(model, body, binary)
+    except UnicodeEncodeError as exc:  # a lone surrogate, which json reads and protobuf cannot
+        raise GenerateError(400, SURROGATE) from exc
+
+
+def _split(header_length: str, size: int) -> int:
+    digits = header_length.removeprefix("-")
+    if not (digits.isascii() and digits.isdigit() and len(digits) < 20):
+        raise GenerateError(400, f"{HEADER_LENGTH} is not a number: {header_length[:40]!r}")
+    split = int(header_length)
+    if not 0 <= split <= size:
+        raise GenerateError(
+            400, f"inference header size should be in range (0, {size}), got: {split}"
+        )
+    return split
+
+
+def _request(
+    model: ModelInputs, body: dict[str, Any], binary: memoryview
+) -> tuple[pb.ModelInferRequest, set[str], bool]:
+    request = pb.ModelInferRequest(model_name=model.name, model_version=model.version)
     if "id" in body:
-        request.id = str(body["id"])
+        request.id = member(body, "id", str)
     parameters = _object(body.get("parameters", {}), "parameters")
-    all_binary = bool(parameters.pop("binary_data_output", False))
+    all_binary = _flag(parameters.pop("binary_data_output", False), "binary_data_output")
     set_parameters(request.parameters, parameters)
-    at = 0
-    for entry in _list(body.get("inputs"), "inputs"):
-        tensor = _object(entry, "an input")
-        name, datatype = str(tensor.get("name")), str(tensor.get("datatype"))
-        shape = [int(d) for d in _list(tensor.get("shape"), f"the shape of input '{name}'")]
-        extra = _object(tensor.get("parameters", {}), f"the parameters of input '{name}'")
-        size = extra.get("binary_data_size")
-        if size is not None:
-            data, at = bytes(binary[at : at + int(size)]), at + int(size)
-        else:
-            data = _raw(name, datatype, shape, tensor.get("data"))
-        added = request.inputs.add(name=name, datatype=datatype, shape=shape)
-        set_parameters(added.parameters, {k: v for k, v in extra.items() if k not in _HTTP_ONLY})
-        request.raw_input_contents.append(data)
+    if "inputs" not in body:
+        member(body, "inputs", list)  # refused in Triton's words
+    at, names = 0, set[str]()
+    for entry in _list(body["inputs"], "inputs"):
+        at = _input(request, _object(entry, "an input"), binary, at, model, names)
+    if at != len(binary):
+        raise GenerateError(400, f"unexpected additional input data for model '{model.name}'")
     binary_outputs: set[str] = set()
+    asked: set[str] = set()
     for entry in _list(body.get("outputs", []), "outputs"):
         output = _object(entry, "an output")
+        name = member(output, "name", str)
+        if name not in model.outputs:
+            raise GenerateError(
+                400, f"unexpected inference output '{name}' for model '{model.name}'"
+            )
         extra = _object(output.get("parameters", {}), "the parameters of an output")
-        if extra.get("binary_data"):
-            binary_outputs.add(str(output.get("name")))
-        added_output = request.outputs.add(name=str(output.get("name")))
+        if _flag(extra.get("binary_data", False), "binary_data"):
+            binary_outputs.add(name)
+        if name in asked:  # Triton takes an output asked for twice once
+            continue
+        asked.add(name)
+        added_output = request.outputs.add(name=name)
         set_parameters(added_output.parameters,
                        {k: v for k, v in extra.items() if k not in _HTTP_ONLY})  # fmt: skip
     return request, binary_outputs, all_binary
+
+
+def _input(
+    request: pb.ModelInferRequest,
+    tensor: dict[str, Any],
+    binary: memoryview,
+    at: int,
+    model: ModelInputs,
+    names: set[str],
+) -> int:
+    """One input added to ``request`` (its name added to ``names``, the inputs' so far), its
+    data from ``binary`` at ``at`` or its JSON ``data``; returns where the next input's binary
+    data starts."""
+    name = member(tensor, "name", str)
+    if name not in model.datatypes:
+        raise GenerateError(400, f"unexpected inference input '{name}' for model '{model.name}'")
+    if name in names:
+        said = f"[request id: {request.id or '<id_unknown>'}]"
+        raise GenerateError(400, f"{said} input '{name}' already exists in request")
+    names.add(name)
+    datatype, shape = member(tensor, "datatype", str), shape_of(tensor)
+    extra = _object(tensor.get("parameters", {}), f"the parameters of input '{name}'")
+    plain = "data" in tensor and not extra  # the usual input: JSON data, no parameters
+    size = None if plain else binary_size(name, extra, "data" in tensor)
+    if size is None:
+        data = packed(name, datatype, shape, tensor["data"])
+    elif at + size > len(binary):
+        missing = at + size - len(binary)
+        raise GenerateError(
+            400,
+            f"unexpected size for input '{name}', expecting {missing} additional bytes "
+            f"for model '{model.name}'",
+        )
+    else:
+        data, at = bytes(binary[at : at + size]), at + size
+    added = request.inputs.add(name=name, datatype=datatype, shape=shape)
+    set_parameters(added.parameters, {k: v for k, v in extra.items() if k not in _HTTP_ONLY})
+    request.raw_input_contents.append(data)
+    return at
 
 
 def infer_answer(
@@ -122,42 +182,10 @@ def _list(value: object, what: str) -> list[Any]:
     return value
 
 
-def _flat(value: object) -> list[Any]:
-    if not isinstance(value, list):
-        return [value]
-    if list not in map(type, value):  # JSON's arrays are lists: none is nested (looked at in C)
-        return value  # flat already (the usual shape): read only, never changed
-    return [leaf for item in value for leaf in _flat(item)]
-
-
-def _raw(name: str, datatype: str, shape: list[int], data: object) -> bytes:
-    code = STRUCT_CODES.get(datatype)
-    if code not in (None, "?") and isinstance(data, list) and len(data) == math.prod(shape):
-        # The usual shape, flat numbers of the right count, packed at once: struct refuses a
-        # list as a number (BOOL's "?" takes any object, so it is left out), so what does not
-        # pack (nested, or a bad value) is read the checked way below, which says why.
-        with contextlib.suppress(struct.error):
-            return struct.pack(f"<{len(data)}{code}", *data)
-    return _checked_raw(name, datatype, shape, data)
-
-
-def _checked_raw(name: str, datatype: str, shape: list[int], data: object) -> bytes:
-    if data is None:
-        raise GenerateError(400, f"input '{name}' has neither 'data' nor binary_data_size")
-    values = _flat(data)
-    if len(values) != math.prod(shape):
-        raise GenerateError(400, f"input '{name}': {len(values)} values for shape {shape}")
-    if datatype == "BYTES":
-        if not all(isinstance(v, str) for v in values):
-            raise GenerateError(400, f"input '{name}' (BYTES) takes strings")
-        return b"".join(struct.pack("<I", len(e)) + e for e in (v.encode() for v in values))
-    code = STRUCT_CODES.get(datatype)
-    if code is None:
-        raise GenerateError(400, f"input '{name}': {datatype} cannot be given as JSON data")
-    try:
-        return struct.pack(f"<{len(values)}{code}", *values)
-    except struct.error as exc:
-        raise GenerateError(400, f"input '{name}' ({datatype}): {exc}") from exc
+def _flag(value: object, key: str) -> bool:
+    if type(value) is not bool:
+        raise GenerateError(400, not_a(key, bool))
+    return value
 
 
 def _value(parameter: pb.InferParameter) -> object:

@@ -56,6 +56,7 @@ class Models:
             version=version,
             datatypes={i.name: i.datatype for i in metadata.inputs},
             decoupled=config.model_transaction_policy.decoupled,
+            outputs=frozenset(o.name for o in metadata.outputs),
         )
         if len(self._known) >= MAX_MODELS:
             self._known.pop(next(iter(self._known)))

@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 from hangup_contract.protos import inference_pb2 as pb
 from proxy.triton.bridge import stream_event
 from proxy.triton.codec import (
+    NESTED,
+    TOO_BIG,
     GenerateError,
     ModelInputs,
     answer,
@@ -23,13 +25,8 @@ from proxy.triton.codec import (
     number_text,
     parse_body,
 )
-from proxy.triton.infer import (
-    HEADER_LENGTH,
-    _checked_raw,
-    _raw,
-    infer_answer,
-    infer_request,
-)
+from proxy.triton.infer import HEADER_LENGTH, infer_answer, infer_request
+from proxy.triton.tensors import checked, packed
 
 NUMBERS = {  # datatype: (contents field, struct code, values)
     "INT8": ("int_contents", "b", [-3, 4]), "INT16": ("int_contents", "h", [-300, 4]),
@@ -98,11 +95,16 @@ def test_a_body_that_is_no_json_object_is_refused(raw: bytes) -> None:
 
 
 def _stdlib_parse_body(raw: bytes) -> dict[str, object]:
-    """``parse_body`` as it was before msgspec read the body."""
+    """``parse_body`` as it was before msgspec read the body, what json raises on (nesting past
+    the recursion limit, an integer past the digit limit) refused in Triton's shape."""
     try:
         body = json.loads(raw) if raw else None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise GenerateError(400, f"failed to parse the request JSON buffer: {exc}") from exc
+    except RecursionError as exc:
+        raise GenerateError(400, f"failed to parse the request JSON buffer: {NESTED}") from exc
+    except ValueError as exc:
+        raise GenerateError(400, TOO_BIG) from exc
     if not isinstance(body, dict):
         raise GenerateError(400, "the request body must be a JSON object")
     return body
@@ -238,7 +240,8 @@ def test_infer_binary_tensors_both_ways() -> None:
         }
     ).encode()
     binary = struct.pack("<2i", 7, -8)
-    request, wanted, every = infer_request("m", "", head + binary, str(len(head)))
+    model = ModelInputs("m", "", {"a": "INT32", "b": "BYTES"}, False, frozenset({"o", "j"}))
+    request, wanted, every = infer_request(model, head + binary, str(len(head)))
     assert (request.id, [list(t.shape) for t in request.inputs]) == ("x", [[2], [1, 2]])
     assert request.raw_input_contents == [binary, b"\x01\x00\x00\x00p\x01\x00\x00\x00q"]
     assert (wanted, every, [o.name for o in request.outputs]) == ({"o"}, False, ["o", "j"])
@@ -265,7 +268,7 @@ def test_an_infer_body_triton_could_not_read_is_refused(
     body: dict[str, object], length: str | None
 ) -> None:
     with pytest.raises(GenerateError) as refused:
-        infer_request("m", "", json.dumps(body).encode(), length)
+        infer_request(ModelInputs("m", "", {"a": "FP32"}, False), json.dumps(body).encode(), length)
     assert refused.value.status == 400
 
 
@@ -388,10 +391,10 @@ def _outcome(pack: Callable[[], bytes]) -> object:
 def test_an_input_packed_at_once_is_packed_as_the_checked_way_packs_it(
     datatype: str, shape: list[int], data: object
 ) -> None:
-    """``_raw`` packs flat data of the right count in one call and leaves the rest to
-    ``_checked_raw``: for any JSON data, the same bytes or the same refusal."""
+    """``packed`` packs flat data of the right count in one call and leaves the rest to
+    ``checked``: for any JSON data, the same bytes or the same refusal."""
     if isinstance(data, list) and data and all(not isinstance(v, list) for v in data):
         shape = [len(data)]  # the usual case, a flat list of the right count, comes up often
-    fast = _outcome(lambda: _raw("x", datatype, shape, data))
-    checked = _outcome(lambda: _checked_raw("x", datatype, shape, data))
-    assert fast == checked
+    fast = _outcome(lambda: packed("x", datatype, shape, data))
+    slow = _outcome(lambda: checked("x", datatype, shape, data))
+    assert fast == slow
