@@ -71,8 +71,10 @@ _STATUS = {
 
 
 def route(request: Request) -> re.Match[str] | None:
-    """The model, version and route a request names."""
-    return PATH.match(request.path)
+    """The model, version and route a request names, read from its path as sent (Triton's HTTP
+    frontend decodes no percent escapes: ``/v2/models/%73low/infer`` names no model ``slow``, and
+    ``/v2/models/slow/%69nfer`` no route)."""
+    return PATH.match(request.raw_path.partition("?")[0])
 
 
 class Upstream:

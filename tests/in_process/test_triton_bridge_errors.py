@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from yarl import URL
 
 from proxy.config import AdapterName
 from proxy.triton.infer import HEADER_LENGTH
@@ -78,3 +79,28 @@ async def test_malformed_bridge_input_is_a_400_in_triton_shape_never_a_500(
             status, _, answer = await _posted(session, generate, body)
             assert (status, list(answer)) == (400, ["error"]), body[:40]
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("model", ["%ff", "%65cho", "ech%6F"])
+async def test_a_model_named_with_percent_escapes_is_that_name_as_triton_reads_it(
+    model: str,
+) -> None:
+    """Triton's HTTP frontend decodes no percent escapes in a model's name: ``%65cho`` is not
+    ``echo`` (404 in Triton's words), and ``%ff``, which decodes to no UTF-8, is a name too (it
+    was a 500 when the bridge decoded it)."""
+    async with (
+        running_stand_in() as triton,
+        running_proxy(
+            "http://127.0.0.1:9", upstream_grpc=triton.address, cancel_adapter=AdapterName.TRITON
+        ) as p,
+        aiohttp.ClientSession() as session,
+    ):
+        url = f"{http_url(p)}/v2/models/{model}/infer"
+        body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1], "datatype": "FP32",
+                                       "data": [1]}]}).encode()  # fmt: skip
+        async with session.post(URL(url, encoded=True), data=body) as answer:  # sent as written
+            assert answer.status == 404
+            assert await answer.json(content_type=None) == {
+                "error": f"Request for unknown model: '{model}' is not found"
+            }
+        assert triton.received == []
