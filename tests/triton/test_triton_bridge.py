@@ -17,6 +17,7 @@ import aiohttp
 import numpy as np
 import pytest
 import tritonclient.http as triton_http
+from yarl import URL
 
 from bench.harness.processes import Process
 from bench.harness.scrape import metric_sum
@@ -360,3 +361,77 @@ async def test_a_hang_up_on_a_model_that_is_not_decoupled_stops_it(
     gone = await hang_up_http(f"{triton_bridge.url()}/v2/models/slow/generate", body, None, 0.3)
     end = await ended(triton, "slow", first, by="first")
     assert end["how"] == "cancelled" and end["at"] - gone < SEEN_WITHIN_S, end
+
+
+def _tensor(**fields: Any) -> dict[str, Any]:
+    return {"name": "INPUT0", "shape": [1], "datatype": "FP32", "data": [1]} | fields
+
+
+def _infer_text(text: str) -> tuple[str, bytes, dict[str, str]]:
+    return "/v2/models/slow/infer", text.encode(), {}
+
+
+def _binary(size: int, sent: int) -> tuple[str, bytes, dict[str, str]]:
+    tensor = _tensor(shape=[2], parameters={"binary_data_size": size})
+    del tensor["data"]
+    head = json.dumps({"inputs": [tensor]}).encode()
+    return "/v2/models/slow/infer", head + b"\0" * sent, {HEADER_LENGTH: str(len(head))}
+
+
+ONE = json.dumps(_tensor())
+MALFORMED: list[tuple[str, bytes, dict[str, str]]] = [  # issue 59's, and their neighbours
+    _infer_text(json.dumps({"inputs": [_tensor(shape=["a"])]})),
+    _infer_text(json.dumps({"inputs": [_tensor(shape=[None])]})),
+    _infer_text(ONE.replace('"shape": [1]', '"shape": [1e999]').join(['{"inputs": [', "]}"])),
+    _infer_text(json.dumps({"inputs": [_tensor(parameters={"binary_data_size": "abc"})]})),
+    _infer_text(json.dumps({"inputs": [_tensor(parameters={"binary_data_size": 4})]})),
+    _infer_text('{"id": "\\ud800", "inputs": [' + ONE + "]}"),
+    _infer_text('{"id": 5, "inputs": [' + ONE + "]}"),
+    _infer_text('{"parameters": {"p": "\\udfff", "steps": 1}, "inputs": [' + ONE + "]}"),
+    _infer_text(f'{{"parameters": {{"p": {2**63}, "steps": 1}}, "inputs": [{ONE}]}}'),
+    _infer_text(f'{{"parameters": {{"p": {-(2**63) - 1}, "steps": 1}}, "inputs": [{ONE}]}}'),
+    _infer_text(json.dumps({"inputs": [_tensor(datatype="UINT8", data=[-1])]})),
+    _infer_text(json.dumps({"inputs": [_tensor(data=[10**400])]})),
+    _infer_text(json.dumps({"inputs": [_tensor(data=[1e300])], "parameters": {"steps": 1}})),
+    _infer_text(ONE.replace("[1]}", f"[{'9' * 5000}]}}").join(['{"inputs": [', "]}"])),
+    _infer_text(json.dumps({"inputs": [_tensor(datatype="BF16")]})),
+    _infer_text(json.dumps({"inputs": [_tensor()],
+                            "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": 1}}]})),
+    _binary(8, 12),  # longer than declared
+    _binary(8, 4),  # shorter
+    ("/v2/models/%ff/infer", ONE.join(['{"inputs": [', "]}"]).encode(), {}),
+    ("/v2/models/%73low/infer", ONE.join(['{"inputs": [', "]}"]).encode(), {}),
+    ("/v2/models/slow/%69nfer", ONE.join(['{"inputs": [', "]}"]).encode(), {}),
+    ("/v2/models/slow/generate", b'{"INPUT0": 1' + b"0" * 400 + b"}", {}),
+    ("/v2/models/slow/generate", b'{"INPUT0": ' + b"9" * 5000 + b"}", {}),
+    ("/v2/models/streamer/generate", b'{"text_input": "\\ud800"}', {}),
+    ("/v2/models/slow/generate", f'{{"INPUT0": 1, "parameters": {{"p": {2**63}, "steps": 1}}}}'
+     .encode(), {}),
+]  # fmt: skip
+
+
+async def test_malformed_input_is_refused_as_triton_refuses_it(
+    triton: TritonServer, triton_bridge: Process
+) -> None:
+    """Each body of issue 59 that the bridge answered 500 "the proxy failed" (and their
+    neighbours), sent to Triton and to the bridge: where Triton answers 500 to a body it cannot
+    read, the bridge answers 400 in Triton's ``{"error": ...}`` shape; where Triton answers 4xx,
+    the bridge answers the same, byte for byte; where Triton reads it (a parameter beyond int64,
+    FP32 data beyond a float's range), the bridge reads it as Triton does, byte for byte."""
+    different = []
+    async with aiohttp.ClientSession() as session:
+        for path, body, headers in MALFORMED:
+            answers = []
+            for base in (triton.url(), triton_bridge.url()):
+                url = URL(base + path, encoded=True)  # the path as written: %ff stays %ff
+                async with session.post(url, data=body, headers=headers) as answer:
+                    answers.append((answer.status, await answer.read()))
+            (status, theirs), (ours_status, ours) = answers
+            if status == 500:
+                fine = ours_status == 400 and list(json.loads(ours)) == ["error"]
+            else:
+                fine = (ours_status, ours) == (status, theirs)
+            if not fine:
+                different.append(f"{path} {body[:80]!r}:\n  Triton {status} {theirs[:200]!r}"
+                                 f"\n  bridge {ours_status} {ours[:200]!r}")  # fmt: skip
+    assert not different, "\n".join(different)
