@@ -103,7 +103,11 @@ class RequestBody:
         return data
 
     async def readany(self) -> bytes:
-        """The next bytes to arrive; ``b""`` at the end of the body."""
+        """The bytes that have arrived and not been read (waiting for the next if none has);
+        ``b""`` at the end of the body. All of them at once: a chunked body of one-byte chunks
+        is a piece for each chunk from the parser, and a reader that took them one by one (a
+        relay writing each upstream) spent a thousand times the CPU a byte of a plain body
+        costs."""
         while not self._chunks:
             if self._error is not None:
                 raise self._error
@@ -114,7 +118,11 @@ class RequestBody:
                 await self._waiter
             finally:
                 self._waiter = None
-        chunk = self._chunks.popleft()
+        if len(self._chunks) == 1:
+            chunk = self._chunks.popleft()
+        else:  # many small chunks of a chunked body: one piece for the reader, not one each
+            chunk = b"".join(self._chunks)
+            self._chunks.clear()
         self._taken(len(chunk))
         return chunk
 

@@ -62,7 +62,10 @@ class Outcome:
         return self.handed, _DATE.sub(b"", self.written), self.closed
 
 
-class _Transport(asyncio.Transport):
+class MemoryTransport(asyncio.Transport):
+    """A connection's transport in memory: what is written kept, reading paused and resumed as
+    the server asks."""
+
     def __init__(self) -> None:
         super().__init__()
         self.written = bytearray()
@@ -133,7 +136,7 @@ async def _serve(reads: list[bytes]) -> Outcome:
         max_header_size=MAX_HEADER_SIZE, max_headers=MAX_HEADERS,
     )  # fmt: skip
     connection: HttpConnection = server()
-    transport = _Transport()
+    transport = MemoryTransport()
     connection.connection_made(transport)
     for data in reads:
         await _settle()

@@ -71,7 +71,7 @@ def parse_peer(peer: str) -> Endpoint | None:
     if kind not in ("ipv4", "ipv6"):
         return None
     host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not (port.isascii() and port.isdigit() and len(port) <= 5):
         return None
     try:
         address = ipaddress.ip_address(host.strip("[]"))

@@ -32,6 +32,7 @@ _KINDS = {str: "string", int: "unsigned-integer", list: "array", bool: "boolean"
 _INT64 = 1 << 63  # a shape's dimensions are int64 on gRPC
 _U32 = struct.Struct("<I").pack
 _HALF = ("FP16", "BF16")  # Triton takes them only as binary data
+_PASSES = 8  # levels of nested data opened a pass each (a tensor's rank, usually far fewer)
 
 
 def member(obj: dict[str, Any], key: str, kind: type) -> Any:
@@ -160,20 +161,33 @@ def _beyond_float(name: str, datatype: str, values: list[Any]) -> bytes:
 
 
 def flat(value: object) -> list[Any]:
-    """Nested arrays' leaves, row-major, in passes that are C loops: a flat list (the usual
-    shape) is returned as it is; a level of arrays only (``[[1, 2], [3, 4]]``) is joined in one
-    call, level by level; a level that mixes arrays and leaves is walked once (:func:`_ragged`).
-    Each array and each leaf is looked at a bounded number of times, however deep."""
+    """Nested arrays' leaves, row-major, in passes that are C loops or close to them: a flat
+    list (the usual shape) is returned as it is; each pass opens one level of arrays (joined in
+    one call where the level holds only arrays, spliced where it mixes arrays and leaves); past
+    ``_PASSES`` levels what is left is walked once (:func:`_ragged`), so each array and each
+    leaf is looked at a bounded number of times, however deep."""
     if type(value) is not list:
         return [value]
     level = value
-    while True:
+    for _ in range(_PASSES):
         kinds = set(map(type, level))
         if list not in kinds:
             return level
-        if len(kinds) > 1:
-            return _ragged(level)
-        level = list(itertools.chain.from_iterable(level))
+        only_arrays = len(kinds) == 1
+        level = list(itertools.chain.from_iterable(level)) if only_arrays else _spliced(level)
+    return _ragged(level)
+
+
+def _spliced(level: list[Any]) -> list[Any]:
+    """One level of ``level`` opened: its arrays' items in their place."""
+    opened: list[Any] = []
+    append, extend = opened.append, opened.extend
+    for item in level:
+        if type(item) is list:
+            extend(item)
+        else:
+            append(item)
+    return opened
 
 
 def _ragged(value: list[Any]) -> list[Any]:
