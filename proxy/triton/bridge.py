@@ -92,6 +92,7 @@ class TritonBridge:
     def __init__(self, target: str) -> None:
         self._channel = upstream_channel(target)
         self.models = Models(self._channel)
+        self._reading = asyncio.Semaphore(1)  # large bodies read off the loop, one at a time
         self._infer = self._channel.unary_unary(
             SERVICE + "ModelInfer",
             request_serializer=pb.ModelInferRequest.SerializeToString,
@@ -105,6 +106,18 @@ class TritonBridge:
 
     async def close(self) -> None:
         await self._channel.close()
+
+    async def _read(self, raw: bytes, build: Callable[[], T]) -> T:
+        """``build()``, the body read into a request: a body of ``OFF_LOOP_AT`` bytes or more
+        in a worker thread, one at a time, so that the event loop answers other calls meanwhile
+        (the two take turns every 5 ms, Python's switch interval, except during one call into
+        C, such as msgspec's decode: a few hundred ms at most for 8 MiB; several such threads
+        at once would take turns among themselves too, and the loop would wait for each), with
+        the garbage collector paused (:func:`.codec.built`)."""
+        if len(raw) < OFF_LOOP_AT:
+            return build()
+        async with self._reading:
+            return await asyncio.to_thread(built, build)
 
     @staticmethod
     def takes(request: Request) -> bool:
@@ -161,11 +174,11 @@ class TritonBridge:
                 if inputs.decoupled:  # as Triton answers it (its JSON, labelled text/plain)
                     return _sent(call, Answer(501, DECOUPLED, content_type="text/plain"))
                 length = request.header(HEADER_LENGTH)
-                infer, binary, all_binary = await _read(
+                infer, binary, all_binary = await self._read(
                     raw, lambda: infer_request(inputs, raw, length)
                 )
             else:
-                infer = await _read(raw, lambda: generate_request(inputs, parse_body(raw)))
+                infer = await self._read(raw, lambda: generate_request(inputs, parse_body(raw)))
         except GenerateError as exc:
             return _error(call, exc.status, exc.message)
         sent = time.monotonic()
@@ -203,16 +216,6 @@ class TritonBridge:
         if route == "generate":
             return await _collected(call, stream, sent, first)
         return await _streamed(request, call, stream, sent, first, headers)
-
-
-async def _read(raw: bytes, build: Callable[[], T]) -> T:
-    """``build()``, the body read into a request: a body of ``OFF_LOOP_AT`` bytes or more in a
-    worker thread, so that the event loop answers other calls meanwhile (the two take turns
-    every 5 ms, Python's switch interval, but for msgspec's decode, which is one call into C:
-    about 20 ms a MiB at most), with the garbage collector paused (:func:`.codec.built`)."""
-    if len(raw) < OFF_LOOP_AT:
-        return build()
-    return await asyncio.to_thread(built, build)
 
 
 async def _collected(call: Call, stream: Any, sent: float, first: bool) -> Answer:

@@ -68,7 +68,7 @@ async def running_stand_in() -> AsyncIterator[StandIn]:
         await _abort_unknown(request.model_name, context)
         stand_in.received.append(request)
         response = pb.ModelInferResponse(model_name=MODEL, model_version="1", id=request.id)
-        if request.inputs:
+        if request.raw_input_contents:  # /infer's inputs come raw, generate's as contents
             first = request.inputs[0]
             response.outputs.add(name="OUTPUT0", datatype=first.datatype, shape=first.shape)
             response.raw_output_contents.append(request.raw_input_contents[0])
