@@ -129,9 +129,10 @@ INFER_MODEL = ModelInputs(
 )  # fmt: skip
 _DATATYPES = [b"FP32", b"FP64", b"INT32", b"UINT8", b"INT64", b"BOOL", b"BYTES", b"FP16", b"X"]
 _SHAPES = [b"[1]", b"[0]", b"[-1]", b"[2,2]", b'["a"]', b"[1e999]", b"[9223372036854775808]"]
-_VALUES = [b"1,", b"1.25,", b"-0,", b"1e308,", b"1e-400,", b"NaN,", b"true,", b'"a",', b"null,",
-           b"[1],", b"[],", b"[[1]],", b"{},", b"[1,[2]],", b'"\\ud800",', b'"\xc3\xa9",',
-           b"9" * 400 + b",", b"4294967296,"]  # fmt: skip
+_VALUES = [b"1,", b"1.25,", b"-0,", b"1e308,", b"1e-400,", b"1e23,", b"8.98846567431158e307,",
+           b"NaN,", b"true,", b'"a",', b"null,", b"[1],", b"[],", b"[[1]],", b"{},",
+           b"[1,[2]],", b'"\\ud800",', b'"\xc3\xa9",', b"9" * 400 + b",",
+           b"4294967296,"]  # fmt: skip
 _DIMENSIONS = [b"2,", b"0,", b"1,", b"9999999999,", b"-1,", b'"a",', b"1.5,", b"null,", b"[],"]
 _ENTRIES = [b'{"name":"INPUT0","datatype":"FP32","shape":[1],"data":[1]},', b"{},", b"1,",
             b'{"name":"OUTPUT0"},', b'{"name":"X"},', b'{"name":"\\udfff"},']  # fmt: skip
@@ -233,6 +234,9 @@ def _infer_worst() -> list[tuple[bytes, str | None]]:
         _fill(tensor, b"[],", b"]}]}", BODY_LIMIT),
         _fill(tensor, b"1,[1],", b"]}]}", BODY_LIMIT),  # ragged: walked, not joined
         _fill(tensor, b"1.25,", b"]}]}", BODY_LIMIT),
+        _fill(tensor, b"1e308,", b"]}]}", BODY_LIMIT),  # msgspec's slow floats: 10 s, was
+        _fill(tensor, b"8.98846567431158e307,", b"]}]}", BODY_LIMIT),
+        _fill(tensor, b"1e23,", b"]}]}", BODY_LIMIT),
         _fill(text, b'"",', b"]}]}", BODY_LIMIT),
         _fill(b'{"inputs":[{"name":"INPUT0","datatype":"FP32","data":[1],"shape":[', b"2,",
               b"]}]}", BODY_LIMIT),  # finding 3: 4 million dimensions
@@ -247,6 +251,7 @@ def _infer_worst() -> list[tuple[bytes, str | None]]:
 def _generate_worst() -> list[tuple[bytes, str | None]]:
     bodies = [
         _fill(b'{"INPUT0":[', b"1,", b"]}", BODY_LIMIT),
+        _fill(b'{"INPUT0":[', b"1e290,", b"]}", BODY_LIMIT),
         _fill(b'{"TEXT":[', b'"",', b"]}", BODY_LIMIT),
         _fill(b'{"FLAG":[', b"true,", b"]}", BODY_LIMIT),
         _fill(b'{"zz":[', b"[],", b"]}", BODY_LIMIT),  # ignored, but read

@@ -35,6 +35,7 @@ ATTACK = [  # (route, body)
     ("infer", _fill(b'{"inputs":[],"outputs":[', b'{"name":"OUTPUT0"},', b"]}", BODY_LIMIT)),
     ("generate", _fill(b'{"INPUT0":[', b"1,", b"]}", BODY_LIMIT)),
     ("generate", _fill(b'{"zz":[', b"[],", b"]}", BODY_LIMIT)),
+    ("generate", _fill(b'{"INPUT0":[', b"1e290,", b"]}", BODY_LIMIT)),  # msgspec's slow floats
 ]  # fmt: skip
 
 
