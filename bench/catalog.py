@@ -387,6 +387,16 @@ CATALOG: tuple[Entry, ...] = (
         make="bench",
     ),
     Entry(
+        "bench.robustness.hostile",
+        does=(
+            "the hostile-input properties' long run: every parser a client reaches on fresh "
+            "examples up to its limit, held to its CPU budget and its client errors"
+        ),
+        run_time="20-70 ms an example of a body; --minutes caps each parser (60 by default)",
+        figures=Section("security.md", "Parsers: linear work, early refusal"),
+        args="--examples 100000",
+    ),
+    Entry(
         "bench.robustness.chaos_soak",
         does="the chaos soak's long run: mixed traffic while every fault fires",
         run_time=UNKNOWN,
