@@ -5,12 +5,15 @@ A request is a JSON object (``id``, ``parameters``, ``inputs``, ``outputs``), fo
 binary tensor extension's data when ``Inference-Header-Content-Length`` says where the JSON ends:
 an input with ``parameters.binary_data_size`` takes that many bytes of it, in input order; any
 other input gives its elements in ``data`` (nested arrays are read row-major). Every input goes up
-as raw bytes (``raw_input_contents``). An output asked for with ``parameters.binary_data`` (or
-every output, with the request parameter ``binary_data_output``) comes back as binary data after
-the JSON, the answer then ``application/octet-stream`` with its own
-``Inference-Header-Content-Length``; others as ``data``. Numbers are written as Triton writes
-them where Python's shortest form is rapidjson's (its exponent form: ``1e-7``, ``1e21``); a
-float whose shortest form has fewer digits than rapidjson prints is the same value in fewer digits.
+as raw bytes (``raw_input_contents``). Each field is checked as it is used, before what depends on
+it, in Triton's words where Triton refuses it (:mod:`.tensors`): the framing, each input's name
+against the model's, its shape, then its data; binary data must fill its inputs exactly. An
+output asked for with ``parameters.binary_data`` (or every output, with the request parameter
+``binary_data_output``) comes back as binary data after the JSON, the answer then
+``application/octet-stream`` with its own ``Inference-Header-Content-Length``; others as
+``data``. Numbers are written as Triton writes them where Python's shortest form is rapidjson's
+(its exponent form: ``1e-7``, ``1e21``); a float whose shortest form has fewer digits than
+rapidjson prints is the same value in fewer digits.
 The JSON is read and written by msgspec, in C (the body as ``json.loads`` reads it: see
 :func:`.codec.parse_body`; a tensor's data in one call where msgspec's layout is rapidjson's).
 """
