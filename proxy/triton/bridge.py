@@ -3,18 +3,21 @@
 call, which Triton turns into the request's cancellation. Over HTTP Triton notices no hang-up
 (Triton issue 7077): a model keeps running for a client that left.
 
-The body is read whole (``--max-body-size``). ``/infer`` (KServe v2 JSON tensors and the binary
-tensor extension, :mod:`.infer`) is one ``ModelInfer``; on a decoupled model it is answered 501, as
-Triton answers it. ``generate`` (:mod:`.codec`: JSON keys to inputs typed by the model's metadata,
-:mod:`.models`) on a model that is not decoupled is one ``ModelInfer``; on a decoupled model, and
-for ``generate_stream``, one ``ModelStreamInfer`` carrying the one request, read until Triton ends
-it. Answers are written as Triton's HTTP frontend writes them: ``/infer`` its JSON (with the
-binary outputs after it when asked for), ``generate`` one JSON object (a decoupled model's several
-responses refused as Triton refuses them), ``generate_stream`` one ``data:`` event per response as
-it arrives, an error mid-stream as a ``data: {"error": ...}`` event. Errors before an answer are
-``{"error": message}`` with the HTTP status Triton gives the gRPC status (an error that arrives in
-the stream, which carries no status, is a 400: they are the request's). A generate request goes up
-without an id, as Triton's HTTP frontend sends it, so Triton's messages read the same.
+The body is read whole (``--max-body-size``), and made into a request before anything goes up (a
+body of 256 KiB or more in a worker thread, one at a time, so that the event loop serves other
+calls meanwhile); the model and route are read from the path as sent, as Triton reads them.
+``/infer`` (KServe v2 JSON tensors and the binary tensor extension, :mod:`.infer`) is one
+``ModelInfer``; on a decoupled model it is answered 501, as Triton answers it. ``generate``
+(:mod:`.codec`: JSON keys to inputs typed by the model's metadata, :mod:`.models`) on a model that
+is not decoupled is one ``ModelInfer``; on a decoupled model, and for ``generate_stream``, one
+``ModelStreamInfer`` carrying the one request, read until Triton ends it. Answers are written as
+Triton's HTTP frontend writes them: ``/infer`` its JSON (with the binary outputs after it when
+asked for), ``generate`` one JSON object (a decoupled model's several responses refused as Triton
+refuses them), ``generate_stream`` one ``data:`` event per response as it arrives, an error
+mid-stream as a ``data: {"error": ...}`` event. Errors before an answer are ``{"error": message}``
+with the HTTP status Triton gives the gRPC status (an error that arrives in the stream, which
+carries no status, is a 400: they are the request's). A generate request goes up without an id, as
+Triton's HTTP frontend sends it, so Triton's messages read the same.
 
 How a call ends is the relay's (``proxy.http.relay``): its hang-up, in any stage, cancels the
 gRPC call (the relay's ``close_upstream``), and Triton cancels the request.
