@@ -36,7 +36,7 @@ from typing import Any
 from hypothesis import strategies as st
 
 from bench.harness.hostile import MIB, Budget, timed
-from bench.harness.server_fuzz import MemoryTransport
+from bench.harness.server_fuzz import MemoryTransport, messages, mutated
 from hangup_contract.runtime.connections import ConnectionLimits
 from proxy.calls.request_ids import choose_request_ids
 from proxy.config import Config
@@ -297,6 +297,7 @@ def _http_inputs(limit: int) -> st.SearchStrategy[bytes]:
                  2 * _DEFAULTS.max_header_size),
         _recipes(st.just((b"", b"")), _PIPELINED, head_limit),
         st.builds(_changed, sized, _CHANGES),
+        messages.map(b"".join).flatmap(mutated),  # the framing fuzz's requests, mutated
     )  # fmt: skip
 
 
