@@ -38,6 +38,7 @@ _NUMBERS: dict[str, tuple[str, type, str]] = {
 T = TypeVar("T")
 _INT64 = 1 << 63
 _SLICE = 1 << 16  # elements added to a repeated field in one call into C
+MESSAGE_LIMIT = 1024  # characters of a refusal's message
 
 # datatype -> struct code: how raw tensor data (little-endian, row-major) is packed, both ways
 STRUCT_CODES = {"BOOL": "?", "FP16": "e"} | {name: code for name, (_, _, code) in _NUMBERS.items()}
@@ -45,9 +46,12 @@ STRUCT_CODES = {"BOOL": "?", "FP16": "e"} | {name: code for name, (_, _, code) i
 
 class GenerateError(Exception):
     """A request Triton would refuse, answered before it goes up: its HTTP status and message
-    (what it quotes of the request written so that it can be sent: a lone surrogate escaped)."""
+    (what it quotes of the request written so that it can be sent, a lone surrogate escaped, and
+    cut at ``MESSAGE_LIMIT`` characters: an input named with 8 MiB is not echoed, nor logged)."""
 
     def __init__(self, status: int, message: str) -> None:
+        if len(message) > MESSAGE_LIMIT:
+            message = message[: MESSAGE_LIMIT - 1] + "…"
         if not message.isascii():
             message = message.encode("utf-8", "backslashreplace").decode()
         super().__init__(message)

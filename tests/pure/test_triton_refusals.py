@@ -216,3 +216,12 @@ def test_inputs_and_outputs_the_model_lacks_are_refused_before_the_next_is_read(
     body = json.dumps({"inputs": [], "outputs": outputs[:3]}).encode()
     request, _, _ = infer_request(INFER_MODEL, body, None)
     assert [o.name for o in request.outputs] == ["o"]
+
+
+def test_a_refusal_quotes_at_most_a_kilobyte_of_the_request() -> None:
+    """An input named with a megabyte was echoed whole in the 400 and in the call's log line."""
+    body = json.dumps({"inputs": [{"name": "N" * (1 << 20)}]}).encode()
+    with pytest.raises(GenerateError) as refused:
+        infer_request(INFER_MODEL, body, None)
+    assert refused.value.message.startswith("unexpected inference input 'NNN")
+    assert len(refused.value.message) <= 1024
