@@ -31,8 +31,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
+from hypothesis import Phase
 from hypothesis import strategies as st
 
 from bench.harness.hostile import MIB, Budget, timed
@@ -49,6 +51,11 @@ from proxy.messages import Answer, Request, error_answer
 from proxy.triton.codec import GenerateError, ModelInputs, built, generate_request, parse_body
 from proxy.triton.infer import infer_request
 
+# The phases a timed property runs in: not Hypothesis's shrink and explain, whose reruns of a
+# failing example are not that example (explain traces every line it runs: 10-100 times the
+# CPU, so every rerun breaks the budget), so the first failure is reported as it was found.
+PHASES = (Phase.explicit, Phase.generate)
+T = TypeVar("T")
 _DEFAULTS = Config()
 BODY_LIMIT = _DEFAULTS.max_body_size or 8 * MIB
 METADATA_LIMIT = 16 * 1024  # grpc-core's hard limit on a call's metadata (HPACK's sizes)
@@ -84,6 +91,20 @@ def _size(limit: int) -> st.SearchStrategy[int]:
     return st.integers(0, limit.bit_length() - 1).flatmap(
         lambda k: st.integers(1 << k >> 1, min(1 << k, limit))
     )
+
+
+def _collector_paused(measure: Callable[[], T]) -> T:
+    """``measure()`` with the cyclic garbage collector paused: a collection of the whole process
+    (this one holds Hypothesis's thousands of examples) that falls due while an input is parsed,
+    50-100 ms here, is not that input's. The bridge pauses it itself while it reads a body; it
+    fell due on the first allocation after, the refusal's traceback."""
+    if not gc.isenabled():
+        return measure()
+    gc.disable()
+    try:
+        return measure()
+    finally:
+        gc.enable()
 
 
 def _fill(start: bytes, unit: bytes, end: bytes, size: int) -> bytes:
@@ -197,7 +218,7 @@ def _infer_inputs(limit: int) -> st.SearchStrategy[tuple[bytes, str | None]]:
 def _bridge_check(name: str, read: Callable[[bytes, str | None], object]) -> Callable[..., Seen]:
     def check(case: tuple[bytes, str | None]) -> Seen:
         raw, header = case
-        outcome = timed(built, lambda: read(raw, header))
+        outcome = _collector_paused(lambda: timed(built, lambda: read(raw, header)))
         error = outcome.error
         if error is not None and not (isinstance(error, GenerateError) and error.status == 400):
             raise AssertionError(f"{name}: {type(error).__name__}: {error} for {raw[:120]!r}")
@@ -362,11 +383,11 @@ def _statuses(written: bytes) -> list[int]:
 
 def _http_check(data: bytes) -> Seen:
     loop = asyncio.new_event_loop()
-    gc.disable()  # a collection of the whole process, due when this runs, is not this input's
     try:
-        written, escaped, spent = loop.run_until_complete(_serve(data, BODY_LIMIT))
+        written, escaped, spent = _collector_paused(
+            lambda: loop.run_until_complete(_serve(data, BODY_LIMIT))
+        )
     finally:
-        gc.enable()
         loop.close()
     statuses = _statuses(written)
     if escaped or not set(statuses) <= _ANSWERS:
@@ -432,7 +453,7 @@ def _metadata_check(case: tuple[list[tuple[str, Any]], str]) -> Seen:
     nbytes = sum(map(_entry_size, metadata)) + len(peer)
     spent = 0.0
     for trust in (False, True):
-        outcome = timed(_read_metadata, metadata, peer, trust)
+        outcome = _collector_paused(partial(timed, _read_metadata, metadata, peer, trust))
         if outcome.error is not None:
             raise AssertionError(f"grpc-metadata: {outcome.error!r} for {metadata[:3]}, {peer!r}")
         spent = max(spent, outcome.spent)

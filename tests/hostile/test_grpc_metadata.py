@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 
-from bench.harness.hostile_parsers import PARSERS
+from bench.harness.hostile_parsers import PARSERS, PHASES
 from proxy.grpc.peer import parse_peer
 
 PARSER = PARSERS["grpc-metadata"]
 HOSTILE = settings(
     max_examples=100, derandomize=True, deadline=None, database=None,
-    suppress_health_check=list(HealthCheck),
+    suppress_health_check=list(HealthCheck), phases=PHASES,
 )  # fmt: skip
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from bench.harness.hostile_parsers import PARSERS
+from bench.harness.hostile_parsers import PARSERS, PHASES
 from proxy.messages import RequestBody
 
 PARSER = PARSERS["http"]
 HOSTILE = settings(
     max_examples=40, derandomize=True, deadline=None, database=None,
-    suppress_health_check=list(HealthCheck),
+    suppress_health_check=list(HealthCheck), phases=PHASES,
 )  # fmt: skip
 
 

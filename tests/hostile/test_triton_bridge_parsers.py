@@ -15,13 +15,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from bench.harness.hostile import Budget, timed
-from bench.harness.hostile_parsers import BRIDGE_BUDGET, INFER_MODEL, PARSERS
+from bench.harness.hostile_parsers import BRIDGE_BUDGET, INFER_MODEL, PARSERS, PHASES
 from proxy.triton.codec import GenerateError
 from proxy.triton.infer import infer_request
 
 HOSTILE = settings(
     max_examples=40, derandomize=True, deadline=None, database=None,
-    suppress_health_check=list(HealthCheck),
+    suppress_health_check=list(HealthCheck), phases=PHASES,
 )  # fmt: skip
 
 
