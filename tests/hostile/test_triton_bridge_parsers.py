@@ -3,8 +3,9 @@ JSON and binary tensors, and ``generate``'s JSON (``generate_stream`` reads it t
 hostile input up to ``--max-body-size`` (``bench/harness/hostile_parsers.py``): data of tiny
 arrays, ragged or nested thousands deep, shapes of millions of dimensions, floats, strings, big
 numbers, many inputs, outputs and parameters, binary framing that lies. Each is a request or a
-400 (``GenerateError``), within the budget docs/security.md states for the bridge (100 ms per MiB
-+ 10 ms: a JSON array or number is a Python object each). The long run is
+400 (``GenerateError``), within the budget docs/security.md states for the bridge (150 ms per MiB
++ 10 ms: a JSON array or number is a Python object each, and a body msgspec refuses is read again
+by json). The long run is
 ``python -m bench.robustness.hostile``."""
 
 from __future__ import annotations
