@@ -67,10 +67,11 @@ HTTP_BUDGET = Budget(per_mib=0.040)  # one-byte chunks: a parser callback each (
 
 @dataclass(frozen=True)
 class Seen:
-    """One input parsed: its size and the CPU it took."""
+    """One input parsed: its size, the CPU it took, and what it began with."""
 
     nbytes: int
     spent: float
+    what: str = ""
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,7 @@ def _bridge_check(name: str, read: Callable[[bytes, str | None], object]) -> Cal
         if error is not None and not (isinstance(error, GenerateError) and error.status == 400):
             raise AssertionError(f"{name}: {type(error).__name__}: {error} for {raw[:120]!r}")
         BRIDGE_BUDGET.check(f"{name} {raw[:60]!r}", len(raw), outcome.spent)
-        return Seen(len(raw), outcome.spent)
+        return Seen(len(raw), outcome.spent, repr(raw[:80]))
 
     return check
 
@@ -396,7 +397,7 @@ def _http_check(data: bytes) -> Seen:
     if escaped or not set(statuses) <= _ANSWERS:
         raise AssertionError(f"http: {statuses} {escaped} for {data[:120]!r}")
     HTTP_BUDGET.check(f"http {data[:60]!r}", len(data), spent)
-    return Seen(len(data), spent)
+    return Seen(len(data), spent, repr(data[:80]))
 
 
 # --- gRPC metadata ----------------------------------------------------------------------------
@@ -461,7 +462,7 @@ def _metadata_check(case: tuple[list[tuple[str, Any]], str]) -> Seen:
             raise AssertionError(f"grpc-metadata: {outcome.error!r} for {metadata[:3]}, {peer!r}")
         spent = max(spent, outcome.spent)
     Budget().check(f"grpc-metadata {metadata[:2]}", nbytes, spent)
-    return Seen(nbytes, spent)
+    return Seen(nbytes, spent, f"{len(metadata)} entries, {metadata[:2]}")
 
 
 PARSERS: dict[str, Parser] = {

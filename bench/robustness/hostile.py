@@ -47,6 +47,7 @@ class Tally:
     largest: int = 0
     worst_ms_per_mib: float = 0.0  # over inputs of 1 MiB or more
     worst_share: float = 0.0  # of the budget, over every input
+    worst_input: str = ""  # the start of the input that came closest to its budget
     seconds: float = 0.0
     failure: str | None = None
     batches: list[int] = field(default_factory=list)
@@ -54,7 +55,9 @@ class Tally:
     def add(self, parser: Parser, seen: Seen) -> None:
         self.examples += 1
         self.largest = max(self.largest, seen.nbytes)
-        self.worst_share = max(self.worst_share, seen.spent / parser.budget.allows(seen.nbytes))
+        share = seen.spent / parser.budget.allows(seen.nbytes)
+        if share > self.worst_share:
+            self.worst_share, self.worst_input = share, f"{seen.nbytes:,} bytes: {seen.what}"
         if seen.nbytes >= MIB:
             self.worst_ms_per_mib = max(
                 self.worst_ms_per_mib, seen.spent * 1000 * MIB / seen.nbytes
@@ -127,8 +130,8 @@ def main() -> None:
         verdict = "nothing found" if tally.failure is None else f"FOUND {tally.failure}"
         print(f"{name}: {tally.examples} examples in {tally.seconds:.0f} s (largest "
               f"{tally.largest / MIB:.2f} MiB), worst {tally.worst_ms_per_mib:.1f} ms per MiB "
-              f"(budget {tally.budget}), worst {tally.worst_share:.2f} of the budget; "
-              f"{verdict}", flush=True)  # fmt: skip
+              f"(budget {tally.budget}), worst {tally.worst_share:.2f} of the budget "
+              f"({tally.worst_input}); {verdict}", flush=True)  # fmt: skip
     print("\n| parser | limit | budget | worst seen | examples |\n|---|---|---|---|---|")
     for t in tallies:
         print(f"| `{t.parser}` | {t.limit / MIB:g} MiB | {t.budget} | {t.worst_ms_per_mib:.1f} "
