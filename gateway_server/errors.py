@@ -25,6 +25,7 @@ same classes to gRPC codes. Handlers raise these; one middleware per protocol re
 
 from __future__ import annotations
 
+from hangup_contract.usage import Usage
 from hangup_contract.vocabulary import Reason
 
 
@@ -119,18 +120,23 @@ class EngineFailure(GatewayError):
 
 
 class CancelledWhileRunning(GatewayError):
-    """A non-streaming request cancelled while it ran: answered 499 (nothing was sent yet)."""
+    """A non-streaming request cancelled while it ran: answered 499 (nothing was sent yet),
+    saying what the call consumed up to the cancel (``usage``) where the protocol has room."""
 
     status = 499
     error_type = "cancelled"
 
-    def __init__(self, reason: Reason) -> None:
+    def __init__(self, reason: Reason, usage: Usage | None = None) -> None:
         super().__init__(f"request cancelled ({reason})")
+        self.usage = usage
 
 
 class RequestCancelled(Exception):
-    """Raised into a handler when its engine request was cancelled (not an error: a way out)."""
+    """Raised into a handler when its engine request was cancelled (not an error: a way out).
+    ``usage``: what the engine request consumed, filled in once its books closed (before it
+    leaves ``GenerationService.generate``)."""
 
     def __init__(self, reason: Reason) -> None:
         super().__init__(f"cancelled: {reason}")
         self.reason = reason
+        self.usage = Usage()

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from gateway_server.engine.base import Share
+from gateway_server.engine.base import Consumption, Share
 from gateway_server.errors import (
     CancelledBeforeArrival,
     DuplicateRequestId,
@@ -35,6 +35,7 @@ from gateway_server.placement.legs import merge_answers
 from gateway_server.vocabulary import Protocol
 from hangup_contract import request_id as request_ids
 from hangup_contract.cancel import CancelAnswer
+from hangup_contract.usage import Usage
 from hangup_contract.vocabulary import CancelState, Phase, Reason
 
 V = TypeVar("V")
@@ -153,9 +154,21 @@ class EngineCall:
     share: Share = field(default_factory=Share)
     """Whose turn it waits for in an engine's admission queue (its call's client, its call)."""
     generated_tokens: int = 0
+    """Tokens of its chunks read so far (its engine may have generated more: ``consumption``)."""
     cancel_reason: Reason | None = None
     cancel_phase: Phase | None = None
     started_decode: bool = False
+    consumption: Consumption = field(default_factory=Consumption)
+    """What its engines say it consumed (``Engine`` writes it, see ``engine.base``)."""
+    bills_prompt: bool = True
+    """Its prompt counts in its call's usage: false for choices 2..n of one prompt (OpenAI's
+    usage counts each prompt once, however many choices it has)."""
+
+    def usage(self) -> Usage:
+        """What it consumed so far, as its call's usage counts it."""
+        consumed = self.consumption
+        prompt = consumed.prompt_tokens if self.bills_prompt else 0
+        return Usage(prompt, max(consumed.output_tokens, self.generated_tokens))
 
     async def abort(self) -> None:
         """Abort it wherever it runs (both legs, and the KV between them, when split)."""
@@ -181,11 +194,21 @@ class Call:
     cancel_reason: Reason | None = None
     generated_tokens: int = 0
     """Tokens of every engine request of this call, finished ones included."""
+    usage: Usage = field(default_factory=Usage)
+    """What its engine requests that ended consumed (see :meth:`EngineCall.usage`); with the
+    live ones', what the call consumed so far (:meth:`consumed`)."""
     _seq: int = 0
 
     def next_engine_request_id(self) -> str:
         self._seq += 1
         return f"{self.call_id}-{self._seq}"
+
+    def consumed(self) -> Usage:
+        """What the call consumed so far: its ended engine requests' and its live ones'."""
+        usage = self.usage
+        for request in list(self.requests.values()):
+            usage += request.usage()
+        return usage
 
     def phase(self) -> Phase:
         """The furthest phase among live engine requests (queued when none is live)."""
@@ -298,9 +321,9 @@ class CallRegistry:
             tokens = call.generated_tokens
             requests = list(call.requests.values())
             await self.abort_requests(call, requests, reason)
-            return CancelAnswer(
-                request_id, CancelState.CANCELLED, phase, tokens, _legs_answer(requests)
-            )
+            legs = _legs_answer(requests)
+            usage = call.consumed()
+            return CancelAnswer(request_id, CancelState.CANCELLED, phase, tokens, legs, usage)
         alias = self._aliases.get(request_id)
         if alias is not None:
             owner, request = alias
@@ -308,7 +331,8 @@ class CallRegistry:
             await self.abort_requests(owner, [request], reason)
             tokens = request.generated_tokens
             legs = _legs_answer([request])
-            return CancelAnswer(request_id, CancelState.CANCELLED, phase, tokens, legs)
+            usage = request.usage()  # a stream's request: its prompt is its own
+            return CancelAnswer(request_id, CancelState.CANCELLED, phase, tokens, legs, usage)
         return None
 
     def finished(self, request_id: str) -> CancelAnswer | None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from gateway_server.books import Books, phase_seconds
 from gateway_server.clients import ClientRule
 from gateway_server.engine.base import (
     ChatOptions,
@@ -302,12 +303,16 @@ class GenerationService:
         params: SamplingParams,
         *,
         alias: str | None = None,
+        bills_prompt: bool = True,
     ) -> AsyncGenerator[TokenChunk, None]:
         """Run one engine request for ``call``; yield its chunks (the last has a finish reason).
+        ``bills_prompt``: its prompt counts in the call's usage (false for a prompt's choices
+        after its first: OpenAI's usage counts each prompt once).
 
-        Raises RequestCancelled when it was cancelled (by id, call or shutdown), EngineFailure
-        when the engine failed it, Unavailable when no worker is alive. Use inside
-        ``contextlib.aclosing`` so an early exit aborts the engine request at once.
+        Raises RequestCancelled when it was cancelled (by id, call or shutdown; its ``usage``
+        says what the request consumed), EngineFailure when the engine failed it, Unavailable
+        when no worker is alive. Use inside ``contextlib.aclosing`` so an early exit aborts the
+        engine request at once. Once it has ended, however, ``call.usage`` counts it.
         """
         if call.cancel_reason is not None:
             raise RequestCancelled(call.cancel_reason)
@@ -316,7 +321,8 @@ class GenerationService:
             placement = self.placer.place(request_id)
         except NoLiveWorker as exc:
             raise Unavailable(str(exc)) from exc
-        request = EngineCall(request_id, placement, alias, Share(call.client, call.call_id))
+        share = Share(call.client, call.call_id)
+        request = EngineCall(request_id, placement, alias, share, bills_prompt=bills_prompt)
         try:
             self.registry.attach(call, request)
             if alias is not None:
@@ -331,7 +337,7 @@ class GenerationService:
             placement.give_back()
             raise
         started = time.perf_counter()
-        book = _Books(started, TokenBooks(self._tokens, self._inter_token, started))
+        book = Books(started, TokenBooks(self._tokens, self._inter_token, started))
         stream = placement.run(prompt, params, request)
         try:
             async for chunk in stream:
@@ -342,8 +348,8 @@ class GenerationService:
                     self._count_tokens(call, request, book, chunk.new_tokens)
                 yield chunk
             book.outcome = Outcome.COMPLETED
-        except RequestCancelled:
-            book.outcome = Outcome.CANCELLED
+        except RequestCancelled as exc:
+            book.outcome, book.cancelled = Outcome.CANCELLED, exc
             raise
         except (asyncio.CancelledError, GeneratorExit):
             book.outcome = Outcome.CANCELLED
@@ -364,21 +370,24 @@ class GenerationService:
             finally:  # the books close even when the handler is cancelled meanwhile
                 self._close_books(call, request, alias, book)
 
-    def _close_books(
-        self, call: Call, request: EngineCall, alias: str | None, book: _Books
-    ) -> None:
+    def _close_books(self, call: Call, request: EngineCall, alias: str | None, book: Books) -> None:
         request.placement.give_back()  # a split runner gave its workers back, unless it never ran
+        usage = request.usage()
         self.registry.detach(call, request)
+        call.usage += usage  # with the detach: a cancel's answer counts it once, either way
+        if isinstance(book.cancelled, RequestCancelled):
+            book.cancelled.usage = usage
         if alias is not None:
             self.directory.release(alias, request.generated_tokens)
         self._record_end(call, request, book)
 
-    def _count_tokens(self, call: Call, request: EngineCall, book: _Books, n: int) -> None:
+    def _count_tokens(self, call: Call, request: EngineCall, book: Books, n: int) -> None:
         """The call's and request's counts are exact at every token (cancel answers and
         ``GET /v2/requests`` read them); the shared series get them in batches
         (:mod:`gateway_server.metrics.token_books`), all of them when ``generate`` ends."""
         now = time.perf_counter()
         if book.last_token_at is None:
+            book.first_token_at = now
             self._first_token.observe(now - book.started)
             request.started_decode = True
             book.tally.add(n, now, None)
@@ -388,38 +397,36 @@ class GenerationService:
         request.generated_tokens += n
         call.generated_tokens += n
 
-    def _record_end(self, call: Call, request: EngineCall, book: _Books) -> None:
+    def _record_end(self, call: Call, request: EngineCall, book: Books) -> None:
         m = self.metrics
         outcome = Outcome.CANCELLED if request.cancel_reason is not None else book.outcome
         m.requests.labels(call.model, call.protocol.value, outcome.value).inc()
         reason, phase = request.cancel_reason, request.cancel_phase
+        ended = time.perf_counter()
+        consumed = request.consumption
+        seconds = phase_seconds(book.started, ended, consumed, book.first_token_at)
+        usage = request.usage()
         if outcome is Outcome.CANCELLED:
             reason = reason or call.hangup_reason
             phase = phase or Phase.QUEUED
             m.cancellations.labels(call.model, reason.value, phase.value).inc()
             m.wasted_tokens.labels(call.model).inc(request.generated_tokens)
-        duration = time.perf_counter() - book.started
-        _log_end(
-            request.alias or request.engine_request_id,
-            call.call_id,
-            call.model,
-            call.protocol,
-            outcome,
-            reason,
-            phase,
-            book.prompt_tokens,
-            request.generated_tokens,
-            duration,
+            m.count_cancelled(call.model, reason, phase, usage, seconds)
+        log_event(
+            log,
+            "request_end",
+            request_id=request.alias or request.engine_request_id,
+            call_id=call.call_id,
+            model=call.model,
+            protocol=call.protocol.value,
+            outcome=outcome.value,
+            reason=reason.value if reason else None,
+            phase=phase.value if phase else None,
+            prompt_tokens=consumed.prompt_tokens or book.prompt_tokens,
+            generated_tokens=usage.completion_tokens,
+            duration_s=round(ended - book.started, 6),
+            **{f"{p.value}_s": round(seconds.get(p, 0.0), 6) for p in Phase},
         )
-
-
-@dataclass(slots=True)
-class _Books:
-    started: float
-    tally: TokenBooks
-    last_token_at: float | None = None
-    prompt_tokens: int = 0
-    outcome: Outcome = Outcome.ERROR
 
 
 def _log_end(
@@ -430,10 +437,8 @@ def _log_end(
     outcome: Outcome,
     reason: Reason | None,
     phase: Phase | None,
-    prompt_tokens: int = 0,
-    generated: int = 0,
-    duration: float = 0.0,
 ) -> None:
+    """The log line of a request that ended, cancelled, before it reached an engine."""
     log_event(
         log,
         "request_end",
@@ -444,7 +449,8 @@ def _log_end(
         outcome=outcome.value,
         reason=reason.value if reason else None,
         phase=phase.value if phase else None,
-        prompt_tokens=prompt_tokens,
-        generated_tokens=generated,
-        duration_s=round(duration, 6),
+        prompt_tokens=0,
+        generated_tokens=0,
+        duration_s=0.0,
+        **{f"{p.value}_s": 0.0 for p in Phase},
     )

@@ -2,9 +2,10 @@
 
 Request body (optional): ``{"reason": "<Reason>"}``; no body, or no ``reason``, means
 ``explicit``. Answer: 200 with ``{"request_id", "state", "phase"?, "generated_tokens",
-"legs"?}`` (the ``phase`` only for a call it cancelled; ``legs`` only for a call served
-disaggregated: ``{"prefill": {...}, "decode": {...}}``, what each leg's worker freed), 404 for
-an id never seen. The id in the path is
+"legs"?, "usage"?}`` (the ``phase`` and ``usage`` only for a call it cancelled: ``usage`` is
+what the call consumed up to the cancel, in OpenAI's shape, :mod:`hangup_contract.usage`;
+``legs`` only for a call served disaggregated: ``{"prefill": {...}, "decode": {...}}``, what
+each leg's worker freed), 404 for an id never seen. The id in the path is
 percent-encoded: a cancel may name one request of a gRPC stream by an alias that carries the
 client's own request id (``<call id>:<id>``), which can hold any character (at most 257 in all:
 ``request_id.is_cancel_id``, the rule a cancel's id keeps).
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
 
+from hangup_contract.usage import Usage
 from hangup_contract.vocabulary import CancelState, Phase, Reason
 
 ROUTE = "/v2/requests/{request_id}/cancel"
@@ -95,6 +97,9 @@ class CancelAnswer:
     generated_tokens: int
     legs: Mapping[str, Mapping[str, object]] | None = None
     """For a disaggregated call: per leg (``prefill``, ``decode``), what its worker freed."""
+    usage: Usage | None = None
+    """For a call it cancelled: what the call consumed up to the cancel (its prompts' tokens,
+    what its engines generated, delivered or not)."""
 
     def to_json(self) -> dict[str, object]:
         body: dict[str, object] = {"request_id": self.request_id, "state": self.state.value}
@@ -103,6 +108,8 @@ class CancelAnswer:
         body["generated_tokens"] = self.generated_tokens
         if self.legs is not None:
             body["legs"] = {name: dict(leg) for name, leg in self.legs.items()}
+        if self.usage is not None:
+            body["usage"] = self.usage.to_json()
         return body
 
     @classmethod
@@ -120,11 +127,13 @@ class CancelAnswer:
         tokens = parsed.get("generated_tokens", 0)
         if not isinstance(tokens, int) or isinstance(tokens, bool):
             raise ValueError("'generated_tokens' must be an integer")
+        usage = parsed.get("usage")
         return cls(
             request_id=str(parsed.get("request_id", "")),
             state=state,
             phase=Phase(phase) if phase is not None else None,
             generated_tokens=tokens,
+            usage=Usage.from_json(usage) if usage is not None else None,
         )
 
 

@@ -11,6 +11,9 @@ Contract every engine keeps:
 - ``abort`` is idempotent, never raises for an unknown or finished id, and returns once the engine
   has stopped working on the request (its batch slot and KV cache are free or being freed at the
   step boundary that applied the abort). The histogram ``cancel_to_abort_seconds`` measures it.
+- What a request consumed (its prompt's tokens, the tokens generated, when it left the queue)
+  is written to its :class:`Consumption` as it runs, and is complete once ``generate`` has
+  ended or ``abort`` has returned, whether or not the consumer read the last chunk.
 - An engine that fails raises :class:`EngineError` (or :class:`EngineDead` when it can serve no
   more) from ``generate``; it never leaves a consumer waiting forever. A dead engine answers
   ``abort`` at once and reports an idle ``load``; the pool (:mod:`.pool`) replaces it with a new
@@ -21,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from gateway_server.engine.constraint import StructuredOutput
@@ -118,6 +121,33 @@ class Share:
     """The call id: one HTTP request or one gRPC call, however many engine requests it holds."""
 
 
+@dataclass(eq=False, slots=True)
+class Consumption:
+    """What an engine request consumed, as its engines count it; written by them as it runs and
+    when it ends, however it ends, and read by the gateway once ``generate`` is over or a
+    cancel was applied (an aborted request's last chunk may never be read: its consumer left,
+    so the counts cannot travel in chunks alone).
+
+    One per engine request; a request served split shares it between its legs (the prefill
+    leg's engine writes no output tokens to it). Times are ``time.perf_counter()`` readings.
+    """
+
+    prompt_tokens: int = 0
+    """The prompt's tokens as the engine counted them (0 until it has)."""
+    output_tokens: int = 0
+    """Tokens the engine generated, whether or not their chunks were read."""
+    admitted_at: float | None = None
+    """When it left the engine's waiting queue (for a split request: its prefill leg's), as
+    the engine's ``phase`` tells ``queued`` from ``prefill``; None while it waits. Set once."""
+    prefilled_at: float | None = None
+    """Split requests: when the prefill leg ended with the prompt's KV held (``transfer``)."""
+
+    def admitted(self, now: float) -> None:
+        """It left the waiting queue at ``now`` (a later admission, a decode leg's, is not)."""
+        if self.admitted_at is None:
+            self.admitted_at = now
+
+
 @dataclass(frozen=True, slots=True)
 class EngineRequest:
     request_id: str
@@ -126,6 +156,8 @@ class EngineRequest:
     """Text, or token ids (engines with ``Feature.TOKEN_PROMPTS``)."""
     params: SamplingParams
     share: Share = Share()
+    consumption: Consumption = field(default_factory=Consumption)
+    """Where the engine writes what the request consumed (the gateway's, read after)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,9 @@ answers once with the whole text; ``ModelStreamInfer`` is Triton's decoupled str
 ``x-request-id`` metadata (a fresh one when absent), echoed in the initial metadata.
 
 Errors are the gateway's exceptions mapped to status codes (:mod:`gateway_server.grpc.common`);
-refused generation requests count as ``outcome="rejected"``.
+refused generation requests count as ``outcome="rejected"``. A call cancelled while it ran ends
+``CANCELLED`` with the trailing metadata ``hangup-usage``: what it consumed up to the cancel, as
+JSON in OpenAI's usage shape (``{"prompt_tokens", "completion_tokens", "total_tokens"}``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from gateway_server.requests import cancelled_message
 from gateway_server.service import GenerationService
 from gateway_server.vocabulary import Protocol
 from hangup_contract.protos import inference_pb2 as pb
+from hangup_contract.usage import metadata as usage_metadata
 
 SERVICE_NAME = "inference.GRPCInferenceService"
 _INPUTS = (
@@ -71,7 +74,8 @@ def _statuses(generation: bool, request_type: Any = None) -> Callable[[Handler[R
                 await context.abort(status_of(exc), exc.message)
                 raise AssertionError("context.abort returns by raising") from exc
             except RequestCancelled as exc:
-                await context.abort(grpc.StatusCode.CANCELLED, cancelled_message(exc.reason))
+                usage = usage_metadata(exc.usage)
+                await context.abort(grpc.StatusCode.CANCELLED, cancelled_message(exc.reason), usage)
                 raise AssertionError("context.abort returns by raising") from exc
 
         return run
@@ -180,7 +184,9 @@ class InferenceServicer:
                 raise
             await session.abort()
             if session.cancelled is not None:
-                raise RequestCancelled(session.cancelled)
+                cancelled = RequestCancelled(session.cancelled)
+                cancelled.usage = call.usage  # every request of the stream has ended
+                raise cancelled
 
 
 def inference_handler(servicer: InferenceServicer) -> grpc.GenericRpcHandler:

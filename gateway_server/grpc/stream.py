@@ -17,6 +17,8 @@ is refused with ``INVALID_ARGUMENT``, and that error response carries no id. A r
 ``triton_enable_empty_final_response`` gets its data responses with the flag false and then an
 empty response (no outputs) with the flag true. A request that fails or is cancelled alone is
 answered by one response with ``error_message`` (``"<STATUS>: <message>"``); the stream goes on.
+A request cancelled alone says in that response's parameters what it consumed up to the cancel
+(``prompt_tokens``, ``completion_tokens``, ``total_tokens``, int64).
 
 Bounds (docs/security.md): at most ``max_requests`` requests of a stream are in flight; the
 next message is not read until one of them ends, so a client that sends faster than the stream
@@ -29,8 +31,10 @@ When one of them is cancelled, the requests of that sequence still waiting behin
 cancelled too.
 
 Cancelling the call (the cancel API with the call id, or shutdown) aborts every request and ends
-the stream with status ``CANCELLED``. The client cancelling the stream (or its deadline) cancels
-the handler; :meth:`StreamSession.abort` then aborts every request with the hang-up's reason.
+the stream with status ``CANCELLED``, its trailing metadata ``hangup-usage`` saying what the
+whole call consumed (:mod:`gateway_server.grpc.inference`). The client cancelling the stream
+(or its deadline) cancels the handler; :meth:`StreamSession.abort` then aborts every request
+with the hang-up's reason.
 """
 
 from __future__ import annotations
@@ -292,14 +296,14 @@ class StreamSession:
         exc: GatewayError | RequestCancelled,
         message: str | None = None,
     ) -> None:
+        parameters: dict[str, bool | int] = {FINAL_FLAG: True}
         if isinstance(exc, RequestCancelled):
             code, text = grpc.StatusCode.CANCELLED, cancelled_message(exc.reason)
+            parameters |= exc.usage.to_json()  # what it consumed up to the cancel
         else:
             code, text = status_of(exc), exc.message
         reply_id = _echoed(request.id)
-        response = text_response(
-            request.model_name, MODEL_VERSION, reply_id, None, {FINAL_FLAG: True}
-        )
+        response = text_response(request.model_name, MODEL_VERSION, reply_id, None, parameters)
         error = pb.ModelStreamInferResponse(
             error_message=f"{code.name}: {message or text}", infer_response=response
         )

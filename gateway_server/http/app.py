@@ -16,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway_server.errors import (
     CancelledBeforeArrival,
+    CancelledWhileRunning,
     ClientError,
     GatewayError,
     Unavailable,
@@ -122,6 +123,10 @@ def error_response(request: web.Request, exc: GatewayError) -> web.Response:
         body: dict[str, object] = {"error": error}
     else:
         body = {"error": exc.message}
+    if isinstance(exc, CancelledWhileRunning) and exc.usage is not None:
+        # What the call consumed up to the cancel: OpenAI's usage, or KServe's parameters.
+        usage = exc.usage.to_json()
+        body["usage" if request.path.startswith("/v1/") else "parameters"] = usage
     headers = {}
     if exc.status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="hangup-cancel"'

@@ -24,6 +24,10 @@ string in every event.
 Streamed events carry ``triton_final_response``: false on every event but the last. When the
 request sets ``parameters.triton_enable_empty_final_response``, the last data event keeps false
 and an empty final event (no ``text_output``, flag true) closes the answer.
+
+A call cancelled while it runs says what it consumed up to the cancel as KServe response
+``parameters`` (``prompt_tokens``, ``completion_tokens``, ``total_tokens``): beside the
+``error`` of its 499, or of a stream's last event.
 """
 
 from __future__ import annotations
@@ -254,7 +258,7 @@ async def generate(request: web.Request) -> web.Response:
                 async for chunk in chunks:
                     text += chunk.text
         except RequestCancelled as exc:
-            raise CancelledWhileRunning(exc.reason) from exc
+            raise CancelledWhileRunning(exc.reason, call.usage) from exc
     if not options.get("exclude_input_in_output", False):
         text = prompt + text
     answer = echoed | {"model_name": model, "model_version": MODEL_VERSION, "text_output": text}
@@ -283,11 +287,13 @@ async def generate_stream(request: web.Request) -> web.StreamResponse:
                     if chunk.text or final:
                         event = head | {"text_output": chunk.text, FINAL_FLAG: final}
                         await response.write(sse.encode(_compact(event)))
-        except (RequestCancelled, GatewayError) as exc:
-            message = (
-                cancelled_message(exc.reason) if isinstance(exc, RequestCancelled) else str(exc)
-            )
-            await response.write(sse.encode(_compact({"error": message})))
+        except RequestCancelled as exc:  # with what the call consumed up to the cancel
+            end = {"error": cancelled_message(exc.reason), "parameters": call.usage.to_json()}
+            await response.write(sse.encode(_compact(end)))
+            await response.write_eof()
+            return response
+        except GatewayError as exc:
+            await response.write(sse.encode(_compact({"error": str(exc)})))
             await response.write_eof()
             return response
         if empty_final:

@@ -8,7 +8,12 @@ for them (:mod:`gateway_server.openai.logprobs`); a plain stream's events are bu
 
 Streaming answers are SSE, one ``data:`` event per chunk, ending with ``data: [DONE]``. A
 request cancelled while its answer streams (cancel API, shutdown) gets an error event and the
-stream ends without ``[DONE]``, so a client can tell a cut answer from a complete one.
+stream ends without ``[DONE]``, so a client can tell a cut answer from a complete one. That
+event carries, beside ``error``, the call's ``usage`` up to the cancel (OpenAI's shape); a
+stream that asked for usage (``stream_options.include_usage``) gets it first in the usage chunk
+OpenAI's streams end with (``choices: []``), and only then (a client that did not ask never
+gets a chunk without choices). A call that does not stream, cancelled, is answered 499 in
+OpenAI's error shape with ``usage`` beside ``error``.
 
 A chunk's event is built by :class:`StreamEvents` from parts encoded once per response: only
 the chunk's text is JSON-encoded per event (one event per engine step and choice, the hottest
@@ -129,7 +134,10 @@ async def _serve(request: web.Request, *, chat: bool) -> web.StreamResponse:
     answer = _Answer(job)
     client = client_of(request)
     async with service.call(call_id, job.model, Protocol.OPENAI, client, group) as call:
-        streams = [service.generate(call, c.prompt, c.params) for c in job.choices]
+        streams = [
+            service.generate(call, c.prompt, c.params, bills_prompt=i % job.n == 0)
+            for i, c in enumerate(job.choices)
+        ]  # choices come prompt by prompt, n of each: each prompt billed once
         if job.stream:
             return await _stream(request, call, answer, merge(streams))
         return await _respond(call, answer, merge(streams))
@@ -145,8 +153,8 @@ async def _respond(
         async with aclosing(chunks):
             async for index, chunk in chunks:
                 _absorb(choices[index], chunk, keep_text=True, keep_logprobs=keep_logprobs)
-    except RequestCancelled as exc:
-        raise CancelledWhileRunning(exc.reason) from exc
+    except RequestCancelled as exc:  # every engine request of the call has ended: its usage
+        raise CancelledWhileRunning(exc.reason, call.usage) from exc
     body = _envelope(call, answer)
     body["choices"] = [_final_choice(job, i, c) for i, c in enumerate(choices)]
     if job.tools is not None:
@@ -193,8 +201,7 @@ async def _stream(
                 elif chunk.text or chunk.finish_reason or chunk.logprobs:
                     await response.write(_rich_event(events, job, index, choices[index], chunk))
     except (RequestCancelled, GatewayError) as exc:
-        await response.write(sse.encode(json.dumps({"error": _error_body(exc)})))
-        await response.write_eof()
+        await _write_end(response, call, answer, exc)
         return response
     if job.include_usage:
         usage = _envelope(call, answer) | {"choices": [], "usage": _usage(job, choices)}
@@ -202,6 +209,25 @@ async def _stream(
     await response.write(sse.encode("[DONE]"))
     await response.write_eof()
     return response
+
+
+async def _write_end(
+    response: web.StreamResponse,
+    call: Call,
+    answer: _Answer,
+    exc: RequestCancelled | GatewayError,
+) -> None:
+    """End a stream cut by ``exc``: its error event (without ``[DONE]``); for a cancel, with
+    the call's usage in it, and first in a usage chunk if the stream asked for usage."""
+    end: dict[str, Any] = {"error": _error_body(exc)}
+    if isinstance(exc, RequestCancelled):  # every engine request of the call has ended
+        usage = call.usage.to_json()
+        if answer.job.include_usage:
+            chunk = _envelope(call, answer) | {"choices": [], "usage": usage}
+            await response.write(sse.encode(json.dumps(chunk)))
+        end["usage"] = usage
+    await response.write(sse.encode(json.dumps(end)))
+    await response.write_eof()
 
 
 def _rich_event(

@@ -20,6 +20,7 @@ from gateway_server.engine.handoff import DisaggregatedEngine
 from gateway_server.engine.pool import EnginePool
 from gateway_server.vocabulary import Outcome, Protocol, Refusal
 from hangup_contract.jobs import ENTRY_STATES, CancelKind
+from hangup_contract.usage import Usage
 from hangup_contract.vocabulary import Phase, Reason
 
 
@@ -83,6 +84,7 @@ class GatewayMetrics:
             ["model"],
             registry=registry,
         )
+        self._add_cancelled_usage(registry)
         self.connections_closed = Counter(
             "hangup_gateway_connections_closed",
             "Client connections the gateway closed or refused to hold, by why.",
@@ -149,6 +151,46 @@ class GatewayMetrics:
             if state in ENTRY_STATES:
                 self.cancel_api_ids.labels(kind.value, state).inc()
 
+    def _add_cancelled_usage(self, registry: CollectorRegistry) -> None:
+        labels = ["model", "reason", "phase"]
+        self.cancelled_prompt_tokens = Counter(
+            "hangup_gateway_cancelled_prompt_tokens",
+            "Prompt tokens of engine requests that ended cancelled (each prompt once, as OpenAI's "
+            "usage counts it), by why and where they were cancelled.",
+            labels,
+            registry=registry,
+        )
+        self.cancelled_output_tokens = Counter(
+            "hangup_gateway_cancelled_output_tokens",
+            "Tokens the engine generated for engine requests that ended cancelled, delivered or "
+            "not, by why and where they were cancelled.",
+            labels,
+            registry=registry,
+        )
+        self.cancelled_seconds = Counter(
+            "hangup_gateway_cancelled_phase_seconds",
+            "Seconds engine requests that ended cancelled spent in each phase (the phase label "
+            "is where the time went), by why they were cancelled.",
+            labels,
+            registry=registry,
+        )
+
+    def count_cancelled(
+        self, model: str, reason: Reason, phase: Phase, usage: Usage, seconds: dict[Phase, float]
+    ) -> None:
+        """What an engine request that ended cancelled in ``phase`` for ``reason`` consumed."""
+        if usage.prompt_tokens:
+            self.cancelled_prompt_tokens.labels(model, reason.value, phase.value).inc(
+                usage.prompt_tokens
+            )
+        if usage.completion_tokens:
+            self.cancelled_output_tokens.labels(model, reason.value, phase.value).inc(
+                usage.completion_tokens
+            )
+        for spent, value in seconds.items():
+            if value:
+                self.cancelled_seconds.labels(model, reason.value, spent.value).inc(value)
+
     def create_worker_series(self, workers: Iterable[str]) -> None:
         """Every worker's restart count exists from the start (at 0)."""
         for worker in workers:
@@ -170,7 +212,13 @@ class GatewayMetrics:
                 self.requests.labels(model, protocol.value, outcome.value)
         for reason in Reason:
             for phase in Phase:
-                self.cancellations.labels(model, reason.value, phase.value)
+                for counter in (
+                    self.cancellations,
+                    self.cancelled_prompt_tokens,
+                    self.cancelled_output_tokens,
+                    self.cancelled_seconds,
+                ):
+                    counter.labels(model, reason.value, phase.value)
         for kind in CancelKind:
             self.cancel_api.labels(kind.value)
             for state in ENTRY_STATES:

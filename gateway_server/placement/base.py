@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from typing import Protocol
 
-from gateway_server.engine.base import SamplingParams, Share, TokenChunk
+from gateway_server.engine.base import Consumption, SamplingParams, Share, TokenChunk
 from gateway_server.engine.pool import Worker
 from hangup_contract.vocabulary import Phase, Reason
 
@@ -22,6 +22,11 @@ class Progress(Protocol):
     @property
     def share(self) -> Share:
         """Whose turn it waits for in an engine's admission queue."""
+        ...
+
+    @property
+    def consumption(self) -> Consumption:
+        """Where its engines write what it consumed (both legs of a split request)."""
         ...
 
 

@@ -21,9 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncGenerator
 
-from gateway_server.engine.base import EngineRequest, FinishReason, SamplingParams, TokenChunk
+from gateway_server.engine.base import (
+    Consumption,
+    EngineRequest,
+    FinishReason,
+    SamplingParams,
+    TokenChunk,
+)
 from gateway_server.engine.handoff import KvHandoff, WorkerRole
 from gateway_server.engine.pool import EnginePool, Worker
 from gateway_server.placement.base import Progress
@@ -54,16 +61,19 @@ class Split:
         legs, pool = self.legs, self._pool
         prefill, engine = legs.prefill, legs.prefill.engine
         assert engine is not None
+        share, consumption = progress.share, progress.consumption
         try:
             try:
                 handoff = await engine.prefill(
-                    EngineRequest(prefill.request_id, prompt, params, progress.share), legs.key
+                    EngineRequest(prefill.request_id, prompt, params, share, consumption),
+                    legs.key,
                 )
             finally:
                 _give_back(pool, prefill)
             if handoff is None or progress.cancel_reason is not None:
-                yield _aborted(prompt, handoff)
+                yield _aborted(prompt, handoff, consumption)
                 return
+            consumption.prefilled_at = time.perf_counter()
             legs.prefilled = True
             prefill.state = LegState.ENDED
             worker = pool.acquire(WorkerRole.DECODE)
@@ -73,7 +83,7 @@ class Split:
             assert decode is not None
             try:
                 stream = decode.decode(
-                    EngineRequest(legs.decode.request_id, prompt, params, progress.share),
+                    EngineRequest(legs.decode.request_id, prompt, params, share, consumption),
                     handoff,
                 )
                 async with contextlib.aclosing(stream):
@@ -129,14 +139,18 @@ def _give_back(pool: EnginePool, leg: Leg) -> None:
         pool.release(worker)
 
 
-def _aborted(prompt: str | tuple[int, ...], handoff: KvHandoff | None) -> TokenChunk:
+def _aborted(
+    prompt: str | tuple[int, ...], handoff: KvHandoff | None, consumption: Consumption
+) -> TokenChunk:
     """The chunk a call aborted before its decode leg ends with. Its prompt tokens are the
-    prefill's count when it finished, else 0 for a text prompt (not counted again: tokenizing a
-    long prompt a second time would hold the event loop, and every other call, for milliseconds
-    per cancel; ten hung-up 7,400-token prompts held a short call's arrival for about 0.1 s,
-    ``bench.pd.hol``)."""
+    prefill's count when it finished, else what the prefill engine counted so far, else 0 for a
+    text prompt (not counted again: tokenizing a long prompt a second time would hold the event
+    loop, and every other call, for milliseconds per cancel; ten hung-up 7,400-token prompts
+    held a short call's arrival for about 0.1 s, ``bench.pd.hol``)."""
     if handoff is not None:
         tokens = handoff.prompt_tokens
+    elif consumption.prompt_tokens:
+        tokens = consumption.prompt_tokens
     else:
         tokens = len(prompt) if isinstance(prompt, tuple) else 0
     return TokenChunk("", 0, tokens, FinishReason.ABORT)

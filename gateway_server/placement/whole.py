@@ -33,7 +33,10 @@ class Whole:
     def run(
         self, prompt: str | tuple[int, ...], params: SamplingParams, progress: Progress
     ) -> AsyncGenerator[TokenChunk, None]:
-        return self._engine.generate(EngineRequest(self.request_id, prompt, params, progress.share))
+        request = EngineRequest(
+            self.request_id, prompt, params, progress.share, progress.consumption
+        )
+        return self._engine.generate(request)
 
     def give_back(self) -> None:
         if not self._given_back:

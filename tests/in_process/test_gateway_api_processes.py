@@ -82,6 +82,7 @@ async def test_a_cancel_reaches_its_request_from_every_process(three: list[Gatew
         assert status == 200, (name, body)
         assert body["state"] == "cancelled" and body["phase"] == "decode", name
         assert body["generated_tokens"] >= 1
+        assert body["usage"]["prompt_tokens"] == 1, body  # its usage, across the processes
         events = await read_events(resp)
         assert json.loads(events[-1])["error"]["type"] == "cancelled", name
     assert owner.cancellations("explicit", "decode") == 3  # counted once, by the owner

@@ -145,11 +145,22 @@ async def test_a_cancel_in_each_phase_frees_both_legs_before_it_answers(
     else:  # decode pulled the prefill's KV: nothing was left there
         assert (prefill["state"], prefill["kv_blocks_freed"]) == ("ended", 0)
         assert decode["state"] == "aborted" and decode["kv_blocks_freed"] >= BLOCKS
+    assert answer["usage"]["prompt_tokens"] == 400  # the prefill engine's count, in any phase
     status_code, _ = await task
     assert status_code == (200 if stream else 499)
     await wait_until(lambda: len(pd.server.registry) == 0, what="the call to close")
     assert pd.cancellations("explicit", phase) == 1 and pd.requests("cancelled") == 1
     assert pd.metric("hangup_gateway_cancel_to_freed_seconds_count", model=MODEL) == 1
+    counted = "hangup_gateway_cancelled_prompt_tokens_total"
+    assert pd.metric(counted, model=MODEL, reason="explicit", phase=phase) == 400
+    spent = {
+        p: pd.metric("hangup_gateway_cancelled_phase_seconds_total", model=MODEL,
+                     reason="explicit", phase=p)
+        for p in PHASES
+    }  # fmt: skip
+    reached = ("prefill",) if phase == "prefill" else ("prefill", "transfer")
+    assert all(spent[p] > 0 for p in reached), spent  # the transfer's time apart from prefill's
+    assert phase != "prefill" or spent["transfer"] == spent["decode"] == 0, spent
 
 
 async def test_two_cancels_at_once_both_answer_only_once_everything_is_freed(pd: Gateway) -> None:

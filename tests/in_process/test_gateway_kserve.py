@@ -160,16 +160,23 @@ async def test_stream_with_empty_final_response_opt_in(gateway: Gateway) -> None
     assert all(e["id"] == "r7" for e in events)
 
 
-async def test_stream_cancelled_ends_with_an_error_event(gateway: Gateway) -> None:
+async def test_stream_cancelled_ends_with_an_error_event_saying_what_it_consumed(
+    gateway: Gateway,
+) -> None:
     url = f"{gateway.url}/v2/models/{MODEL}/generate_stream"
     body = {"text_input": "x", "parameters": {"max_tokens": 4000}}
-    decoder, events = SSEDecoder(), []
+    decoder, events, answer = SSEDecoder(), [], {}
     async with gateway.session.post(url, json=body, headers={"X-Request-Id": "ks-1"}) as resp:
         async for chunk in resp.content.iter_any():
             events.extend(json.loads(e.data) for e in decoder.feed(chunk))
             if len(events) == 2:
-                assert (await gateway.cancel("ks-1"))[0] == 200
-    assert events[-1] == {"error": "request cancelled (explicit)"}
+                status, answer = await gateway.cancel("ks-1")
+                assert status == 200
+    assert events[-1]["error"] == "request cancelled (explicit)"
+    usage = events[-1]["parameters"]  # KServe response parameters, OpenAI's names
+    assert usage["prompt_tokens"] == 1 and usage["completion_tokens"] >= len(events) - 1
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert answer["usage"] == usage  # the cancel's answer says the same
     assert gateway.cancellations("explicit", "decode") == 1
 
 

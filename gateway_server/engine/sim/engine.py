@@ -234,6 +234,7 @@ class SimulatedEngine:
         sampler = Sampler(request.params, random.Random(seed), bias)
         prompt_tokens = self.count_prompt_tokens(request.prompt)
         seq = Sequence(request, prompt_tokens, sampler, stop_ids)
+        request.consumption.prompt_tokens = prompt_tokens
         self._by_id[request.request_id] = seq
         self._waiting.push(request.share, request.request_id, seq)
         self._wake.set()
@@ -348,9 +349,11 @@ class SimulatedEngine:
         return bool(aborts)
 
     def _admit(self) -> None:
+        now = time.perf_counter()
         while self._waiting and len(self._running) < self._config.slots:
             seq = self._waiting.pop()
             seq.phase = Phase.PREFILL
+            seq.request.consumption.admitted(now)
             if seq.handoff is not None:  # the prompt's blocks are allocated, the KV is on its way
                 seq.phase, seq.prefilled = Phase.TRANSFER, seq.prompt_tokens
                 transfer_s = self._config.transfer_per_block_s * seq.handoff.blocks
@@ -408,6 +411,7 @@ class SimulatedEngine:
         token = seq.sampler.next()
         text = piece(token, first)
         seq.generated += 1
+        seq.request.consumption.output_tokens = seq.generated
         logprobs = None
         if params.logprobs is not None:  # only when asked for: it costs a sort per token
             logprobs = (seq.sampler.logprob(prev, token, first),)

@@ -90,7 +90,7 @@ from gateway_server.engine.vllm.inputs import prompt_input, sampling_params
 from gateway_server.engine.vllm.ipc import IpcDirectory
 from gateway_server.engine.vllm.options import VllmOptions
 from gateway_server.engine.vllm.output_tail import OutputTail
-from gateway_server.engine.vllm.outputs import Live
+from gateway_server.engine.vllm.outputs import Live, note_final
 from gateway_server.engine.vllm.outputs import chunk as to_chunk
 from gateway_server.engine.vllm.stats import (
     SchedulerSnapshot,
@@ -131,8 +131,10 @@ class VllmEngine:
         self._tokenizer_copy: Any = None
         self._stopped = False
         self._live: dict[str, Live] = {}
+        self._unadmitted: dict[str, Live] = {}
+        """Live requests not yet seen out of the waiting queue (see :meth:`_note_admitted`)."""
         self._arrivals = itertools.count(1)
-        self._stats = SchedulerSnapshot()
+        self._stats = SchedulerSnapshot(on_step=self._note_admitted)
         self._processes: list[process_tree.ProcessId] = []
         self._output = OutputTail()
         self._shutting: asyncio.Future[None] | None = None
@@ -333,17 +335,21 @@ class VllmEngine:
         rid = request.request_id
         if rid in self._live:
             raise EngineError(f"engine request id {rid} is already running")
-        state = self._live[rid] = Live(next(self._arrivals))
+        counts = self._counts_output(rid)
+        state = self._live[rid] = Live(next(self._arrivals), request.consumption, counts)
         finished = False
         collector: Any = None
         try:
             try:
                 sampling = self._sampling_for(request)
-                collector = await llm.add_request(rid, prompt_input(request), sampling)
+                collector = state.collector = await llm.add_request(
+                    rid, prompt_input(request), sampling
+                )
             except ValueError as exc:  # vLLM's validation of the request (VLLMValidationError)
                 raise EngineRefused(str(exc)) from exc
             finally:
                 state.registered.set()
+            self._unadmitted[rid] = state
             state.confirm_task = asyncio.ensure_future(note_held(llm, state, self._stats))
             while not finished:
                 out = collector.get_nowait() or await collector.get()
@@ -358,6 +364,7 @@ class VllmEngine:
                 await asyncio.wait([state.confirm_task])
             if collector is not None:
                 collector.close()
+            self._unadmitted.pop(rid, None)
             if finished:
                 self._live.pop(rid, None)
             else:
@@ -365,6 +372,11 @@ class VllmEngine:
                 # request stays known, with its phase, until the engine has applied the abort;
                 # the caller's own abort() awaits the same task.
                 self._abort_once(rid, state)
+
+    def _counts_output(self, request_id: str) -> bool:
+        """Whether the request's output tokens are what it consumed (the P/D engine says no for
+        a prefill leg: its one token is not the answer's)."""
+        return True
 
     def _chunk(self, state: Live, out: Any) -> TokenChunk:
         """One of vLLM's outputs as a chunk (the P/D engine also reads its handoff from it)."""
@@ -401,6 +413,7 @@ class VllmEngine:
     async def _abort(self, request_id: str, state: Live) -> None:
         try:
             await abort_applied(self._llm, request_id, state, self.index)
+            note_final(state)  # vLLM's final output: counts the consumer may never read
         finally:
             self._forget(request_id, state)
 
@@ -412,17 +425,42 @@ class VllmEngine:
             return None
         if state.output_tokens:
             return Phase.DECODE
-        stats = self._stats
+        return Phase.PREFILL if self._admitted(state, self._waiting_from()) else Phase.QUEUED
+
+    def _admitted(self, state: Live, waiting_from: int | None) -> bool:
+        """Whether a request without a token yet is out of the waiting queue (``prefill``)."""
         # Statistics read just before the core's answer may still be on their way in: one step of
         # margin, so a request is never called ``prefill`` on numbers that do not count it.
-        if state.seen_after is None or stats.steps <= state.seen_after + 1:
-            return Phase.QUEUED
-        # FCFS: the scheduler's waiting requests are the latest arrivals without a token yet.
+        if state.seen_after is None or self._stats.steps <= state.seen_after + 1:
+            return False
+        return waiting_from is None or state.seq < waiting_from
+
+    def _waiting_from(self) -> int | None:
+        """The arrival from which the requests without a token yet are waiting; None when
+        none is. FCFS: the scheduler's ``W`` waiting requests are the latest ``W`` arrivals
+        without a token yet (all of them when they are fewer)."""
+        waiting = self._stats.waiting
+        if not waiting:
+            return None
         ahead = sorted(
             s.seq for s in self._live.values() if not s.output_tokens and s.registered.is_set()
         )
-        waiting = ahead[len(ahead) - stats.waiting :] if stats.waiting else []
-        return Phase.QUEUED if state.seq in waiting else Phase.PREFILL
+        return ahead[max(len(ahead) - waiting, 0)] if ahead else None
+
+    def _note_admitted(self) -> None:
+        """After each step's statistics: the moment requests left the waiting queue, by the rule
+        :meth:`phase` reads (``Consumption.admitted_at``). Work only while some request has not
+        been seen out of the queue: one pass over those without a token."""
+        pending = self._unadmitted
+        if not pending:
+            return
+        now, waiting_from = time.perf_counter(), self._waiting_from()
+        for rid, state in list(pending.items()):
+            if state.output_tokens:  # its first token came first: queued until then
+                del pending[rid]
+            elif self._admitted(state, waiting_from):
+                state.consumption.admitted(now)
+                del pending[rid]
 
     def inject_fault(self, fault: str) -> None:
         raise NoFaults("the vLLM engine takes no injected faults")

@@ -1,5 +1,9 @@
 """What the vLLM engine knows of a request while it runs, and vLLM's outputs turned into the
 seam's chunks (text, token counts, the finish reason, log-probabilities as vllm serve writes them).
+
+Counts are vLLM's own: the prompt's token ids and the new token ids of each output, and after an
+abort the final output vLLM's front end makes for it (``note_final``), which also carries the
+tokens generated since the consumer's last read (vLLM merges outputs a consumer has not taken).
 """
 
 from __future__ import annotations
@@ -9,7 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway_server.engine.base import EngineError, FinishReason, TokenChunk, TokenLogprob
+from gateway_server.engine.base import (
+    Consumption,
+    EngineError,
+    FinishReason,
+    TokenChunk,
+    TokenLogprob,
+)
 
 FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
 
@@ -17,6 +27,10 @@ FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": Fin
 @dataclass(eq=False)
 class Live:
     seq: int
+    consumption: Consumption = field(default_factory=Consumption)
+    """The gateway's record of what the request consumed, kept equal to the counts here."""
+    counts_output: bool = True
+    """Its output tokens go to ``consumption`` (not a P/D prefill leg's one token)."""
     prompt_tokens: int = 0
     output_tokens: int = 0
     registered: asyncio.Event = field(default_factory=asyncio.Event)
@@ -27,6 +41,33 @@ class Live:
     confirm_task: asyncio.Task[None] | None = None
     """The utility call that confirms the core holds the request (phase bookkeeping only)."""
     prompt_logprobs_sent: bool = False
+    collector: Any = None
+    """vLLM's output collector of the request: after an abort it holds vLLM's final output
+    (with what the consumer never read), which :func:`note_final` reads without taking it."""
+
+    def count(self, prompt_token_ids: Any, new_tokens: int) -> None:
+        """Add one output's counts (vLLM's own: its prompt's token ids, its new token ids)."""
+        self.output_tokens += new_tokens
+        if prompt_token_ids is not None:
+            self.prompt_tokens = len(prompt_token_ids)
+        consumption = self.consumption
+        consumption.prompt_tokens = self.prompt_tokens
+        if self.counts_output:
+            consumption.output_tokens = self.output_tokens
+
+
+def note_final(state: Live) -> None:
+    """After an abort was applied: what vLLM's final output says the request consumed (its
+    prompt's tokens, tokens generated but never read), noted in ``state.consumption`` and the
+    output left in the collector for a consumer still reading (counted then, once)."""
+    out = getattr(state.collector, "output", None)
+    if out is None or isinstance(out, Exception) or not getattr(out, "outputs", None):
+        return
+    if out.prompt_token_ids is not None:
+        state.consumption.prompt_tokens = len(out.prompt_token_ids)
+    if state.counts_output:
+        unread = len(out.outputs[0].token_ids)
+        state.consumption.output_tokens = state.output_tokens + unread
 
 
 def chunk(state: Live, out: Any, decode: Callable[[int], str]) -> TokenChunk:
@@ -34,9 +75,7 @@ def chunk(state: Live, out: Any, decode: Callable[[int], str]) -> TokenChunk:
     ``decode``: a token id's text, for log-probabilities vLLM did not decode."""
     completion = out.outputs[0]
     new_tokens = len(completion.token_ids)
-    state.output_tokens += new_tokens
-    if out.prompt_token_ids is not None:
-        state.prompt_tokens = len(out.prompt_token_ids)
+    state.count(out.prompt_token_ids, new_tokens)
     finish = None
     if out.finished:
         reason = str(completion.finish_reason)

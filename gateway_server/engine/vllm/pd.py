@@ -104,6 +104,10 @@ class VllmPdEngine(VllmEngine):
         args["kv_transfer_config"] = kv_transfer_config(self.connector, self.store)
         return args
 
+    def _counts_output(self, request_id: str) -> bool:
+        """A prefill leg's one token is not the answer's (the decode leg's are)."""
+        return not (request_id in self._params and request_id not in self._decoding)
+
     def _chunk(self, state: Any, out: Any) -> TokenChunk:
         rid = out.request_id
         prefilling = rid in self._params and rid not in self._decoding

@@ -15,6 +15,7 @@ token: docs/benchmarks.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import import_module
 from typing import Any
@@ -29,6 +30,8 @@ class SchedulerSnapshot:
     kv_cache_usage: float = 0.0
     steps: int = 0
     """Statistics received so far (one per engine step)."""
+    on_step: Callable[[], None] | None = None
+    """Called after each step's statistics were copied in (in the event loop)."""
 
 
 def stat_logger_factory(snapshot: SchedulerSnapshot) -> Any:
@@ -59,6 +62,8 @@ def stat_logger_factory(snapshot: SchedulerSnapshot) -> Any:
             )
             snapshot.kv_cache_usage = float(scheduler_stats.kv_cache_usage)
             snapshot.steps += 1
+            if snapshot.on_step is not None:
+                snapshot.on_step()
 
         def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
             pass
