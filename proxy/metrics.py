@@ -23,8 +23,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
 from hangup_contract.jobs import ENTRY_STATES, CancelKind
+from hangup_contract.usage import Usage
 from hangup_contract.vocabulary import Reason
-from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
+from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage, TokenKind
 
 FLUSH_EVERY_S = 0.5
 HISTOGRAM_PARTS = ("_upper_bounds", "_buckets", "_sum")  # a Histogram's, batched into
@@ -98,6 +99,7 @@ class ProxyMetrics:
             self.cancel_api.labels(kind.value)
             for state in ENTRY_STATES:
                 self.cancel_api_ids.labels(kind.value, state)
+        self._add_cancelled_relays(registry)
         self.connections_closed = connections_closed(registry)
         self.event_loop_stalls = Counter(
             "hangup_proxy_event_loop_stalls",
@@ -105,6 +107,36 @@ class ProxyMetrics:
             registry=registry,
         )
         self._add_timings_and_gauges(registry)
+
+    def _add_cancelled_relays(self, registry: CollectorRegistry) -> None:
+        """What the proxy relayed of calls that ended cancelled (``cancelled_relay``)."""
+        self.cancelled_bytes = Counter(
+            "hangup_proxy_cancelled_bytes",
+            "Response bytes relayed to clients of calls that ended cancelled, by why.",
+            ["protocol", "reason"],
+            registry=registry,
+        )
+        self.cancelled_chunks = Counter(
+            "hangup_proxy_cancelled_chunks",
+            "Pieces of answers relayed to clients of calls that ended cancelled (gRPC messages; "
+            "HTTP body writes, one per upstream read), by why.",
+            ["protocol", "reason"],
+            registry=registry,
+        )
+        self.cancelled_usage_tokens = Counter(
+            "hangup_proxy_cancelled_usage_tokens",
+            "Tokens the server behind said a call that ended cancelled used (its own usage, "
+            "where it sent one: a usage chunk or field relayed, hangup's trailing metadata), "
+            "by why and which tokens.",
+            ["protocol", "reason", "kind"],
+            registry=registry,
+        )
+        for protocol in CallProtocol:
+            for reason in Reason:
+                self.cancelled_bytes.labels(protocol.value, reason.value)
+                self.cancelled_chunks.labels(protocol.value, reason.value)
+                for kind in TokenKind:
+                    self.cancelled_usage_tokens.labels(protocol.value, reason.value, kind.value)
 
     def _add_timings_and_gauges(self, registry: CollectorRegistry) -> None:
         self.disconnect_to_cancel = Histogram(
@@ -202,6 +234,30 @@ class ProxyMetrics:
         for state in states:
             if state in ENTRY_STATES:
                 self.cancel_api_ids.labels(kind.value, state).inc()
+
+    def cancelled_relay(
+        self,
+        protocol: CallProtocol,
+        reason: Reason,
+        relayed: tuple[int, int],
+        usage: Usage | None,
+    ) -> None:
+        """What was relayed of a call that ended cancelled for ``reason``: ``relayed`` (bytes,
+        chunks), and the server's own usage, where it sent one."""
+        size, chunks = relayed
+        if size:
+            self.cancelled_bytes.labels(protocol.value, reason.value).inc(size)
+        if chunks:
+            self.cancelled_chunks.labels(protocol.value, reason.value).inc(chunks)
+        if usage is not None:
+            for kind, tokens in (
+                (TokenKind.PROMPT, usage.prompt_tokens),
+                (TokenKind.COMPLETION, usage.completion_tokens),
+            ):
+                if tokens:
+                    self.cancelled_usage_tokens.labels(
+                        protocol.value, reason.value, kind.value
+                    ).inc(tokens)
 
     def admin_refused(self, protocol: CallProtocol, rule: str) -> None:
         self.admin_refusals.labels(protocol.value, rule).inc()

@@ -40,6 +40,13 @@ class Outcome(enum.StrEnum):
     REJECTED = "rejected"  # the proxy refused the call itself (limits, bad input, draining)
 
 
+class TokenKind(enum.StrEnum):
+    """Which tokens of a server's own ``usage`` (``hangup_proxy_cancelled_usage_tokens_total``)."""
+
+    PROMPT = "prompt"
+    COMPLETION = "completion"
+
+
 class CallProtocol(enum.StrEnum):
     """Which listener a call came in through (the ``protocol`` label)."""
 

@@ -16,9 +16,10 @@ say *when* each step below happens and *how* their upstream call closes; :class:
 2. :meth:`CallEnding.close_upstream`: close the upstream call once its cancel is answered, or
    after ``--stream-close-grace`` if that is slower; at once when no cancel is pending. Closing
    first would let the upstream record a bare disconnect instead of the real reason.
-3. :meth:`CallEnding.finish`: count the outcome and write the call's one log line
-   (:func:`log_call`: ``msg`` ``call`` with ``Call.record()``), once its cancel has an answer,
-   so the line carries ``cancel_result`` and ``cancel_ms``.
+3. :meth:`CallEnding.finish`: count the outcome (for a call that ended cancelled, also what
+   was relayed of it: bytes, chunks, the server's own usage if it sent one) and write the call's
+   one log line (:func:`log_call`: ``msg`` ``call`` with ``Call.record()``), once its cancel has
+   an answer, so the line carries ``cancel_result`` and ``cancel_ms``.
 """
 
 from __future__ import annotations
@@ -128,6 +129,9 @@ class CallEnding:
         call.ended = time.monotonic()
         call.outcome = call.outcome or Outcome.UPSTREAM_ERROR
         self._metrics.finished(call.protocol, call.outcome)
+        if call.outcome is Outcome.CANCELLED and call.reason is not None:
+            relayed = (call.bytes_out, call.chunks_out)
+            self._metrics.cancelled_relay(call.protocol, call.reason, relayed, call.usage)
         cancel = self.cancel
         if cancel is None:
             self._log(call)

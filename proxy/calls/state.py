@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from hangup_contract.usage import Usage
 from hangup_contract.vocabulary import Reason
 from proxy.calls.groups import GroupBounds
 from proxy.calls.held import Bounds, Ender, HeldCalls, Holding
@@ -47,6 +48,14 @@ class Call:
     upstream_ttfb: float | None = None
     bytes_in: int = 0
     bytes_out: int = 0
+    chunks_out: int = 0
+    """Pieces of the answer relayed to the client: gRPC messages; over HTTP, the body's writes,
+    one per read of the upstream (a stream of tokens that arrive one at a time: one per SSE
+    event; events that arrive together: one for them all). Not events: counting those would
+    mean scanning every byte relayed (``docs/proxy.md``, "What a cancelled call used")."""
+    usage: Usage | None = None
+    """A call that ended cancelled: what the server said it used, where it sent its own usage
+    (``proxy.http.relayed``; hangup's trailing metadata over gRPC). Read once, at its end."""
     ended: float | None = None
     stopped_at: float | None = None  # when the hang-up (or limit, or shutdown) was seen
     cancel_result: CancelResult | None = None
@@ -103,6 +112,8 @@ class Call:
             "cancel_ms": _ms(self.stopped_at, self.cancel_answered_at),
             "bytes_in": self.bytes_in,
             "bytes_out": self.bytes_out,
+            "chunks_out": self.chunks_out,
+            "usage": self.usage.to_json() if self.usage is not None else None,
         }
 
 

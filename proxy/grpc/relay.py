@@ -44,6 +44,7 @@ import grpc
 
 from hangup_contract.jobs import GROUP_METADATA_KEY
 from hangup_contract.runtime.connections import grpc_server_options
+from hangup_contract.usage import usage_in_metadata
 from hangup_contract.vocabulary import Reason
 from proxy.calls.admin_paths import Refusal
 from proxy.calls.groups import checked_group
@@ -153,6 +154,7 @@ class _Exchange:
             while (message := await self.upstream.read()) is not grpc.aio.EOF:
                 self._call.stage = Stage.STREAMING
                 self._call.bytes_out += len(message)
+                self._call.chunks_out += 1
                 await self._to_client(self._context.write(message))
             code = await self.upstream.code()
             details = await self.upstream.details()
@@ -167,6 +169,8 @@ class _Exchange:
         # still working: such a call still gets its explicit cancel.
         self.ended = code not in _LOCAL_ENDINGS
         self._call.status = code.value[0]  # the gRPC status number, in the call's log line
+        if code == grpc.StatusCode.CANCELLED:  # what the server says it used, if it says
+            self._call.usage = usage_in_metadata(trailing or ())
         self._context.set_trailing_metadata(relayable(trailing or ()))
         if code != grpc.StatusCode.OK:
             self._context.set_code(code)

@@ -186,6 +186,8 @@ class HttpRelay:
         finally:
             self._relaying.pop(request.connection, None)
             ending.close_upstream(ex.close_upstream)
+            if call.outcome is Outcome.CANCELLED and ex.sink is not None:
+                call.usage = ex.sink.usage()  # once, at the end (proxy.http.relayed)
             ending.finish()
             self._state.release(call)
 
@@ -318,7 +320,8 @@ class HttpRelay:
             response = self._respond(ex, upstream)
             if request.method != "HEAD" and upstream.status >= 200:  # a body: relayed as it comes
                 watch = self._watch(call) if upstream.status == 200 else None
-                await upstream.stream_to(ClientSink(request, response, call, watch))
+                ex.sink = ClientSink(request, response, call, watch)
+                await upstream.stream_to(ex.sink)
         except (asyncio.CancelledError, TimeoutError, ClientGone):
             raise  # a cancel follows: the upstream is closed once it is answered
         except BaseException:

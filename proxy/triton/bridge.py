@@ -295,6 +295,7 @@ async def _write(response: Stream, call: Call, data: bytes) -> None:
     except ConnectionResetError as exc:
         raise ClientGone(f"the client left mid-response: {exc}") from exc
     call.bytes_out += len(data)
+    call.chunks_out += 1
 
 
 def _sent(call: Call, response: Answer) -> Answer:

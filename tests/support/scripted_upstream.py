@@ -4,7 +4,9 @@ It is *not* a model server: each route plays one upstream behaviour on cue, and 
 sees is recorded so tests can assert on it without sleeping.
 
 - ``/echo``                 answers the request's method, path, headers and body as JSON
-- ``/sse?events=N``         streams N SSE events; with ``gate=1`` each waits for ``release()``
+- ``/sse?events=N``         streams N SSE events; with ``gate=1`` each waits for ``release()``;
+                            with ``usage=1`` each carries ``usage`` as ``vllm serve``'s
+                            ``continuous_usage_stats`` chunks do (7 prompt tokens, one a chunk)
 - ``/answer``               an SSE answer whose first event opens with its own ``id``
                             (``chatcmpl-`` and the call's ``X-Request-Id``), then nothing more
                             until its client goes (``closed``), as a long generation does
@@ -104,13 +106,18 @@ class ScriptedUpstream:
     async def _sse(self, request: web.Request) -> web.StreamResponse:
         events = int(request.query.get("events", "3"))
         gated = request.query.get("gate") == "1"
+        usage = request.query.get("usage") == "1"
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         for i in range(events):
             if gated:
                 async with self._gate:
                     await self._gate.wait_for(lambda i=i: self._released > i)
-            await response.write(f'data: {{"n": {i}}}\n\n'.encode())
+            event: dict[str, object] = {"n": i}
+            if usage:
+                event["usage"] = {"prompt_tokens": 7, "completion_tokens": i + 1,
+                                  "total_tokens": 8 + i}  # fmt: skip
+            await response.write(f"data: {json.dumps(event)}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         return response
 
