@@ -41,11 +41,13 @@ async def test_a_hang_up_through_the_sidecar_is_accounted_on_both_sides(stack: S
     async with aiohttp.ClientSession() as session:
         before_gw = await scrape_async(session, stack.gateway_url)
         body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3000, "stream": True}
-        async with aiohttp.ClientSession() as client:
-            async with client.post(f"{stack.proxy_url}/v1/completions", json=body) as resp:
-                call_id = resp.headers["X-Request-Id"]
-                for _ in range(10):  # five tokens' events and their blank lines
-                    await resp.content.readline()
+        async with (
+            aiohttp.ClientSession() as client,
+            client.post(f"{stack.proxy_url}/v1/completions", json=body) as resp,
+        ):
+            call_id = resp.headers["X-Request-Id"]
+            for _ in range(10):  # five tokens' events and their blank lines
+                await resp.content.readline()
         # the hang-up: the session closed the connection
 
         def ended() -> list[dict[str, Any]]:
@@ -89,14 +91,16 @@ async def test_a_cancel_by_id_on_the_sidecar_reaches_the_client_with_its_usage(
     call line say."""
     body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 3000, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
-    async with aiohttp.ClientSession() as client:
-        async with client.post(f"{stack.proxy_url}/v1/completions", json=body) as resp:
-            call_id = resp.headers["X-Request-Id"]
-            await resp.content.readline()
-            cancel = f"{stack.proxy_url}/v2/requests/{call_id}/cancel"
-            async with client.post(cancel, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
-                assert c.status == 200, await c.text()
-            rest = await asyncio.wait_for(resp.content.read(), 10)
+    async with (
+        aiohttp.ClientSession() as client,
+        client.post(f"{stack.proxy_url}/v1/completions", json=body) as resp,
+    ):
+        call_id = resp.headers["X-Request-Id"]
+        await resp.content.readline()
+        cancel = f"{stack.proxy_url}/v2/requests/{call_id}/cancel"
+        async with client.post(cancel, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+            assert c.status == 200, await c.text()
+        rest = await asyncio.wait_for(resp.content.read(), 10)
     events = [json.loads(e[6:]) for e in rest.split(b"\n") if e.startswith(b"data: {")]
     usage = events[-1]["usage"]
     assert events[-2] == events[-2] | {"choices": [], "usage": usage} and "error" in events[-1]
