@@ -10,6 +10,7 @@ real: the openai client, and aiohttp for a client that hangs up on a non-streami
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import urllib.request
 import uuid
@@ -302,3 +303,59 @@ async def test_hang_up_while_queued_behind_full_batches(gateway: Process) -> Non
     await asyncio.to_thread(
         poll_until, lambda: engines_idle(gateway), WAIT_S, "the engines idle again"
     )
+
+
+def _ended(gateway: Process, call_id: str) -> dict[str, Any] | None:
+    """The ``request_end`` line of ``call_id``'s engine request, once written."""
+    for text in reversed(gateway.log().splitlines()):
+        if '"request_end"' in text and call_id in text:
+            line: dict[str, Any] = json.loads(text)
+            return line if line["call_id"] == call_id else None
+    return None
+
+
+@pytest.mark.parametrize("how", ["cancel", "hang-up"])
+async def test_a_call_cancelled_in_prefill_is_billed_vllms_own_prompt_count(
+    gateway: Process, tiny_model: Path, how: str
+) -> None:
+    """vLLM sends nothing for a request before its first token, so the gateway never reads a
+    chunk of a call cancelled in prefill: the prompt's tokens come from the final output vLLM's
+    front end makes for the abort, read after the abort whether or not anyone reads the stream
+    (a hang-up closed it). The count is vLLM's, equal to the model's tokenizer's."""
+    expected = len(Tokenizer.from_file(str(tiny_model / "tokenizer.json")).encode(LONG_PROMPT).ids)
+    reason = "explicit" if how == "cancel" else "client_disconnect"
+    counted = "hangup_gateway_cancelled_prompt_tokens_total"
+    before = await asyncio.to_thread(scrape, gateway.url())
+    body = {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 50, "stream": True, **IGNORE_EOS}
+    call_id = uuid.uuid4().hex
+    async with aiohttp.ClientSession() as session:
+        response = await session.post(gateway.url() + "/v1/completions", json=body,
+                                      headers={"X-Request-Id": call_id})  # fmt: skip
+
+        def in_prefill() -> bool:
+            return any(c["request_id"] == call_id and c["phase"] == "prefill"
+                       for c in calls_in_flight(gateway))  # fmt: skip
+
+        await asyncio.to_thread(poll_until, in_prefill, WAIT_S, "the call in prefill")
+        if how == "cancel":
+            cancel = f"{gateway.url()}/v2/requests/{call_id}/cancel"
+            async with session.post(cancel) as answered:
+                answer = await answered.json()
+            assert answer["phase"] == "prefill", answer
+            assert answer["usage"] == {"prompt_tokens": expected, "completion_tokens": 0,
+                                       "total_tokens": expected}, answer  # fmt: skip
+            end = json.loads((await response.text()).strip().splitlines()[-1][6:])
+            assert end["usage"] == answer["usage"] and end["error"]["type"] == "cancelled"
+        else:
+            response.close()  # the client hangs up
+    line = await asyncio.to_thread(
+        poll_until, lambda: _ended(gateway, call_id), WAIT_S, "the request_end line"
+    )
+    assert (line["reason"], line["phase"]) == (reason, "prefill"), line
+    assert (line["prompt_tokens"], line["generated_tokens"]) == (expected, 0), line
+    assert line["prefill_s"] > 0 and line["decode_s"] == 0, line
+    after = await asyncio.to_thread(scrape, gateway.url())
+    spent = total(after, counted, reason=reason, phase="prefill") - total(
+        before, counted, reason=reason, phase="prefill")  # fmt: skip
+    assert spent == expected
+    await asyncio.to_thread(poll_until, lambda: engines_idle(gateway), WAIT_S, "idle engines")
