@@ -41,6 +41,9 @@ STABLE_METRICS = {
     "hangup_gateway_cancel_to_abort_seconds",
     "hangup_gateway_generated_tokens_total",
     "hangup_gateway_wasted_tokens_total",
+    "hangup_gateway_cancelled_prompt_tokens_total",
+    "hangup_gateway_cancelled_output_tokens_total",
+    "hangup_gateway_cancelled_phase_seconds_total",
     "hangup_gateway_inflight_requests",
     "hangup_gateway_time_to_first_token_seconds",
     "hangup_gateway_inter_token_latency_seconds",
@@ -131,8 +134,9 @@ def test_dashboard_has_datasource_namespace_pod_and_model_variables() -> None:
 
 def test_dashboard_covers_what_an_operator_asks() -> None:
     """The issue's list: hang-ups and cancels by reason, phase and stage; both latencies; wasted
-    tokens per second and as a share; calls in flight by phase; cancel-call outcomes; engine
-    capacity (running, waiting, KV cache)."""
+    tokens per second and as a share; tokens spent on cancelled calls by reason (prompt and
+    generated: what their usage reports) and the engine time they took by phase; calls in
+    flight by phase; cancel-call outcomes; engine capacity (running, waiting, KV cache)."""
     grouped = " ".join(q.expr for q in panel_queries())
     for needle in (
         "by (protocol, stage) (rate(hangup_proxy_client_disconnects_total",
@@ -141,6 +145,9 @@ def test_dashboard_covers_what_an_operator_asks() -> None:
         "rate(hangup_proxy_disconnect_to_cancel_seconds_bucket",
         "rate(hangup_gateway_cancel_to_abort_seconds_bucket",
         "rate(hangup_gateway_wasted_tokens_total",
+        "by (reason) (rate(hangup_gateway_cancelled_prompt_tokens_total",
+        "by (reason) (rate(hangup_gateway_cancelled_output_tokens_total",
+        "by (phase) (rate(hangup_gateway_cancelled_phase_seconds_total",
         "by (phase) (hangup_gateway_inflight_requests",
         "by (adapter, result) (rate(hangup_proxy_cancel_calls_total",
         "hangup_gateway_engine_running_requests",
