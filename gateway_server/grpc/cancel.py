@@ -1,7 +1,8 @@
 """``hangup.v1.Cancellation/Cancel``: the cancel contract over gRPC (``hangup_contract``).
 
 Same behaviour as ``POST /v2/requests/{id}/cancel``: cancels a running call (or one aliased
-request of a stream), answers ``finished`` for one that already ended, ``NOT_FOUND`` for an id
+request of a stream), saying what it used (``usage``), answers ``finished`` for one that
+already ended, ``NOT_FOUND`` for an id
 never seen (leaving a tombstone, so a request still on its way is rejected when it arrives). An
 id that breaks the cancel rule (``hangup_contract.request_id.is_cancel_id``) is
 ``INVALID_ARGUMENT``, before it is looked up.
@@ -48,11 +49,13 @@ class CancellationServicer:
         except GatewayError as exc:
             await context.abort(status_of(exc), exc.message)
             raise AssertionError("context.abort returns by raising") from exc
+        usage = pb.Usage(**result.usage.to_json()) if result.usage is not None else None
         return pb.CancelResponse(
             request_id=result.request_id,
             state=result.state.value,
             phase=result.phase.value if result.phase is not None else "",
             generated_tokens=result.generated_tokens,
+            usage=usage,
         )
 
     async def _counted(self, request_id: str, reason: Reason) -> CancelAnswer:

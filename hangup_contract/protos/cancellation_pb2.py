@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)hangup_contract/protos/cancellation.proto\x12\thangup.v1\"3\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\\\n\x0e\x43\x61ncelResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x18\n\x10generated_tokens\x18\x04 \x01(\x03\x32O\n\x0c\x43\x61ncellation\x12?\n\x06\x43\x61ncel\x12\x18.hangup.v1.CancelRequest\x1a\x19.hangup.v1.CancelResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n)hangup_contract/protos/cancellation.proto\x12\thangup.v1\"3\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"}\n\x0e\x43\x61ncelResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x18\n\x10generated_tokens\x18\x04 \x01(\x03\x12\x1f\n\x05usage\x18\x05 \x01(\x0b\x32\x10.hangup.v1.Usage\"O\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x03\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\x03\x32O\n\x0c\x43\x61ncellation\x12?\n\x06\x43\x61ncel\x12\x18.hangup.v1.CancelRequest\x1a\x19.hangup.v1.CancelResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,7 +34,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CANCELREQUEST']._serialized_start=56
   _globals['_CANCELREQUEST']._serialized_end=107
   _globals['_CANCELRESPONSE']._serialized_start=109
-  _globals['_CANCELRESPONSE']._serialized_end=201
-  _globals['_CANCELLATION']._serialized_start=203
-  _globals['_CANCELLATION']._serialized_end=282
+  _globals['_CANCELRESPONSE']._serialized_end=234
+  _globals['_USAGE']._serialized_start=236
+  _globals['_USAGE']._serialized_end=315
+  _globals['_CANCELLATION']._serialized_start=317
+  _globals['_CANCELLATION']._serialized_end=396
 # @@protoc_insertion_point(module_scope)

@@ -24,6 +24,7 @@ from tritonclient.grpc._utils import _get_inference_request
 from bench.harness.triton_io import inputs
 from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
+from hangup_contract.protos import cancellation_pb2
 from hangup_contract.protos import inference_pb2 as pb
 from tests.support.gateway import LONG, MODEL, Gateway, running_gateway
 
@@ -266,3 +267,23 @@ async def test_grpc_says_what_a_cancelled_request_or_call_consumed(gw: Gateway) 
         told = json.loads(trailing["hangup-usage"])
         assert told["prompt_tokens"] == PROMPT_TOKENS + 2  # both requests of the call
         assert told == whole["usage"]
+
+
+async def test_the_grpc_cancel_answers_with_the_usage(gw: Gateway) -> None:
+    """``hangup.v1.Cancellation/Cancel`` says what ``POST /v2/requests/{id}/cancel`` says."""
+    resp = await stream(gw, "gc")
+    await resp.content.readline()
+    async with grpc.aio.insecure_channel(gw.server.listeners["grpc"]) as channel:
+        cancel = channel.unary_unary(
+            "/hangup.v1.Cancellation/Cancel",
+            request_serializer=cancellation_pb2.CancelRequest.SerializeToString,
+            response_deserializer=cancellation_pb2.CancelResponse.FromString,
+        )
+        answer = await cancel(cancellation_pb2.CancelRequest(request_id="gc"))
+        assert answer.state == "cancelled" and answer.HasField("usage")
+        usage = answer.usage
+        assert usage.prompt_tokens == PROMPT_TOKENS and usage.completion_tokens >= 1
+        assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+        assert (await events_of(resp))[-1]["usage"]["completion_tokens"] == usage.completion_tokens
+        finished = await cancel(cancellation_pb2.CancelRequest(request_id="gc"))
+        assert finished.state == "finished" and not finished.HasField("usage")
