@@ -287,3 +287,28 @@ async def test_the_grpc_cancel_answers_with_the_usage(gw: Gateway) -> None:
         assert (await events_of(resp))[-1]["usage"]["completion_tokens"] == usage.completion_tokens
         finished = await cancel(cancellation_pb2.CancelRequest(request_id="gc"))
         assert finished.state == "finished" and not finished.HasField("usage")
+
+
+async def test_a_response_cancelled_in_the_queue_says_what_its_prompt_used(gw: Gateway) -> None:
+    """The Responses API's own usage (``input_tokens``, ``output_tokens``) of a response
+    cancelled before its first token: the engine's count of its prompt, not 0."""
+    running = await stream(gw, "holds")
+    await running.content.readline()
+    client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="none", max_retries=0)
+    async with client:
+        made = asyncio.create_task(client.responses.create(
+            model=MODEL, input=PROMPT, max_output_tokens=LONG,
+            extra_headers={"X-Request-Id": "resp-q"},
+        ))  # fmt: skip
+
+        async def queued() -> bool:
+            return (await gw.phase_of("resp-q")) == "queued"
+
+        await wait_until(queued, what="the response queued")
+        _, answer = await gw.cancel("resp-q")
+        answered = await made
+    assert answered.status == "cancelled" and answered.usage is not None
+    assert answered.usage.input_tokens > 0 and answered.usage.output_tokens == 0
+    assert answered.usage.input_tokens == answer["usage"]["prompt_tokens"]
+    await gw.cancel("holds")
+    await events_of(running)

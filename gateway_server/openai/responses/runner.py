@@ -177,8 +177,10 @@ class ResponsesRunner:
                         new = [] if started else events.output_started()
                         await emit([*new, events.delta(chunk.text)] if chunk.text else new)
             answer.status = Status.INCOMPLETE if finish is FinishReason.LENGTH else Status.COMPLETED
-        except RequestCancelled:
+        except RequestCancelled as exc:  # its usage: what the engine used, read or not
             answer.status = Status.CANCELLED
+            answer.input_tokens = exc.usage.prompt_tokens or answer.input_tokens
+            answer.output_tokens = max(exc.usage.completion_tokens, answer.output_tokens)
         except GatewayError as exc:
             answer.status = Status.FAILED
             answer.error = {"code": exc.error_type, "message": exc.message}
