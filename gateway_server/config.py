@@ -16,7 +16,19 @@ from gateway_server.engine.handoff import WorkerRole, disaggregated, parse_roles
 from gateway_server.engine.table import ENGINES, EngineName, engine_kind
 from hangup_contract.runtime.connections import ConnectionLimits
 from hangup_contract.runtime.files import read_secret
-from hangup_contract.runtime.options import ConfigError, Option, OptionTable, one_of, parse_bool
+from hangup_contract.runtime.options import (
+    ConfigError,
+    Option,
+    OptionTable,
+    byte_size,
+    choice,
+    count,
+    logging_level,
+    new_file,
+    parse_bool,
+    port,
+    seconds,
+)
 
 ENV_PREFIX = "HANGUP_GATEWAY_"
 
@@ -119,34 +131,44 @@ class GatewayConfig:
         return name
 
 
-def _engine_name(value: str) -> EngineName:
-    return EngineName(one_of(*EngineName)(value))
-
-
 _OPTIONS = (
-    Option("--host", str, "address the listeners bind to"),
-    Option("--http-port", int, "HTTP listener port (0: ephemeral)"),
-    Option("--grpc-port", int, "gRPC listener port (0: ephemeral)"),
+    Option("--host", str, "address the listeners bind to", metavar="HOST"),
+    Option("--http-port", port, "HTTP listener port"),
+    Option("--grpc-port", port, "gRPC listener port"),
     Option(
         "--grpc-process-ports",
-        int,
+        port,
         "also serve gRPC on PORT+k in API process k, a port of its own each, so that a client "
         "spreading calls over them (the proxy given them all in --upstream-grpc) uses every "
-        "process (0: ephemeral ports; unset: none)",
+        "process (0: ephemeral ports)",
     ),
-    Option("--engine", _engine_name, f"the workers' engine: {' or '.join(EngineName)}"),
-    Option("--model", str, "model path or name (vllm)"),
-    Option("--served-model-name", str, "the name clients use in 'model' fields"),
-    Option("--workers", int, "engine workers"),
+    Option("--engine", choice(EngineName), "the workers' engine"),
+    Option(
+        "--model",
+        str,
+        "model path or name (vllm: required); the simulated engine's model name",
+        metavar="MODEL",
+        unset="`hangup-sim` (`sim`); required with `vllm`",
+    ),
+    Option(
+        "--served-model-name",
+        str,
+        "the name clients use in 'model' fields",
+        metavar="NAME",
+        unset="`--model`",
+    ),
+    Option("--workers", count, "engine workers"),
     Option(
         "--worker-roles",
         str,
-        "each worker's role, comma-separated: prefill, decode or both (default: every worker "
-        "both, aggregated serving); e.g. prefill,decode,decode serves disaggregated",
+        "each worker's role, comma-separated: prefill, decode or both (e.g. prefill,decode,decode "
+        "serves disaggregated)",
+        metavar="ROLE[,...]",
+        unset="every worker `both`",
     ),
     Option(
         "--api-processes",
-        int,
+        count,
         "processes serving the API (sharing the ports and the workers; at most --workers)",
     ),
     Option(
@@ -163,112 +185,114 @@ _OPTIONS = (
         "GET /v2/requests (every id in flight) and the fault switch open to anyone who reaches "
         "it (refused otherwise)",
     ),
-    Option("--drain-timeout", float, "seconds calls may finish after SIGTERM"),
-    Option("--ready-file", Path, "write the listener map here once serving"),
-    Option("--max-body-bytes", int, "request body bytes"),
+    Option("--drain-timeout", seconds, "seconds calls may finish after SIGTERM"),
+    Option("--ready-file", new_file, "write the listener map here once serving (JSON)"),
+    Option("--max-body-bytes", byte_size, "request body bytes (413 beyond; at least 1024)"),
     Option(
         "--grpc-max-message-bytes",
-        int,
-        "largest gRPC request message in bytes (RESOURCE_EXHAUSTED beyond; default: "
-        "--max-body-bytes)",
+        byte_size,
+        "largest gRPC request message in bytes (RESOURCE_EXHAUSTED beyond)",
+        unset="`--max-body-bytes`",
     ),
     Option(
         "--grpc-stream-max-requests",
-        int,
+        count,
         "requests of one ModelStreamInfer stream in flight at once; the stream's next message "
         "is read when one ends",
     ),
     Option(
         "--grpc-stream-buffer-bytes",
-        int,
+        byte_size,
         "bytes of responses one ModelStreamInfer stream holds for a client that reads slower "
         "than they are made; its requests wait beyond",
     ),
     Option(
         "--grpc-max-calls",
-        int,
+        count,
         "gRPC calls in flight at once (a stream is one; RESOURCE_EXHAUSTED beyond; 0: no limit)",
     ),
     Option(
         "--grpc-max-calls-per-client",
-        int,
+        count,
         "gRPC calls one client may have in flight at once (RESOURCE_EXHAUSTED beyond; 0: only "
         "--grpc-max-calls bounds them)",
     ),
-    Option("--max-header-bytes", int, "bytes per request line or header field"),
-    Option("--header-timeout", float, "seconds a client may take to send a request head"),
-    Option("--idle-timeout", float, "seconds an idle keep-alive client connection stays open"),
-    Option("--body-timeout", float, "seconds a request body may go without a byte (then 408)"),
+    Option("--max-header-bytes", byte_size, "bytes per request line or header field"),
+    Option("--header-timeout", seconds, "seconds a client may take to send a request head"),
+    Option("--idle-timeout", seconds, "seconds an idle keep-alive client connection stays open"),
+    Option("--body-timeout", seconds, "seconds a request body may go without a byte (then 408)"),
     Option(
         "--max-connections",
-        int,
+        count,
         "open client connections, on the HTTP and on the gRPC listener each (0: no limit)",
     ),
-    Option("--tombstone-ttl", float, "seconds a cancel for an unknown id waits for its request"),
-    Option("--ended-ids-max", int, "ended calls' ids remembered (cancels answer finished)"),
-    Option("--ended-ids-max-bytes", int, "bytes those ended ids may take, entries included"),
-    Option("--tombstones-max", int, "tombstones kept (cancels of ids not yet seen)"),
-    Option("--tombstones-max-bytes", int, "bytes the tombstones may take, entries included"),
+    Option("--tombstone-ttl", seconds, "seconds a cancel for an unknown id waits for its request"),
+    Option("--ended-ids-max", count, "ended calls' ids remembered (cancels answer finished)"),
+    Option("--ended-ids-max-bytes", byte_size, "bytes those ended ids may take, entries included"),
+    Option("--tombstones-max", count, "tombstones kept (cancels of ids not yet seen)"),
+    Option("--tombstones-max-bytes", byte_size, "bytes the tombstones may take, entries included"),
     Option(
         "--max-groups",
-        int,
+        count,
         "groups (X-Hangup-Group, metadata.hangup_group) held at once per API process; a call "
         "opening one more is refused 429",
     ),
     Option(
         "--max-group-calls",
-        int,
+        count,
         "calls of one group held at once per API process; one more is refused 429",
     ),
-    Option("--max-batch-ids", int, "ids one batch cancel (POST /v2/requests/cancel) may name"),
+    Option("--max-batch-ids", count, "ids one batch cancel (POST /v2/requests/cancel) may name"),
     Option(
         "--responses-max-stored",
-        int,
+        count,
         "stored Responses API responses kept (oldest dropped first); also the most background "
         "responses in flight",
     ),
     Option(
         "--responses-stored-per-client",
-        int,
+        count,
         "stored Responses API responses one client keeps, its own oldest dropped first when it "
         "stores another (0: only --responses-max-stored bounds them)",
     ),
     Option(
         "--responses-background-per-client",
-        int,
+        count,
         "background Responses API responses one client may have in flight (0: only "
         "--responses-max-stored bounds them)",
     ),
-    Option("--responses-ttl", float, "seconds a stored Responses API response is kept"),
+    Option("--responses-ttl", seconds, "seconds a stored Responses API response is kept"),
     Option(
         "--client-header",
         str,
         "header (gRPC: metadata key) whose last comma-separated element names a call's client "
         "for fair shares, e.g. x-forwarded-for behind the sidecar; only where every request "
-        "comes through a proxy that sets it (default: the connection's address)",
+        "comes through a proxy that sets it",
+        metavar="HEADER",
+        unset="the connection's address",
     ),
     Option(
         "--engine-restart-backoff",
-        float,
+        seconds,
         "seconds before a dead engine's second restart "
         "attempt (the first is at once; the wait doubles after each failure)",
     ),
-    Option("--engine-restart-backoff-max", float, "longest wait between restart attempts"),
+    Option("--engine-restart-backoff-max", seconds, "longest wait between restart attempts"),
     Option(
         "--engine-down-limit",
-        float,
+        seconds,
         "seconds an engine worker may stay down (its restarts "
         "failing) before /v2/health/live answers 503 (0: never)",
     ),
     Option(
         "--loop-stall-limit",
-        float,
+        seconds,
         "seconds the event loop may go without running before "
         "/v2/health/live answers 503 (0: never)",
     ),
     Option(
         "--loop-stall-log",
-        float,
+        seconds,
         "a stall of the event loop longer than this many seconds is logged with the stack "
         "it is blocked in, and counted (0: only past --loop-stall-limit)",
     ),
@@ -278,11 +302,12 @@ _OPTIONS = (
         "serve the simulated engine's fault switch "
         "(POST /v2/admin/workers/{worker}/fault, behind the cancel token): tests and demos",
     ),
-    Option("--log-level", str, "DEBUG, INFO, WARNING or ERROR"),
+    Option("--log-level", logging_level, "the least severe log records written (JSON on stderr)"),
     Option(
         "--tool-call-parser",
         str,
-        "vLLM tool parser that reads tool calls in answers (hermes, llama3_json, ...; vllm)",
+        "vLLM tool parser that reads tool calls in answers (hermes, llama3_json, ...)",
+        metavar="NAME",
     ),
     Option(
         "--enable-auto-tool-choice",
@@ -292,13 +317,49 @@ _OPTIONS = (
     *(option for kind in ENGINES.values() for option in kind.options),
 )
 
-_TABLE = OptionTable(
+# --help's sections, and the docs' (docs/gateway.md, "Command line"): every option in one.
+_SECTIONS = (
+    ("Listeners and processes", ("--host", "--http-port", "--grpc-port", "--api-processes",
+                                 "--grpc-process-ports", "--ready-file", "--drain-timeout")),
+    ("Engine", ("--engine", "--model", "--served-model-name", "--workers", "--worker-roles")),
+    ("Cancel API and ids", ("--cancel-token-file", "--allow-open-cancel-api", "--tombstone-ttl",
+                            "--tombstones-max", "--tombstones-max-bytes", "--ended-ids-max",
+                            "--ended-ids-max-bytes", "--max-groups", "--max-group-calls",
+                            "--max-batch-ids")),
+    ("Limits on clients", ("--max-body-bytes", "--max-header-bytes", "--header-timeout",
+                           "--idle-timeout", "--body-timeout", "--max-connections",
+                           "--client-header")),
+    ("gRPC calls and streams", ("--grpc-max-message-bytes", "--grpc-stream-max-requests",
+                                "--grpc-stream-buffer-bytes", "--grpc-max-calls",
+                                "--grpc-max-calls-per-client")),
+    ("Responses API", ("--responses-max-stored", "--responses-background-per-client",
+                       "--responses-stored-per-client", "--responses-ttl")),
+    ("Health and observability", ("--engine-restart-backoff", "--engine-restart-backoff-max",
+                                  "--engine-down-limit", "--loop-stall-limit", "--loop-stall-log",
+                                  "--log-level")),
+    *(
+        (f"{kind.about} (--engine {name})",
+         tuple(o.flag for o in kind.options) + (
+             ("--tool-call-parser", "--enable-auto-tool-choice") if kind.tool_parsers else ()
+         ) + (("--sim-faults",) if kind.faults else ()))
+        for name, kind in ENGINES.items()
+    ),
+)  # fmt: skip
+
+OPTION_TABLE = OptionTable(
     prog="hangup-gateway",
     description="hangup's model gateway: OpenAI and KServe v2 / Triton APIs over engine "
-    "workers, with a cancel API. `hangup-gateway make-tiny-model DIR` writes a tiny model.",
+    "workers, with a cancel API. `hangup-gateway make-tiny-model DIR` writes a tiny model. "
+    "Documentation: the pages 'The gateway' and 'Security' of hangup's docs.",
+    usage="%(prog)s [OPTION ...]\n       %(prog)s make-tiny-model DIR",
     env_prefix=ENV_PREFIX,
     options=_OPTIONS,
-    groups={name: f"{kind.about} (--engine {name})" for name, kind in ENGINES.items()},
+    defaults={
+        None: GatewayConfig,
+        **{name: kind.settings for name, kind in ENGINES.items()},
+    },
+    sections=_SECTIONS,
+    groups=tuple(ENGINES),
 )
 
 
@@ -306,15 +367,13 @@ def from_args(
     argv: list[str] | None = None, environ: Mapping[str, str] | None = None
 ) -> GatewayConfig:
     """Parse flags and environment into a config. Raises ConfigError naming the bad option."""
-    values = _TABLE.parse(
+    values = OPTION_TABLE.parse(
         sys.argv[1:] if argv is None else argv, os.environ if environ is None else environ
     )
     top = values[None]
     token_file = top.pop("cancel_token_file", None)
     if isinstance(token_file, Path):
         top["cancel_token"] = read_secret(token_file, "--cancel-token-file")
-    if isinstance(top.get("log_level"), str):
-        top["log_level"] = str(top["log_level"]).upper()
     if isinstance(top.get("client_header"), str):
         top["client_header"] = str(top["client_header"]).strip() or None
     engine = top.get("engine", EngineName.SIM)
@@ -340,10 +399,6 @@ def validate(config: GatewayConfig) -> None:
             f"({config.workers}): each API process runs its own workers"
         )
     _validate_roles(config)
-    for name in ("http_port", "grpc_port"):
-        port = getattr(config, name)
-        if not 0 <= port <= 65535:
-            raise ConfigError(f"--{name.replace('_', '-')} must be between 0 and 65535")
     first = config.grpc_process_ports
     if first is not None and not (first == 0 or 1 <= first <= 65536 - config.api_processes):
         raise ConfigError(

@@ -18,11 +18,19 @@ from hangup_contract.runtime.connections import ConnectionLimits
 from hangup_contract.runtime.files import read_secret
 from hangup_contract.runtime.options import (
     ConfigError,
+    Kind,
     Option,
     OptionTable,
+    byte_size,
+    choice,
+    count,
+    logging_level,
+    new_file,
     optional_seconds,
     optional_size,
     parse_bool,
+    port,
+    seconds,
 )
 from proxy.calls.admin_paths import AdminGuard
 from proxy.cancel.admin_routes import BY_ADAPTER
@@ -138,78 +146,106 @@ def parse_paths(text: str) -> tuple[str, ...]:
     return paths
 
 
+def _ttl(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= TTL_MOST:  # nan fails both comparisons
+        raise ValueError(text)
+    return value
+
+
 _OPTIONS = (
-    Option("--host", str, "address every listener binds to"),
-    Option("--http-port", int, "HTTP/1.1 listener port (0: ephemeral)"),
-    Option("--grpc-port", int, "gRPC listener port (0: ephemeral)"),
-    Option("--admin-port", int, "admin listener: /metrics, /healthz, /readyz"),
-    Option("--upstream-http", str, "the upstream's HTTP base URL"),
+    Option("--host", str, "address every listener binds to", metavar="HOST"),
+    Option("--http-port", port, "HTTP/1.1 listener port"),
+    Option("--grpc-port", port, "gRPC listener port"),
+    Option("--admin-port", port, "admin listener port: /metrics, /healthz, /readyz"),
+    Option("--upstream-http", str, "the upstream's HTTP base URL", metavar="URL"),
     Option(
         "--upstream-grpc",
         parse_upstream_grpc,
         "the upstream's gRPC host:port, or several ip:port serving alike (calls spread over "
         "them: a hangup gateway's --grpc-process-ports)",
+        metavar="HOST:PORT[,...]",
     ),
-    Option("--cancel-adapter", AdapterName, "hangup, vllm, sglang, triton or none (docs/proxy.md)"),
-    Option("--cancel-url", str, "base URL for cancel calls (default: --upstream-http)"),
-    Option("--cancel-token-file", Path, "file holding the cancel API's bearer token"),
+    Option(
+        "--cancel-adapter",
+        choice(AdapterName),
+        "how a hang-up is cancelled upstream: hangup (the gateway's cancel API), vllm (vllm "
+        "serve), sglang, triton, or none (only the upstream stream is closed)",
+    ),
+    Option(
+        "--cancel-url",
+        str,
+        "base URL for cancel calls",
+        metavar="URL",
+        unset="`--upstream-http`",
+    ),
+    Option(
+        "--cancel-token-file",
+        Path,
+        "file holding the cancel API's bearer token (also turns on the proxy's own cancel by id)",
+    ),
     Option(
         "--cancel-pool",
         parse_urls,
         "hangup adapter: ask every member of this pool at once (comma-separated http://host:port; "
         "each host resolved to all its addresses, such as a headless Service's pods)",
+        metavar="URL[,...]",
     ),
-    Option("--cancel-pool-refresh", float, "seconds between resolutions of --cancel-pool"),
-    Option("--cancel-pool-max", int, "members of --cancel-pool asked at most per cancel"),
+    Option("--cancel-pool-refresh", seconds, "seconds between resolutions of --cancel-pool"),
+    Option("--cancel-pool-max", count, "members of --cancel-pool asked at most per cancel"),
     Option(
         "--vllm-abort-endpoint",
         parse_bool,
         "vllm adapter: also call POST /abort_requests (needs VLLM_SERVER_DEV_MODE=1 upstream)",
     ),
-    Option("--cancel-deadline", float, "seconds after a hang-up to keep retrying its cancel"),
-    Option("--cancel-attempt-timeout", float, "seconds one cancel attempt may take"),
-    Option("--cancel-backoff", float, "first retry delay in seconds (doubles each retry)"),
-    Option("--cancel-backoff-max", float, "longest retry delay in seconds"),
-    Option("--cancel-concurrency", int, "cancel calls in flight at once"),
+    Option("--cancel-deadline", seconds, "seconds after a hang-up to keep retrying its cancel"),
+    Option("--cancel-attempt-timeout", seconds, "seconds one cancel attempt may take"),
+    Option("--cancel-backoff", seconds, "first retry delay in seconds (doubles each retry)"),
+    Option("--cancel-backoff-max", seconds, "longest retry delay in seconds"),
+    Option("--cancel-concurrency", count, "cancel calls in flight at once"),
     Option(
         "--stream-close-grace",
-        float,
+        seconds,
         "seconds an upstream stream stays open waiting for its cancel call's answer",
     ),
     Option(
         "--tombstone-ttl",
-        float,
+        Kind(_ttl, "SECONDS", f"seconds, more than 0 and at most {TTL_MOST:g}"),
         "seconds a cancel by id for a call not held waits for it, and an ended call's id is "
         f"remembered (more than 0, at most {TTL_MOST:g})",
     ),
-    Option("--ended-ids-max", int, "ended calls' ids remembered at most, per worker"),
-    Option("--ended-ids-max-bytes", int, "bytes of ended calls' ids remembered, per worker"),
-    Option("--tombstones-max", int, "tombstones (cancels that beat their call) kept, per worker"),
-    Option("--tombstones-max-bytes", int, "bytes of tombstones kept, per worker"),
+    Option("--ended-ids-max", count, "ended calls' ids remembered at most, per worker"),
+    Option("--ended-ids-max-bytes", byte_size, "bytes of ended calls' ids remembered, per worker"),
+    Option("--tombstones-max", count, "tombstones (cancels that beat their call) kept, per worker"),
+    Option("--tombstones-max-bytes", byte_size, "bytes of tombstones kept, per worker"),
     Option(
         "--max-groups",
-        int,
+        count,
         "groups (X-Hangup-Group) held at once, per worker; a call opening one more is refused 429",
     ),
-    Option("--max-group-calls", int, "calls of one group held at once, per worker (then 429)"),
-    Option("--max-batch-ids", int, "ids one batch cancel (POST /v2/requests/cancel) may name"),
-    Option("--drain-timeout", float, "seconds calls may finish after SIGTERM"),
-    Option("--workers", int, "processes relaying calls on the shared ports (see docs/proxy.md)"),
-    Option("--ready-file", Path, "write the listener map here once serving"),
-    Option("--max-request-duration", optional_seconds, "seconds per call (0: no limit)"),
-    Option("--max-concurrent-streams", int, "calls in flight at once (0: no limit)"),
-    Option("--max-header-size", int, "bytes per request line or header field"),
-    Option("--max-headers", int, "header fields per request"),
-    Option("--max-body-size", optional_size, "request body bytes (0: no limit)"),
-    Option("--header-timeout", float, "seconds a client may take to send a request head"),
-    Option("--idle-timeout", float, "seconds an idle keep-alive client connection stays open"),
-    Option("--body-timeout", float, "seconds a request body may go without a byte (then 408)"),
-    Option("--max-connections", int, "open client connections per HTTP listener (0: no limit)"),
-    Option("--upstream-connect-timeout", float, "seconds to connect to the upstream"),
-    Option("--trust-client-request-id", parse_bool, "use the client's X-Request-Id upstream"),
+    Option("--max-group-calls", count, "calls of one group held at once, per worker (then 429)"),
+    Option("--max-batch-ids", count, "ids one batch cancel (POST /v2/requests/cancel) may name"),
+    Option("--drain-timeout", seconds, "seconds calls may finish after SIGTERM"),
+    Option("--workers", count, "processes relaying calls on the shared ports (1 to 256)"),
+    Option("--ready-file", new_file, "write the listener map here once serving (JSON)"),
+    Option("--max-request-duration", optional_seconds, "seconds one call may last"),
+    Option("--max-concurrent-streams", count, "calls in flight at once (0: no limit)"),
+    Option("--max-header-size", byte_size, "bytes per request line or header field"),
+    Option("--max-headers", count, "header fields per request"),
+    Option("--max-body-size", optional_size, "request body bytes, and gRPC message bytes"),
+    Option("--header-timeout", seconds, "seconds a client may take to send a request head"),
+    Option("--idle-timeout", seconds, "seconds an idle keep-alive client connection stays open"),
+    Option("--body-timeout", seconds, "seconds a request body may go without a byte (then 408)"),
+    Option("--max-connections", count, "open client connections per HTTP listener (0: no limit)"),
+    Option("--upstream-connect-timeout", seconds, "seconds to connect to the upstream"),
+    Option(
+        "--trust-client-request-id",
+        parse_bool,
+        "use the client's X-Request-Id upstream (an id another call holds is refused 409)",
+    ),
     Option(
         "--loop-stall-log",
-        float,
+        seconds,
         "a stall of the event loop longer than this many seconds is logged with the stack it is "
         "blocked in, and counted (0: never)",
     ),
@@ -217,24 +253,51 @@ _OPTIONS = (
         "--scrape-paths",
         parse_paths,
         "comma-separated GET paths relayed as metric scrapes: not logged or counted as calls",
+        metavar="PATH[,...]",
     ),
     Option(
         "--allow-admin-path",
         parse_paths,
-        "an admin route of the server behind that clients may reach (refused by default; "
-        "docs/security.md lists them): repeat it, or separate them with commas",
+        "an admin route of the server behind that clients may reach (refused by default; the "
+        "Security page lists them), or several separated by commas",
         field="allow_admin_paths",
         repeatable=True,
+        metavar="ROUTE",
     ),
-    Option("--log-level", str, "DEBUG, INFO, WARNING or ERROR"),
+    Option("--log-level", logging_level, "the least severe log records written (JSON on stderr)"),
 )
 
+# --help's sections, and the docs' (docs/proxy.md, "Command line"): every option in one.
+_SECTIONS = (
+    ("Listeners", ("--host", "--http-port", "--grpc-port", "--admin-port", "--workers",
+                   "--ready-file", "--drain-timeout")),
+    ("Upstream", ("--upstream-http", "--upstream-grpc", "--upstream-connect-timeout",
+                  "--trust-client-request-id", "--scrape-paths", "--allow-admin-path")),
+    ("Cancel calls", ("--cancel-adapter", "--vllm-abort-endpoint", "--cancel-url",
+                      "--cancel-token-file", "--cancel-pool", "--cancel-pool-refresh",
+                      "--cancel-pool-max", "--cancel-deadline", "--cancel-attempt-timeout",
+                      "--cancel-backoff", "--cancel-backoff-max", "--cancel-concurrency",
+                      "--stream-close-grace")),
+    ("Cancel by id: ids remembered, jobs", ("--tombstone-ttl", "--ended-ids-max",
+                                             "--ended-ids-max-bytes", "--tombstones-max",
+                                             "--tombstones-max-bytes", "--max-groups",
+                                             "--max-group-calls", "--max-batch-ids")),
+    ("Limits on clients", ("--max-request-duration", "--max-concurrent-streams",
+                           "--max-header-size", "--max-headers", "--max-body-size",
+                           "--header-timeout", "--idle-timeout", "--body-timeout",
+                           "--max-connections")),
+    ("Observability", ("--loop-stall-log", "--log-level")),
+)  # fmt: skip
 
-_TABLE = OptionTable(
+
+OPTION_TABLE = OptionTable(
     prog="hangup-proxy",
-    description="Sidecar proxy that turns every client hang-up into an upstream cancel call.",
+    description="Sidecar proxy that turns every client hang-up into an upstream cancel call. "
+    "Documentation: the pages 'The proxy and its adapters' and 'Security' of hangup's docs.",
     env_prefix=ENV_PREFIX,
     options=_OPTIONS,
+    defaults={None: Config},
+    sections=_SECTIONS,
 )
 
 
@@ -243,7 +306,7 @@ def build_config(argv: Sequence[str], environ: Mapping[str, str]) -> Config:
 
     Raises ``ConfigError`` naming the flag (or variable) and the bad value.
     """
-    values = _TABLE.parse(argv, environ)[None]
+    values = OPTION_TABLE.parse(argv, environ)[None]
     token_file = values.pop("cancel_token_file", None)
     if isinstance(token_file, Path):
         values["cancel_token"] = read_secret(token_file, "--cancel-token-file")
@@ -259,9 +322,6 @@ def _validate(config: Config) -> None:
             urlsplit(url).scheme not in {"http", "https"} or not urlsplit(url).netloc
         ):
             raise ConfigError(f"--{name.replace('_', '-')}={url!r}: expected http://host:port")
-    for name in ("http_port", "grpc_port", "admin_port"):
-        if not 0 <= getattr(config, name) <= 65535:
-            raise ConfigError(f"--{name.replace('_', '-')} must be between 0 and 65535")
     positive = (
         "cancel_deadline",
         "cancel_attempt_timeout",
@@ -299,14 +359,10 @@ def _validate(config: Config) -> None:
     except ValueError as exc:
         raise ConfigError(
             f"--allow-admin-path: {exc} (--cancel-adapter {config.cancel_adapter.value}; "
-            "docs/security.md lists its routes)"
+            "the Security page lists its routes)"
         ) from exc
     if not 1 <= config.workers <= 256:
         raise ConfigError("--workers must be between 1 and 256")
-    if config.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
-        raise ConfigError(
-            f"--log-level={config.log_level!r}: expected DEBUG, INFO, WARNING or ERROR"
-        )
 
 
 def _validate_memory(config: Config) -> None:

@@ -285,9 +285,10 @@ def targets(model: Path, tmp: Path, names: list[str]) -> Iterator[tuple[str, Cal
                 with envoy(url, tmp) as proxy_url:
                     yield Target(front, proxy_url, url, VLLM_GAUGES)
             else:
+                abort = "--vllm-abort-endpoint" if dev_mode else "--no-vllm-abort-endpoint"
                 proxy_args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
                               "--upstream-http", url, "--cancel-adapter", "vllm",
-                              "--vllm-abort-endpoint", str(dev_mode)]  # fmt: skip
+                              abort]  # fmt: skip
                 with spawn("proxy", proxy_args, tmp / front, timeout=60) as px:
                     yield Target(front, px.url(), url, VLLM_GAUGES)
 

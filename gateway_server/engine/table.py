@@ -80,7 +80,7 @@ ENGINES: Mapping[EngineName, EngineKind] = {
     EngineName.SIM: EngineKind(
         _simulated,
         "hangup-sim",
-        "simulated engine",
+        "Simulated engine",
         SimConfig,
         SIM_OPTIONS,
         disaggregates=True,

@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from gateway_server.config import from_args
+from proxy.config import build_config
 from tests.support.chart import CHART, HelmEngine, Release, scenario, scenarios
 from tests.support.observability_files import DASHBOARD, RULES
 
@@ -159,6 +160,21 @@ def test_worker_roles_reach_the_gateway_as_it_parses_them(renders: dict[str, Rel
         args = [a for a in gateway["args"] if not a.startswith("--cancel-token-file=")]
         config = from_args(args, {})
         assert "".join(r.value[0].upper() for r in config.roles) == (roles or "B").replace(",", "")
+
+
+@pytest.mark.parametrize("name", scenarios())
+def test_every_scenario_starts_the_proxy_and_the_gateway_with_flags_they_take(
+    renders: dict[str, Release], name: str
+) -> None:
+    """Each container of ours parses its rendered arguments as its command line does (a flag
+    it does not know, a value its flag does not take, are refused at start)."""
+    ours = {"proxy": build_config, "gateway": lambda args, env: from_args(args, env)}
+    for container_name, parse in ours.items():
+        container = containers(renders[name]).get(container_name)
+        if container is None or not container.get("args"):
+            continue
+        args = [a for a in container["args"] if not a.startswith("--cancel-token-file=")]
+        parse(args, {})
 
 
 @pytest.mark.parametrize("name", scenarios())
@@ -368,7 +384,7 @@ def test_bring_your_own_model_server(renders: dict[str, Release]) -> None:
     assert set(by_name) == {"vllm", "proxy"}
     assert by_name["vllm"]["image"] == "vllm/vllm-openai:v0.32.0"
     assert flag(by_name["proxy"], "cancel-adapter") == "vllm"
-    assert flag(by_name["proxy"], "vllm-abort-endpoint") is None  # dev mode is opt-in
+    assert "--vllm-abort-endpoint" not in by_name["proxy"]["args"]  # dev mode is opt-in
     assert flag(by_name["proxy"], "upstream-http") == "http://127.0.0.1:8000"
     assert flag(by_name["proxy"], "upstream-grpc") is None
     assert not release.find("Secret")
@@ -378,18 +394,18 @@ def test_bring_your_own_model_server(renders: dict[str, Release]) -> None:
 
 @pytest.mark.parametrize(
     ("proxy", "abort_flag"),
-    [({"cancelAdapter": "vllm", "vllmAbortEndpoint": True}, "true"),
-     ({"cancelAdapter": "sglang"}, None)],
+    [({"cancelAdapter": "vllm", "vllmAbortEndpoint": True}, True),
+     ({"cancelAdapter": "sglang"}, False)],
 )  # fmt: skip
 def test_the_adapters_for_other_servers_reach_the_proxy(
-    helm: HelmEngine, proxy: dict[str, Any], abort_flag: str | None
+    helm: HelmEngine, proxy: dict[str, Any], abort_flag: bool
 ) -> None:
     values = {**scenario("bring-your-own-server-values.yaml"), "proxy": proxy}
     release = helm.render(values)
     assert release.ok, release.error
     container = containers(release)["proxy"]
     assert flag(container, "cancel-adapter") == proxy["cancelAdapter"]
-    assert flag(container, "vllm-abort-endpoint") == abort_flag
+    assert ("--vllm-abort-endpoint" in container["args"]) is abort_flag
 
 
 def test_pods_behind_an_edge_resolve_by_one_name_and_keep_the_edges_id(
@@ -403,9 +419,10 @@ def test_pods_behind_an_edge_resolve_by_one_name_and_keep_the_edges_id(
     assert (
         service["spec"]["selector"] == release.one("Deployment")["spec"]["selector"]["matchLabels"]
     )
-    assert flag(containers(release)["proxy"], "trust-client-request-id") == "true"
+    assert "--trust-client-request-id" in containers(release)["proxy"]["args"]
     assert (
-        flag(containers(renders["default-values.yaml"])["proxy"], "trust-client-request-id") is None
+        "--trust-client-request-id"
+        not in containers(renders["default-values.yaml"])["proxy"]["args"]
     )
 
 

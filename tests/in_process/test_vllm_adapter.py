@@ -92,7 +92,7 @@ async def test_what_vllms_answers_mean(
     ("argv", "http_adapter", "calls"),
     [
         (["--cancel-adapter", "vllm"], "vllm", False),
-        (["--cancel-adapter", "vllm", "--vllm-abort-endpoint", "true"], "vllm", True),
+        (["--cancel-adapter", "vllm", "--vllm-abort-endpoint"], "vllm", True),
         (["--cancel-adapter", "sglang"], "sglang", True),
         (["--cancel-adapter", "none"], "none", False),
         ([], "hangup", True),

@@ -21,8 +21,8 @@ def test_the_gateway_takes_a_first_port_or_ephemeral_ones() -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--grpc-process-ports", "-1"], "--grpc-process-ports=-1"),
-        (["--grpc-process-ports", "65536"], "--grpc-process-ports=65536"),
+        (["--grpc-process-ports", "-1"], "--grpc-process-ports='-1': expected a port"),
+        (["--grpc-process-ports", "65536"], "--grpc-process-ports='65536': expected a port"),
         # the last of four processes' ports would be 65536
         (["--workers", "4", "--api-processes", "4", "--grpc-process-ports", "65533"], "65536"),
         (["--grpc-process-ports", "ninety"], "--grpc-process-ports"),

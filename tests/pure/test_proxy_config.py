@@ -52,7 +52,7 @@ def test_environment_is_read_and_flags_win(tmp_path: Path) -> None:
     ("argv", "env", "named"),
     [
         (["--http-port", "eighty"], {}, "--http-port"),
-        ([], {"HANGUP_PROXY_GRPC_PORT": "70000"}, "--grpc-port"),
+        ([], {"HANGUP_PROXY_GRPC_PORT": "70000"}, "HANGUP_PROXY_GRPC_PORT=.*from 0 to 65535"),
         (["--cancel-adapter", "envoy"], {}, "--cancel-adapter"),
         (["--upstream-http", "127.0.0.1:8000"], {}, "--upstream-http"),
         (

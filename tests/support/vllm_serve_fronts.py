@@ -58,6 +58,6 @@ def served_with_fronts(
                   "--trust-client-request-id", "--cancel-token-file", str(token)]  # fmt: skip
         with (
             spawn("proxy", common, tmp / "close") as close,
-            spawn("proxy", [*common, "--vllm-abort-endpoint", "true"], tmp / "abort") as abort,
+            spawn("proxy", [*common, "--vllm-abort-endpoint"], tmp / "abort") as abort,
         ):
             yield kind(url, tmp / "vllm-serve.log", {"close": close, "abort": abort})

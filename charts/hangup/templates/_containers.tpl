@@ -180,10 +180,10 @@ exec:
     {{- end }}
     - --cancel-adapter={{ include "hangup.adapter" . }}
     {{- if $p.vllmAbortEndpoint }}
-    - --vllm-abort-endpoint=true
+    - --vllm-abort-endpoint
     {{- end }}
     {{- if $p.trustClientRequestId }}
-    - --trust-client-request-id=true
+    - --trust-client-request-id
     {{- end }}
     {{- with $p.cancelPool }}
     - --cancel-pool={{ join "," . }}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from hangup_contract.runtime.options import Option, parse_bool
+from hangup_contract.runtime.options import Option, byte_size, count, fraction, parse_bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,27 +51,52 @@ class VllmOptions:
 
 
 VLLM_OPTIONS = (
-    Option("--dtype", str, "weights and activations dtype (auto)", group="vllm"),
-    Option("--max-model-len", int, "context length (prompt + output tokens)", group="vllm"),
-    Option("--max-num-seqs", int, "requests in one batch; more wait in vLLM's queue", group="vllm"),
-    Option("--gpu-memory-utilization", float, "share of GPU memory vLLM may use", group="vllm"),
-    Option("--tensor-parallel-size", int, "GPUs per worker", group="vllm"),
+    Option("--dtype", str, "weights and activations dtype", group="vllm", metavar="DTYPE"),
+    Option(
+        "--max-model-len",
+        count,
+        "context length (prompt + output tokens)",
+        group="vllm",
+        unset="the model's",
+    ),
+    Option(
+        "--max-num-seqs",
+        count,
+        "requests in one batch; more wait in vLLM's queue",
+        group="vllm",
+        unset="vLLM's",
+    ),
+    Option("--gpu-memory-utilization", fraction, "share of GPU memory vLLM may use", group="vllm"),
+    Option("--tensor-parallel-size", count, "GPUs per worker", group="vllm"),
     Option("--enforce-eager", parse_bool, "skip graph capture and compilation", group="vllm"),
-    Option("--max-num-batched-tokens", int, "token budget of one engine step", group="vllm"),
-    Option("--kv-cache-memory-bytes", int, "KV-cache size per worker", group="vllm"),
+    Option(
+        "--max-num-batched-tokens",
+        count,
+        "token budget of one engine step",
+        group="vllm",
+        unset="vLLM's",
+    ),
+    Option(
+        "--kv-cache-memory-bytes",
+        byte_size,
+        "KV-cache size per worker (overrides --gpu-memory-utilization; on a CPU, of its memory)",
+        group="vllm",
+        unset="vLLM's (from --gpu-memory-utilization)",
+    ),
     Option(
         "--enable-prefix-caching",
         parse_bool,
         "reuse KV blocks of shared prefixes",
         group="vllm",
-        negatable=True,
+        unset="vLLM's",
     ),
     Option(
         "--kv-connector",
         str,
-        "KV connector between prefill and decode workers (--worker-roles): hangup (default, "
-        "file-based, this machine) or NixlConnector (GPUs)",
+        "KV connector between prefill and decode workers (--worker-roles): hangup (file-based, "
+        "this machine) or NixlConnector (GPUs)",
         group="vllm",
+        metavar="NAME",
     ),
 )
 """The vLLM engine's options, each named as in ``vllm serve`` and ``AsyncEngineArgs``."""
