@@ -81,7 +81,7 @@ VLLM_OPTIONS = (
         byte_size,
         "KV-cache size per worker (overrides --gpu-memory-utilization; on a CPU, of its memory)",
         group="vllm",
-        unset="vLLM's (from --gpu-memory-utilization)",
+        unset="vLLM's (from `--gpu-memory-utilization`)",
     ),
     Option(
         "--enable-prefix-caching",
