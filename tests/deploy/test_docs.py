@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from bench.harness.processes import REPO
+from tests.support.references import missing_paths
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
@@ -50,3 +51,32 @@ def test_every_link_of_the_readme_resolves(site: Path) -> None:
             assert page.parts[0] == "docs" and page.suffix == ".md", f"{target}: not a docs page"
             html = site / (page.stem if page.stem != "index" else "") / "index.html"
             assert f'id="{anchor}"' in html.read_text(), f"{target}: no such anchor"
+
+
+def pages_a_reader_meets() -> list[Path]:
+    pages = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
+    pages += [REPO / "charts" / "hangup" / "README.md", REPO / "CHANGELOG.md"]
+    return [page for page in pages if page.exists()]
+
+
+@pytest.mark.parametrize("page", pages_a_reader_meets(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_repository_path_a_page_names_exists(page: Path) -> None:
+    """A file named in backticks, in a command or by a link is one a reader can open; a page
+    naming a file as it was once (a dated figure) names it as it is now, or not in backticks."""
+    missing = missing_paths(page.read_text(), page.parent)
+    assert not missing, f"{page.relative_to(REPO)} names what does not exist: {missing}"
+
+
+def test_the_path_check_finds_an_old_file_a_stale_link_and_a_glob_matching_nothing() -> None:
+    text = (
+        "The cancel wire (`proxy/cancel_http.py`), [a page](gone.md#top), `tests/pure/*_nope.py`\n"
+        "```sh\npython bench/cancel_write.py --calls 2  # not bench/nothing.py\n```\n"
+        "`proxy/config.py:12`, `tests/pure/test_skips.py::test_x`, `/v2/requests/{id}/cancel`\n"
+    )
+    missing = missing_paths(text, REPO / "docs")
+    assert missing == [
+        "link gone.md#top",
+        "proxy/cancel_http.py",
+        "tests/pure/*_nope.py",
+        "bench/cancel_write.py",
+    ]

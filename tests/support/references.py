@@ -332,6 +332,47 @@ def values_drift(readme: Path) -> list[str]:
     return drift
 
 
+# -- repository paths -----------------------------------------------------------------------------
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+PATH_LIKE = re.compile(r"^\.?[\w-]+(/[\w.*@+-]+)*/?$")
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
+
+
+def missing_paths(text: str, base: Path) -> list[str]:
+    """The repository paths a page names that do not exist: its links (relative to ``base``,
+    the page's folder) and every backticked or fenced word that reads as a path starting at a
+    top-level folder of the repository (or a folder beside the page), a glob matching nothing
+    included; a test name (``::``) or line number after a path is left off."""
+    top = {p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".venv")}
+    missing = []
+    for target in LINK.findall(text):
+        path = target.partition("#")[0]
+        outside = "://" in target or target.startswith("mailto:")
+        if path and not outside and not (base / path).exists():
+            missing.append(f"link {target}")
+    words = re.findall(r"`([^`\n]+)`", FENCE.sub("", text))
+    for block in FENCE.findall(text):
+        lines = [line.partition(" #")[0] for line in block.splitlines()]  # not the comments
+        words += re.split(r"[\s'\"=(),;]+", "\n".join(lines))
+    for word in words:
+        path = re.sub(r"(::.*|:\d+(-\d+)?)$", "", word.strip())
+        if "/" not in path or not PATH_LIKE.match(path):
+            continue
+        first = path.removeprefix("./").split("/")[0]
+        if first not in top and not (base != REPO and (base / first).is_dir()):
+            continue
+        if not any(_found(root, path) for root in (REPO, base)):
+            missing.append(word.strip())
+    return missing
+
+
+def _found(root: Path, path: str) -> bool:
+    if any(c in path for c in "*?"):
+        return any(root.glob(path))
+    return (root / path).exists()
+
+
 def main() -> None:
     from gateway_server.config import OPTION_TABLE as GATEWAY
     from proxy.config import OPTION_TABLE as PROXY
