@@ -5,7 +5,9 @@ of ``docs/benchmarks.md`` is ``python -m bench --markdown``.
 Benchmarks sit in rooms by the question they answer (``bench/<room>/``, whose docstring asks it);
 ``bench/harness/`` is what they share with the demos and the tests. A run time is what the
 module's docstring or ``docs/benchmarks.md`` says of a run with the arguments shown, on the
-2-core machine the figures come from, and ``unknown`` where neither says.
+2-core machine the figures come from; where neither said, it was timed there on 2026-12-07
+("timed": while other sessions' test runs loaded the machine, load average 7-52, so an upper
+bound), estimated from shorter runs, or read from the run its section reports, each saying which.
 ``tests/pure/test_bench_catalog.py`` fails when a runnable module under ``bench/`` is missing
 here, an entry names no module, a section is not in its page, a make target does not run what
 is listed for it, or the table in the docs is not this catalog.
@@ -20,7 +22,6 @@ import textwrap
 import unicodedata
 from dataclasses import dataclass
 
-UNKNOWN = "unknown"
 BENCHMARKS = "benchmarks.md"
 
 
@@ -120,7 +121,7 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "bench.proxy.cancel",
         does="hang-up → engine abort, direct, through the proxy and through Envoy",
-        run_time=UNKNOWN,
+        run_time="about 20 s (timed: 17 s)",
         figures=Section(BENCHMARKS, "Hang-up → engine abort, through hangup, Envoy and direct"),
         make="bench",
     ),
@@ -140,13 +141,13 @@ CATALOG: tuple[Entry, ...] = (
             "relaying SSE on more than one core: hangup --workers 1 and 2, Envoy --concurrency 1 "
             "and 2"
         ),
-        run_time=UNKNOWN,
+        run_time="about 1 min (timed: 51 s)",
         figures=Section(BENCHMARKS, "Proxy workers: relaying on more than one core"),
     ),
     Entry(
         "bench.proxy.cancel_write",
         does="the proxy's own share of a hang-up's cancel, in one process",
-        run_time=UNKNOWN,
+        run_time="a second (timed: 0.4 s)",
         figures=Section(
             BENCHMARKS,
             "One HTTP/1.1 client for the relay and the cancel calls (2026-11-24, issue 26)",
@@ -155,7 +156,7 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "bench.gateway.cancel",
         does="cancel → abort at 1, 100 and 1000 streams on the simulated engine",
-        run_time=UNKNOWN,
+        run_time="about 3 min (timed: 191 s, on a loaded machine)",
         figures=Section(BENCHMARKS, "Gateway: cancel → abort with the simulated engine"),
         make="bench",
     ),
@@ -179,14 +180,14 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "bench.grpc.cancel",
         does="gRPC cancel → engine abort, direct, through the proxy and through Envoy",
-        run_time=UNKNOWN,
+        run_time="about 35 s (timed: 33 s)",
         figures=Section(BENCHMARKS, "Cancel → engine abort"),
         make="bench",
     ),
     Entry(
         "bench.grpc.relay",
         does="what a gRPC relay costs a client: unary latency, first response, responses/s",
-        run_time=UNKNOWN,
+        run_time="about 30 s (timed: 28 s)",
         figures=Section(BENCHMARKS, "Relay overhead"),
         make="bench",
     ),
@@ -311,7 +312,7 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "bench.front_doors.matrix",
         does="hang-ups through nginx, HAProxy, Caddy and Envoy to the sidecar, per stage of a call",
-        run_time=UNKNOWN,
+        run_time="about 20 min (estimated: --calls 1 took 105 s, --calls 3 230 s)",
         figures=Section(
             BENCHMARKS,
             (
@@ -324,7 +325,7 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "bench.front_doors.litellm_edge",
         does="three pods behind LiteLLM and an edge proxy whose cancel finds the pod",
-        run_time=UNKNOWN,
+        run_time="about 3 min with --pods gateway (estimated: --calls 2 took 31 s, --calls 6 55 s)",
         figures=Section(
             BENCHMARKS,
             (
@@ -340,7 +341,7 @@ CATALOG: tuple[Entry, ...] = (
             "what the real vLLM engine does after a hang-up, through hangup and through vLLM's "
             "own server"
         ),
-        run_time=UNKNOWN,
+        run_time="about 6-10 min (estimated: 6 servers started, 40-60 s each; 20 brief hang-ups)",
         figures=Section(BENCHMARKS, "Real vLLM on CPU: what happens after a hang-up"),
     ),
     Entry(
@@ -365,13 +366,13 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "bench.robustness.slow_clients",
         does="slowloris and stalled bodies against the proxy and the gateway",
-        run_time=UNKNOWN,
+        run_time="about 1.5 min (timed: 95 s)",
         figures=Section(BENCHMARKS, "Slow clients"),
     ),
     Entry(
         "bench.robustness.protocol_fuzz",
         does="the long run of the HTTP/1.1 and gRPC protocol fuzz against the live processes",
-        run_time=UNKNOWN,
+        run_time="about 4 min (estimated from its section's runs: 83 s of HTTP cases, 120 of gRPC)",
         figures=Section(BENCHMARKS, "Protocol fuzz (HTTP/1.1)"),
     ),
     Entry(
@@ -399,7 +400,7 @@ CATALOG: tuple[Entry, ...] = (
     Entry(
         "bench.robustness.chaos_soak",
         does="the chaos soak's long run: mixed traffic while every fault fires",
-        run_time=UNKNOWN,
+        run_time="about 25 min (its section's run: 24.4 min)",
         figures=Section(BENCHMARKS, "Chaos soak"),
     ),
     Entry(
@@ -408,7 +409,7 @@ CATALOG: tuple[Entry, ...] = (
             "three pods behind a real Envoy, a burst of calls half hanging up (make demo-scale); "
             "--scrape-cost: what an Endpoint Picker's scrape costs"
         ),
-        run_time=UNKNOWN,
+        run_time="about 1.5 min (timed: 82 s)",
         figures=Section(
             BENCHMARKS, "Scale out: three pods behind Envoy, and the Endpoint Picker's scrape"
         ),
