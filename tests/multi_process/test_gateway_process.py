@@ -37,7 +37,7 @@ def test_environment_configures_and_flags_win(tmp_path: Path) -> None:
     ("args", "message"),
     [
         (["--engine", "vllm"], "--engine vllm needs --model"),
-        (["--engine", "tgi"], "--engine='tgi': expected sim or vllm"),
+        (["--engine", "tgi"], "--engine='tgi': expected one of sim, vllm"),
         (["--cancel-token-file", "/nonexistent/token"], "--cancel-token-file /nonexistent/token"),
         (["--workers", "0"], "--workers must be at least 1"),
     ],
