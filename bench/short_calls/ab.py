@@ -11,6 +11,9 @@ real Triton's gRPC port (``bench/harness/triton_server``), called as ``bench.sho
 calls it: the 1 KiB body to the ``slow`` model with no steps, which answers at once. Triton's
 CPU is not counted; only each proxy's.
 
+``--token``: both proxies run with a cancel token (``--cancel-token-file``), as the chart runs
+them: every call is held by id for the proxy's own cancel API.
+
 ``--rate R``: the loops start R calls a second in all, on a schedule, instead of calling as fast
 as answers come. At saturation a proxy's CPU per call depends on how many calls each turn of its
 event loop serves, which moves with the upstream's speed (Triton's shares the machine's two
@@ -100,6 +103,7 @@ def main() -> None:
     parser.add_argument("--new-connections", action="store_true")
     parser.add_argument("--triton", action="store_true", help="the Triton bridge, to a real Triton")
     parser.add_argument("--rate", type=float, default=0.0, help="calls a second (0: saturate)")
+    parser.add_argument("--token", action="store_true", help="a cancel token, as the chart sets")
     args = parser.parse_args()
     keep = not args.new_connections
     work = REPO / ".demo" / "bench-short-calls-ab"
@@ -107,9 +111,12 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         up = stack.enter_context(upstream(args.triton, work))
         trees = {"this tree": REPO, "other": args.other.resolve()}
-        proxies = {
-            name: _proxy(stack, tree, up.http, work, up.flags) for name, tree in trees.items()
-        }
+        flags = list(up.flags)
+        if args.token:
+            token = work / "token"
+            token.write_text("bench-short-calls-token\n")
+            flags += ["--cancel-token-file", str(token)]
+        proxies = {name: _proxy(stack, tree, up.http, work, flags) for name, tree in trees.items()}
         costs: dict[str, list[float]] = {name: [] for name in trees}
         calls: dict[str, int] = {}
         for round_ in range(args.rounds):
@@ -128,6 +135,7 @@ def main() -> None:
         paired = statistics.median(a - b for a, b in zip(ours, theirs, strict=True))
         base = statistics.median(theirs)
         kind = ("kept-alive" if keep else "new-connection") + (" bridged" if args.triton else "")
+        kind += " held (token)" if args.token else ""
         kind += f" (at {args.rate:g}/s)" if args.rate else ""
         print(f"CPU µs per {kind} call, median: this tree {statistics.median(ours):.1f}, other "
               f"{base:.1f}; paired difference {paired:+.1f} µs ({paired / base:+.1%})")  # fmt: skip
