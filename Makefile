@@ -148,12 +148,12 @@ lint-installed: $(VENV)/.installed-engine
 # alone, under coverage (pyproject.toml's [tool.coverage.*]): pytest's process, and each
 # `python -m proxy` or `python -m gateway_server` it starts (their workers too), where the hook
 # below starts it; the data combined, then held to its floor (fail_under; each file's figures in
-# coverage-report.txt).
+# coverage-report.txt). The 15 slowest tests are listed: CI has 35 minutes in all.
 test:
 	@$(MAKE) --no-print-directory -j4 --output-sync=line test-deps
 	@rm -f .coverage .coverage.*
 	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml COVERAGE_FILE=$(CURDIR)/.coverage \
-	  $(BIN)/coverage run -m pytest $(PYTEST_ARGS) $(if $(REQUIRED),--require-all)
+	  $(BIN)/coverage run -m pytest --durations=15 $(PYTEST_ARGS) $(if $(REQUIRED),--require-all)
 	@$(BIN)/coverage combine --quiet
 	@$(BIN)/coverage report > coverage-report.txt; held=$$?; \
 	  echo "coverage, line and branch: $$($(BIN)/coverage report --format=total --fail-under=0)%, floor" \
