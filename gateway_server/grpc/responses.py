@@ -72,14 +72,18 @@ _TEXT_OUTPUT = _delimited(
     5, _delimited(1, TEXT_OUTPUT.encode()) + _delimited(2, b"BYTES") + _delimited(3, b"\x01")
 )
 """``outputs``: one tensor ``text_output``, BYTES, shape ``[1]`` (packed int64)."""
+_MOST_FRAMING = len(_TEXT_OUTPUT) + 1 + 10 + 4 + 1 + 10
+"""Besides the head and the text: ``outputs``, the tag, length and element length of
+``raw_output_contents``, the tag and length of ``infer_response`` (varints of 10 bytes at most)."""
 
 
 class TextResponses:
     """The responses to one request: ``text_response(model, version, request_id, text,
     {flag: final, **extra})`` wrapped as a ``ModelStreamInferResponse``'s ``infer_response``,
-    serialized, for any ``text`` (None: no outputs) and ``final``. Immutable once built."""
+    serialized, for any ``text`` (given as its UTF-8 bytes; None: no outputs) and ``final``.
+    Immutable once built; compared by identity (one per request)."""
 
-    __slots__ = ("_heads",)
+    __slots__ = ("_heads", "overhead")
 
     def __init__(
         self, model: str, version: str, request_id: str, flag: str, extra: dict[str, Any]
@@ -89,12 +93,14 @@ class TextResponses:
             head + _parameters({**extra, flag: False}),
             head + _parameters({**extra, flag: True}),
         )
+        self.overhead = len(self._heads[True]) + _MOST_FRAMING
+        """A response's bytes besides its text's, at most."""
 
-    def encode(self, text: str | None, final: bool) -> bytes:
-        """The serialized ``ModelStreamInferResponse`` carrying ``text`` with the flag ``final``."""
+    def encode(self, data: bytes | None, final: bool) -> bytes:
+        """The serialized ``ModelStreamInferResponse`` carrying the text ``data`` (UTF-8) with
+        the flag ``final``."""
         body = self._heads[final]
-        if text is not None:
-            data = text.encode()
+        if data is not None:
             element = len(data).to_bytes(4, "little") + data
             body = body + _TEXT_OUTPUT + b"\x32" + varint(len(element)) + element
         return b"\x12" + varint(len(body)) + body  # infer_response, field 2

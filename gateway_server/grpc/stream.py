@@ -6,8 +6,10 @@ and their responses interleave, each carrying the request's ``id``. One task wri
 the stream, in the order they are produced, as bytes: a request's responses are encoded from
 parts built once for the request (:mod:`gateway_server.grpc.responses`), not built as messages.
 
-Responses to one request: with input ``stream`` true, one per chunk of text; otherwise one with
-the whole text. Each carries the bool parameter ``triton_final_response`` (true on the last), and
+Responses to one request: with input ``stream`` true, one per chunk of text while the writer
+keeps up (a request's chunks waiting unwritten are merged into one once it has fallen behind:
+the outbox's work, DESIGN.md's "Streams that fall behind"); otherwise one with the whole text.
+Each carries the bool parameter ``triton_final_response`` (true on the last), and
 the string parameter ``hangup_request_id``: the id that cancels this request alone through the
 cancel API (``<call id>:<request id>``; only for requests with an ``id``). A request's ``id`` is
 any string, as Triton takes it, of at most 128 characters (the id rule's length,
@@ -283,12 +285,15 @@ class StreamSession:
                 if not text.stream:
                     whole += chunk.text
                 elif chunk.text or (last and not empty_final):
-                    # Waits while the writer is behind: the engine request is read no further.
-                    await self._out.put(responses.encode(chunk.text, last and not empty_final))
+                    # Merged into the request's response still waiting, if the writer is
+                    # behind; waits at the outbox's limit: the engine request is read no further.
+                    await self._out.put_text(
+                        responses, chunk.text.encode(), last and not empty_final
+                    )
         if not text.stream:
-            await self._out.put(responses.encode(whole, not empty_final))
+            await self._out.put_text(responses, whole.encode(), not empty_final)
         if empty_final:
-            await self._out.put(responses.encode(None, True))
+            await self._out.put_text(responses, None, True)
 
     async def _error(
         self,

@@ -35,7 +35,12 @@ from gateway_server.config import GatewayConfig
 from gateway_server.errors import ClientError, InvalidRequest
 from gateway_server.grpc.common import parse
 from gateway_server.grpc.stream import cancel_alias, prepare
-from gateway_server.grpc.tensors import decode_request, encode_bytes_tensor, parameter
+from gateway_server.grpc.tensors import (
+    decode_bytes_tensor,
+    decode_request,
+    encode_bytes_tensor,
+    parameter,
+)
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.protos import inference_pb2 as pb
 from tests.support.gateway import MODEL, running_gateway, unstarted_service
@@ -469,6 +474,77 @@ async def test_a_stream_that_never_reads_its_responses_holds_little_and_nobody_w
     assert 0 < most_requests <= 16, most_requests
     logged = live_gateway.log_path.stat().st_size
     assert logged < MIB, f"the gateway logged {logged:,} bytes: ids cut or refused, not whole"
+    live.check()
+
+
+UNREAD_BUFFER = 32 * 1024
+UNREAD_TOKENS = 4000
+
+
+@pytest.fixture
+def fast_gateway(tmp_path: Path) -> Iterator[Process]:
+    """20 slots (16 for the stream, room for a victim), 1 ms steps; a stream buffer of 32 KiB."""
+    args = ["--engine", "sim", "--http-port", "0", "--grpc-port", "0", "--sim-slots", "20",
+            "--sim-step-base", "0.001", "--sim-step-per-seq", "0",
+            "--grpc-stream-buffer-bytes", str(UNREAD_BUFFER)]  # fmt: skip
+    with spawn("gateway_server", args, tmp_path) as process:
+        yield process
+        process.terminate()
+
+
+async def _taken(session: aiohttp.ClientSession, url: str, call_id: str) -> int:
+    """Tokens the call's requests have taken from the engine so far."""
+    calls = await _calls_in_flight(session, url)
+    return sum(c["generated_tokens"] for c in calls if c["request_id"] == call_id)
+
+
+async def test_an_unread_stream_merges_its_tokens_within_its_buffers_bytes_then_waits(
+    fast_gateway: Process,
+) -> None:
+    """16 requests of 4,000 tokens (ids of 128 characters: a response's own bytes are ~330) on
+    a stream whose client reads nothing. Its tokens merge while they wait (unmerged, ~100
+    responses fill 32 KiB: measured, the requests waited after ~110 tokens), but their bytes
+    still count: once the buffer is full the requests take no more tokens (at most ~16,000 of
+    the vocabulary's shortest, 2 bytes; measured ~4,500; merging that ignored the limit would take
+    all 64,000), the gateway's memory stays flat and a victim is served. Read at last, every
+    token arrives once."""
+    pid, url, call_id = fast_gateway.popen.pid, fast_gateway.url(), "unread-merging"
+    asks = [request_bytes(f"{i:0128d}", stream=True, max_tokens=UNREAD_TOKENS) for i in range(16)]
+    small_window = [("grpc.http2.lookahead_bytes", 1024), ("grpc.http2.bdp_probe", 0)]
+    before = rss_mib(pid)
+    async with (
+        aiohttp.ClientSession() as session,
+        Liveness(session, url).polling() as live,
+        grpc.aio.insecure_channel(fast_gateway.listeners["grpc"], options=small_window) as channel,
+    ):
+        call = channel.stream_stream(MODEL_STREAM_INFER)(
+            metadata=(("x-request-id", call_id),), timeout=120
+        )
+        await _write_all(call, iter(asks))
+        await call.done_writing()
+        seen: list[tuple[float, int]] = []
+
+        async def settled() -> bool:  # the same count for half a second
+            now = time.monotonic()
+            seen.append((now, await _taken(session, url, call_id)))
+            older = [n for t, n in seen if t <= now - 0.5]
+            return bool(older) and older[-1] == seen[-1][1] > 0
+
+        await wait_until(settled, within=60, what="the unread stream's requests to wait")
+        growth = rss_mib(pid) - before
+        waited = await victim_completion(session, url)
+        texts: dict[str, list[str]] = {}
+        while (raw := await call.read()) is not grpc.aio.EOF:
+            response = pb.ModelStreamInferResponse.FromString(raw).infer_response
+            (element,) = decode_bytes_tensor(response.raw_output_contents[0], "text_output")
+            texts.setdefault(response.id, []).append(element.decode())
+    taken = seen[-1][1]
+    assert 1000 < taken < 16 * UNREAD_TOKENS // 4, f"{taken} tokens taken for a 32 KiB buffer"
+    assert growth < 64, f"the gateway's memory grew {growth:.0f} MiB for a stream nobody reads"
+    assert waited < 5, f"a victim's 5-token completion took {waited:.1f} s"
+    assert len(texts) == 16 and all(
+        len("".join(t).split()) == UNREAD_TOKENS for t in texts.values()
+    ), {k: len("".join(t).split()) for k, t in texts.items()}
     live.check()
 
 

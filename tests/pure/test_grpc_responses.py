@@ -32,10 +32,12 @@ def _by_protobuf(
 def test_responses_are_protobufs_bytes(
     model: str, version: str, request_id: str, text: str | None, final: bool, extra: dict
 ) -> None:
-    built = TextResponses(model, version, request_id, FINAL_FLAG, extra).encode(text, final)
+    responses = TextResponses(model, version, request_id, FINAL_FLAG, extra)
+    built = responses.encode(None if text is None else text.encode(), final)
     message = _by_protobuf(model, version, request_id, text, final, extra)
     assert pb.ModelStreamInferResponse.FromString(built) == message
     assert built == message.SerializeToString(deterministic=True)
+    assert len(built) <= responses.overhead + len((text or "").encode())
 
 
 def test_the_gateways_own_shapes_byte_for_byte() -> None:
@@ -44,7 +46,8 @@ def test_the_gateways_own_shapes_byte_for_byte() -> None:
         responses = TextResponses("hangup-sim", "1", "req-1", FINAL_FLAG, extra)
         for text, final in ((" token", False), ("é€😀", True), ("", True), (None, True)):
             message = _by_protobuf("hangup-sim", "1", "req-1", text, final, extra)
-            assert responses.encode(text, final) == message.SerializeToString(deterministic=True)
+            data = None if text is None else text.encode()
+            assert responses.encode(data, final) == message.SerializeToString(deterministic=True)
 
 
 def test_varint() -> None:
