@@ -44,21 +44,28 @@ nothing against it."""
 
 
 class _Text:
-    """One text response waiting for the writer: its request's parts, its text so far (the
-    tokens put while it waited, in order), its flag."""
+    """One text response waiting for the writer: its request's parts, its text (the tokens put
+    while it waited, in order), its flag, and the bytes it will take written, at most."""
 
-    __slots__ = ("final", "parts", "responses", "size", "text_bytes")
+    __slots__ = ("data", "final", "more", "responses", "size")
 
-    def __init__(self, responses: TextResponses, data: bytes, final: bool) -> None:
+    def __init__(self, responses: TextResponses, data: bytes, final: bool, size: int) -> None:
         self.responses = responses
-        self.parts = [data]
-        self.text_bytes = len(data)
+        self.data = data
+        self.more: list[bytes] | None = None
+        """Every part once a second token joined (the first included); None until then."""
         self.final = final
-        self.size = responses.overhead + len(data)
-        """Bytes it will take written, at most (its text and the response's own bytes)."""
+        self.size = size
+
+    def join(self, data: bytes, final: bool) -> None:
+        if self.more is None:
+            self.more = [self.data]
+        self.more.append(data)
+        self.size += len(data)
+        self.final = final
 
     def encode(self) -> bytes:
-        data = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
+        data = self.data if self.more is None else b"".join(self.more)
         return self.responses.encode(data, self.final)
 
 
@@ -87,16 +94,21 @@ class Outbox:
         writer, once the bytes held are under the limit (or drop it, if the stream has ended
         meanwhile). Nothing put after it is merged ahead of it, whichever request it answers
         (errors are rare: the merging starts again after them)."""
-        if await self._wait_for_room():
-            self._open.clear()
-            self._append(response, len(response))
+        if self._held >= self._limit:
+            await self._room_or_end()
+        if self._closed:
+            return
+        self._open.clear()
+        self._append(response, len(response))
 
     async def put_text(self, responses: TextResponses, data: bytes | None, final: bool) -> None:
         """Hold a text response of the request ``responses`` encodes, carrying ``data`` (UTF-8
-        text; None: no outputs, the empty final response) with the flag ``final``: added to the
+        text; None: no outputs, the empty final response) with the flag ``final``: joined to the
         request's waiting text response when it has one that can take it, else a response of its
         own. Waits for room and drops it once ended, as :meth:`put`."""
-        if not await self._wait_for_room():
+        if self._held >= self._limit:
+            await self._room_or_end()
+        if self._closed:
             return
         if data is None:  # the empty final response: after the request's text, on its own
             self._open.pop(responses, None)
@@ -104,28 +116,24 @@ class Outbox:
             self._append(response, len(response))
             return
         waiting = self._open.get(responses)
-        if waiting is not None and waiting.text_bytes + len(data) <= MERGED_BYTES:
-            waiting.parts.append(data)
-            waiting.text_bytes += len(data)
-            waiting.size += len(data)
-            waiting.final = final
-            self._held += len(data)
-            if final:
-                del self._open[responses]
-            return
-        text = _Text(responses, data, final)
+        if waiting is not None:
+            if waiting.size - responses.overhead + len(data) <= MERGED_BYTES:
+                waiting.join(data, final)
+                self._held += len(data)
+                if final:
+                    del self._open[responses]
+                return
+            del self._open[responses]  # full: this token starts the next response
+        text = _Text(responses, data, final, responses.overhead + len(data))
         self._append(text, text.size)
-        if final:
-            self._open.pop(responses, None)
-        else:
+        if not final:
             self._open[responses] = text
 
-    async def _wait_for_room(self) -> bool:
-        """Wait while the bytes held reach the limit; False once the stream has ended."""
+    async def _room_or_end(self) -> None:
+        """Wait while the bytes held reach the limit and the stream goes on."""
         while self._held >= self._limit and not self._closed:
             self._room.clear()
             await self._room.wait()
-        return not self._closed
 
     def _append(self, item: _Text | bytes, size: int) -> None:
         self._items.append(item)
