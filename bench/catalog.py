@@ -199,11 +199,13 @@ CATALOG: tuple[Entry, ...] = (
     ),
     Entry(
         "bench.grpc.stream_cost",
-        does="the gateway's CPU per gRPC stream response against an SSE event and grpcio's floor",
-        run_time="about 2 min",
+        does=(
+            "the gateway's CPU per gRPC streamed token against an SSE event and grpcio's floor,"
+            " with a reader that keeps up and a slow one"
+        ),
+        run_time="about 3 min",
         figures=Section(
-            BENCHMARKS,
-            "The gateway's gRPC stream against its SSE and the floor (2026-11-28, issue 51)",
+            BENCHMARKS, "The gateway's gRPC stream against its SSE and the floor (issues 51 and 65)"
         ),
     ),
     Entry(

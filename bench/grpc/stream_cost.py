@@ -361,7 +361,7 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
-        "--read-pause", type=float, default=0.005, help="the slow reader's sleep before a read, s"
+        "--read-pause", type=float, default=0.02, help="the slow reader's sleep before a read, s"
     )
     parser.add_argument("--count-tokens", action="store_true", help="(the load's) count tokens")
     parser.add_argument("--core", type=float, default=0.0, help="a CPU quota per server (root)")
