@@ -53,6 +53,21 @@ def test_every_link_of_the_readme_resolves(site: Path) -> None:
             assert f'id="{anchor}"' in html.read_text(), f"{target}: no such anchor"
 
 
+def what_hangup_adds(text: str) -> str:
+    """The section that answers "what does hangup add for my server", its links as the site's."""
+    start = text.index("## What hangup adds for your server")
+    section = text[start : text.index("\n## ", start + 1)].partition("![")[0]
+    lines = [line for line in section.splitlines() if not line.startswith("<!--")]
+    return "\n".join(lines).replace("](docs/", "](").strip()
+
+
+def test_the_sites_home_and_the_readme_say_the_same_of_what_hangup_adds() -> None:
+    """The table a newcomer reads first is one text in two places: its figures change in both."""
+    readme = what_hangup_adds((REPO / "README.md").read_text())
+    assert "| `vllm serve` |" in readme and "| Triton, HTTP |" in readme
+    assert what_hangup_adds((REPO / "docs" / "index.md").read_text()) == readme
+
+
 def pages_a_reader_meets() -> list[Path]:
     pages = [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
     pages += [REPO / "charts" / "hangup" / "README.md", REPO / "CHANGELOG.md"]
