@@ -150,7 +150,7 @@ CATALOG: tuple[Entry, ...] = (
         run_time="a second (timed: 0.4 s)",
         figures=Section(
             BENCHMARKS,
-            "One HTTP/1.1 client for the relay and the cancel calls (2026-11-24, issue 26)",
+            "The proxy's own share of a cancel",
         ),
     ),
     Entry(
@@ -173,7 +173,7 @@ CATALOG: tuple[Entry, ...] = (
         "bench.gateway.front_aiperf",
         does="the API front's CPU per token against vllm serve, driven by AIPerf",
         run_time="about 10 min",
-        figures=Section(BENCHMARKS, "Front CPU per token after profiling (2026-11-23)"),
+        figures=Section(BENCHMARKS, "The gateway's CPU per token against `vllm serve`"),
         args="--aiperf .venv-aiperf/bin/aiperf",
         make="bench-aiperf",
     ),
@@ -234,7 +234,7 @@ CATALOG: tuple[Entry, ...] = (
         run_time="about 2 min",
         figures=Section(
             BENCHMARKS,
-            "One listening socket, taken from by the least loaded (2026-11-26, issue 37)",
+            "What being one of several API processes costs",
         ),
     ),
     Entry(
@@ -246,10 +246,7 @@ CATALOG: tuple[Entry, ...] = (
         run_time="about 2 min",
         figures=Section(
             BENCHMARKS,
-            (
-                "gRPC through the proxy into API processes: one connection, one process "
-                "(2026-11-27, issue 37)"
-            ),
+            "gRPC through the proxy into API processes: one connection, one process",
         ),
     ),
     Entry(
@@ -259,7 +256,7 @@ CATALOG: tuple[Entry, ...] = (
             "each, and through the Triton bridge (as root)"
         ),
         run_time="about 8 min (4 with --no-triton)",
-        figures=Section(BENCHMARKS, "Short calls at one simulated core (2026-11-26, issue 37)"),
+        figures=Section(BENCHMARKS, "Short calls at one simulated core"),
         args="--out .demo/short-calls",
         make="bench-short-calls",
     ),
@@ -267,7 +264,7 @@ CATALOG: tuple[Entry, ...] = (
         "bench.short_calls.free",
         does="the proxy's CPU per short call with no quota, to compare two trees quickly",
         run_time="about 25 s",
-        figures=Section(BENCHMARKS, "The proxy's own HTTP/1.1 server (2026-11-27, issue 37)"),
+        figures=Section(BENCHMARKS, "How far from the floor"),
     ),
     Entry(
         "bench.short_calls.ab",
@@ -276,7 +273,7 @@ CATALOG: tuple[Entry, ...] = (
             "call, paired"
         ),
         run_time="about 1 min",
-        figures=Section(BENCHMARKS, "How far from the floor (2026-11-27, 03:44-03:47 UTC)"),
+        figures=Section(BENCHMARKS, "How far from the floor"),
         args="--other /tmp/base",
     ),
     Entry(
@@ -286,7 +283,7 @@ CATALOG: tuple[Entry, ...] = (
             "minimal relay's (bridge's)"
         ),
         run_time="about 1 min",
-        figures=Section(BENCHMARKS, "How far from the floor (2026-11-27, 03:44-03:47 UTC)"),
+        figures=Section(BENCHMARKS, "How far from the floor"),
     ),
     Entry(
         "bench.triton.hangup",
@@ -297,7 +294,7 @@ CATALOG: tuple[Entry, ...] = (
         run_time="about 4 min",
         figures=Section(
             BENCHMARKS,
-            ("A real Triton: what reaches its model when a client hangs up (2026-11-26, issue 35)"),
+            "A real Triton: what reaches its model when a client hangs up",
         ),
         make="bench",
     ),
@@ -307,7 +304,7 @@ CATALOG: tuple[Entry, ...] = (
         run_time="about 4 min (--calls 100 --tokens 400)",
         figures=Section(
             BENCHMARKS,
-            ("vLLM behind a real Triton: does a hang-up free the engine? (2026-11-26, issue 35)"),
+            "vLLM behind a real Triton: does a hang-up free the engine?",
         ),
         make="bench-triton-vllm",
     ),
@@ -317,10 +314,7 @@ CATALOG: tuple[Entry, ...] = (
         run_time="about 20 min (estimated: --calls 1 took 105 s, --calls 3 230 s)",
         figures=Section(
             BENCHMARKS,
-            (
-                "Behind the front doors users run: nginx, HAProxy, Caddy, Envoy, LiteLLM "
-                "(2026-11-26, issue 38)"
-            ),
+            "Behind the front doors: nginx, HAProxy, Caddy, Envoy, LiteLLM",
         ),
         make="bench-front-doors",
     ),
@@ -330,10 +324,7 @@ CATALOG: tuple[Entry, ...] = (
         run_time="about 3 min with --pods gateway (estimated: --calls 2 took 31 s, --calls 6 55 s)",
         figures=Section(
             BENCHMARKS,
-            (
-                "Behind the front doors users run: nginx, HAProxy, Caddy, Envoy, LiteLLM "
-                "(2026-11-26, issue 38)"
-            ),
+            "Behind the front doors: nginx, HAProxy, Caddy, Envoy, LiteLLM",
         ),
         make="bench-front-doors",
     ),
@@ -424,9 +415,7 @@ CATALOG: tuple[Entry, ...] = (
             "does a gateway API process go silent under the vLLM tier's load, and where is it then"
         ),
         run_time="about 2 min to start, then about 15 s a round",
-        figures=Section(
-            BENCHMARKS, "Is an API process ever silent under the vLLM tier's load? (2026-11-26)"
-        ),
+        figures=Section(BENCHMARKS, "Is an API process ever silent under the vLLM tier's load?"),
         kind=Kind.DIAGNOSIS,
         args="--rounds 30 --busy 1",
     ),
@@ -434,9 +423,7 @@ CATALOG: tuple[Entry, ...] = (
         "bench.diagnosis.pause_watch",
         does="does the whole machine stop now and then (run beside a test run)",
         run_time="as long as --for says",
-        figures=Section(
-            BENCHMARKS, "Is an API process ever silent under the vLLM tier's load? (2026-11-26)"
-        ),
+        figures=Section(BENCHMARKS, "Is an API process ever silent under the vLLM tier's load?"),
         kind=Kind.DIAGNOSIS,
         args="--for 3600 --out pauses.jsonl",
     ),
@@ -447,9 +434,7 @@ CATALOG: tuple[Entry, ...] = (
             "(run beside a benchmark)"
         ),
         run_time="as long as --for says, or until SIGTERM",
-        figures=Section(
-            BENCHMARKS, "The accept rule, mended: a share of the queue (2026-11-28, issue 51)"
-        ),
+        figures=Section(BENCHMARKS, "Simulated cores: scaling with a CPU quota per process"),
         kind=Kind.DIAGNOSIS,
         args="--for 600",
     ),

@@ -5,7 +5,7 @@ registry, service and metrics, with the scope the process count gives (:mod:`.sc
 HTTP and gRPC, then write the ready file. The process (:func:`serve`) freezes its start-up heap
 before it says it is ready, as vLLM's own server does: with vLLM, torch and transformers
 imported it holds over half a million objects, and a full collection over them stops every
-stream while it runs (how long: docs/benchmarks.md).
+stream while it runs (how long: docs/benchmarks-log.md, 2026-11-23).
 
 Shutdown (first SIGTERM/SIGINT), in this order:
   1. draining: ``/v2/health/ready`` answers 503, new generation requests get 503;

@@ -32,7 +32,7 @@ CONCURRENCY = 32
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # The gateway keeps its default header timeout: with 2 s, a relayed request whose client
     # declared a body and never sent it was cut by the gateway inside the fuzzer's own 2 s
-    # deadline, and the proxy answered that with 502 (see docs/benchmarks.md, protocol fuzz).
+    # deadline, and the proxy answered that with 502 (see docs/benchmarks-log.md, 2026-11-23).
     with running_stack(tmp_path_factory.mktemp("fuzz"), [], ["--header-timeout", "2"]) as stack:
         yield stack
 

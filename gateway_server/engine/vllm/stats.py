@@ -10,7 +10,7 @@ That logger takes the place of vLLM's Prometheus logger (vLLM adds its own unles
 (:mod:`gateway_server.metrics.pool`) from its own registry, so vLLM's would be updated every
 step, for every request, and never read. :func:`scheduler_statistics_only` turns off vLLM's
 per-request statistics in this process for the same reason. What the two save per streamed
-token: docs/benchmarks.md.
+token: docs/benchmarks-log.md (2026-11-23).
 """
 
 from __future__ import annotations
