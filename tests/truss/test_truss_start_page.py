@@ -2,7 +2,7 @@
 commands against the Truss server this tier already runs for its ``polling`` model (an async
 ``predict`` asking ``is_disconnected()`` every 20 ms; its input is ``{"id", "steps"}``, so the
 page's ``prompt`` and ``max_tokens`` become those); a fresh sidecar from the page's own line.
-Beyond what the page shows, the model's own record says it saw each call go. Adds about 4 s."""
+Beyond what the page shows, the model's own record says it saw each call go. Adds about 3 s."""
 
 from __future__ import annotations
 

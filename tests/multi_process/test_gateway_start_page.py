@@ -1,7 +1,7 @@
 """docs/start-gateway.md as a reader runs it (``tests/support/start_pages.py``): the gateway on the
 simulated engine and the sidecar in front of it, each started from the page's own line, a hang-up
 and a cancel by id; the page's line with vLLM's engine is read by the gateway's own parser (the
-vLLM tier runs that engine). Beyond what the page shows, nothing is left in flight. About 5 s."""
+vLLM tier runs that engine). Beyond what the page shows, nothing is left in flight. About 2 s."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """docs/start-vllm-serve.md as a reader runs it (``tests/support/start_pages.py``): the page's
 commands against the real ``vllm serve`` this tier already runs (``vllm_serve_fronts``, the tiny
 model, which plays the reader's ``my-model``); a fresh sidecar from the page's own line. Adds
-about 5 s to the tier: a sidecar's start, a second's hang-up, a cancel by id."""
+about 3 s to the tier: a sidecar's start, a second's hang-up, a cancel by id. Named to sort
+beside the other modules of ``vllm serve``, so that its idle engine is not kept running between
+them (``tests/vllm/conftest.py``)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 commands against the real Triton this tier already runs, whose ``streamer`` model (the inputs of
 Triton's vLLM backend, a step every 50 ms, ``is_cancelled()`` asked each step) plays the reader's
 ``vllm_model``; a fresh sidecar from the page's own line. Beyond what the page shows, the model's
-own record says it saw each call cancelled. Adds about 4 s to the tier."""
+own record says it saw each call cancelled. Adds about 3 s to the tier."""
 
 from __future__ import annotations
 
