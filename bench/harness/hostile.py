@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -59,14 +61,31 @@ class Timed:
     spent: float
 
 
-def timed(parse: Callable[..., Any], *args: Any, **kwargs: Any) -> Timed:
-    """Run ``parse(*args, **kwargs)`` and measure the calling thread's CPU time; an exception it
-    raises is kept in :attr:`Timed.error`, not raised. No cyclic garbage collection runs meanwhile:
-    one that happens to start there walks the whole test process's heap (pytest's, Hypothesis's),
-    tens of ms that are not the parser's work (seen on 30-byte inputs on a loaded machine)."""
-    paused = gc.isenabled()
+@contextmanager
+def untraced() -> Iterator[None]:
+    """What runs inside is measured as the product would run it: no cyclic garbage collection (one
+    that happens to start there walks the whole test process's heap, pytest's and Hypothesis's:
+    tens of ms that are not the parser's work, seen on 30-byte inputs on a loaded machine) and no
+    tracer in this thread (``make test`` runs under coverage, whose line tracer made a parse of an
+    8 MiB body in one-byte chunks cost 300 ms per MiB, not its budget of 40: the tracer's, not the
+    parser's; Hypothesis's explain phase traces the same way)."""
+    collecting = gc.isenabled()
+    tracer = sys.gettrace()
     gc.disable()
+    sys.settrace(None)
     try:
+        yield
+    finally:
+        if tracer is not None:
+            sys.settrace(tracer)
+        if collecting:
+            gc.enable()
+
+
+def timed(parse: Callable[..., Any], *args: Any, **kwargs: Any) -> Timed:
+    """Run ``parse(*args, **kwargs)`` :func:`untraced` and measure the calling thread's CPU time;
+    an exception it raises is kept in :attr:`Timed.error`, not raised."""
+    with untraced():
         start = time.thread_time()
         try:
             result: Any = parse(*args, **kwargs)
@@ -74,9 +93,6 @@ def timed(parse: Callable[..., Any], *args: Any, **kwargs: Any) -> Timed:
         except Exception as exc:
             result, error = None, exc
         return Timed(result, error, time.thread_time() - start)
-    finally:
-        if paused:
-            gc.enable()
 
 
 @dataclass

@@ -25,7 +25,6 @@ documented client error: it raises ``AssertionError`` naming the input otherwise
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 import time
@@ -37,7 +36,7 @@ from typing import Any, TypeVar
 from hypothesis import Phase
 from hypothesis import strategies as st
 
-from bench.harness.hostile import MIB, Budget, timed
+from bench.harness.hostile import MIB, Budget, timed, untraced
 from bench.harness.server_fuzz import MemoryTransport, messages, mutated
 from hangup_contract.runtime.connections import ConnectionLimits
 from proxy.calls.request_ids import choose_request_ids
@@ -97,17 +96,12 @@ def _size(limit: int) -> st.SearchStrategy[int]:
 
 
 def _collector_paused(measure: Callable[[], T]) -> T:
-    """``measure()`` with the cyclic garbage collector paused: a collection of the whole process
-    (this one holds Hypothesis's thousands of examples) that falls due while an input is parsed,
-    50-100 ms here, is not that input's. The bridge pauses it itself while it reads a body; it
-    fell due on the first allocation after, the refusal's traceback."""
-    if not gc.isenabled():
+    """``measure()`` :func:`~bench.harness.hostile.untraced`: no collection of the whole process
+    (this one holds Hypothesis's thousands of examples) falls due while an input is parsed (the
+    bridge pauses the collector itself while it reads a body; it fell due on the first allocation
+    after, the refusal's traceback), and no coverage tracer counts its lines."""
+    with untraced():
         return measure()
-    gc.disable()
-    try:
-        return measure()
-    finally:
-        gc.enable()
 
 
 def _fill(start: bytes, unit: bytes, end: bytes, size: int) -> bytes:

@@ -8,10 +8,8 @@ exception (a 500 with a traceback), within the hostile tier's CPU budget
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -55,24 +53,10 @@ READERS: dict[str, tuple[Callable[[dict[str, Any]], object], dict[str, Any]]] = 
 }
 
 
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection during a measured parse: one that happens to start there
-    walks the whole test process's heap (pytest's, Hypothesis's), tens of ms that are not the
-    parser's work (seen once in a few runs, on a 30-byte input)."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
 def handled(raw: bytes, reader: Callable[[dict[str, Any]], object]) -> BaseException | None:
     """Read ``raw`` as a handler does; the error it ends in (None: parsed). Anything but a client
     error fails the test, naming it; so does a read over the CPU budget."""
-    with collector_paused():
-        outcome = timed(lambda: reader(json_object(raw, "request body")))
+    outcome = timed(lambda: reader(json_object(raw, "request body")))
     BUDGET.check(f"a body of {len(raw):,} bytes", len(raw), outcome.spent)
     if outcome.error is not None and not isinstance(outcome.error, ClientError):
         raise AssertionError(f"{type(outcome.error).__name__}: {outcome.error}") from outcome.error
@@ -226,8 +210,7 @@ def test_any_bytes_are_a_json_object_or_a_client_error(raw: bytes) -> None:
     | st.text(st.characters(categories=("Nd", "No")), min_size=1, max_size=5)
 )
 def test_starting_after_is_a_sequence_number_or_a_client_error(raw: str) -> None:
-    with collector_paused():
-        outcome = timed(sequence_number, raw)
+    outcome = timed(sequence_number, raw)
     BUDGET.check("starting_after", len(raw.encode()), outcome.spent)
     if outcome.error is not None:
         assert isinstance(outcome.error, ClientError), repr(outcome.error)
