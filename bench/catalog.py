@@ -439,7 +439,7 @@ CATALOG: tuple[Entry, ...] = (
         args="--for 600",
     ),
     Entry(
-        "bench.harness.probe_gateway",
+        "bench.instruments.probe_gateway",
         does=(
             "the gateway with a simulated engine that logs when each abort was asked for and "
             "applied (gateway.cancel, proxy.cancel and grpc.paths start it)"
@@ -448,7 +448,7 @@ CATALOG: tuple[Entry, ...] = (
         kind=Kind.HELPER,
     ),
     Entry(
-        "bench.harness.sse_source",
+        "bench.instruments.sse_source",
         does=(
             "an SSE and short-call upstream (the proxy, scaling and short-call benchmarks start it)"
         ),

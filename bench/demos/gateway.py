@@ -15,7 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.harness.processes import REPO, Process, spawn
+from bench.base.processes import REPO, Process, spawn
 
 MODEL = "hangup-sim"
 TOKENS_BEFORE_CANCEL = 12

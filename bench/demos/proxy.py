@@ -21,9 +21,9 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.harness.processes import REPO, Process, spawn
-from bench.harness.scrape import scrape_async
-from bench.harness.waiting import wait_until
+from bench.base.processes import REPO, Process, spawn
+from bench.base.scrape import scrape_async
+from bench.base.waiting import wait_until
 
 MODEL = "hangup-sim"
 TOKENS_BEFORE_HANGUP = 12

@@ -49,7 +49,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.harness.processes import Process, children, spawn
+from bench.base.processes import Process, children, spawn
 from bench.harness.vllm_stack import IGNORE_EOS, MODEL, make_tiny_model, vllm_gateway
 
 TOKENS = 120

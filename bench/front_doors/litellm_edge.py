@@ -45,12 +45,12 @@ from typing import Any
 
 import aiohttp
 
-from bench.harness import truss_server
+from bench.base.processes import REPO, Process, spawn
+from bench.base.scrape import metric_sum, scrape, total
 from bench.harness.front_doors import MODEL, idle, running_front_door
-from bench.harness.processes import REPO, Process, spawn
-from bench.harness.scrape import metric_sum, scrape, total
-from bench.harness.stats import median_p99
+from bench.harness.truss import server as truss_server
 from bench.harness.vllm_stack import ENGINE_ARGS, IGNORE_EOS, make_tiny_model, vllm_serve
+from bench.instruments.stats import median_p99
 
 ENDED_S = 2.0  # a hang-up ended on its pod within this of the client's close
 TOKEN = "pod-token"

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import aiohttp
 
+from bench.base.processes import REPO, Process
 from bench.harness.front_doors import (
     FRONT_DOORS,
     PHASE,
@@ -44,9 +45,8 @@ from bench.harness.front_doors import (
     running_front_door,
     stack,
 )
-from bench.harness.processes import REPO, Process
-from bench.harness.stats import median_p99
 from bench.harness.unavailable import Unavailable
+from bench.instruments.stats import median_p99
 
 STAGES = ("queued", "prefill", "decode", "stream")
 # A front door with one setting of the shipped configuration undone: what that setting is for.

@@ -39,12 +39,12 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.harness.processes import REPO, children, spawn
-from bench.harness.scrape import scrape_async, total
+from bench.base.processes import REPO, children, spawn
+from bench.base.scrape import scrape_async, total
 from bench.harness.stack import completion_request
-from bench.harness.stats import cpu_of, median_p99
 from bench.harness.vllm_stack import MODEL as TINY
 from bench.harness.vllm_stack import make_tiny_model, vllm_serve_process
+from bench.instruments.stats import cpu_of, median_p99
 from gateway_server.siblings import home_of
 from gateway_server.siblings.processes import METRICS_ENV, SLOT_ENV, SUPERVISOR_ENV
 

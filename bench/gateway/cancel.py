@@ -25,8 +25,8 @@ import time
 
 import aiohttp
 
-from bench.harness.processes import REPO, spawn
-from bench.harness.stats import cpu_seconds, median_p99, rss_mib
+from bench.base.processes import REPO, spawn
+from bench.instruments.stats import cpu_seconds, median_p99, rss_mib
 
 MODEL = "hangup-sim"
 WIDTHS = (7, 8, 13, 10, 11, 13, 13, 16, 15)
@@ -100,7 +100,7 @@ async def main() -> None:
             *("--sim-step-base", "0.01", "--sim-step-per-seq", "0.0001"),
             *("--probe-log", str(boundary_log)),
         ]
-        with spawn("bench.harness.probe_gateway", gw_args, work) as gw:
+        with spawn("bench.instruments.probe_gateway", gw_args, work) as gw:
             result = await level(gw.url(), gw.popen.pid, n, min(n, args.cancels), args.window)
             gw.terminate()
         records = [json.loads(line) for line in boundary_log.read_text().splitlines()]

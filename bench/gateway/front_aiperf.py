@@ -29,12 +29,12 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.base.processes import REPO
+from bench.base.scrape import scrape_async, total
 from bench.gateway.api_processes import VLLM_ENGINE, front, gateway
-from bench.harness.processes import REPO
-from bench.harness.scrape import scrape_async, total
-from bench.harness.stats import cpu_of
 from bench.harness.vllm_stack import MODEL as TINY
 from bench.harness.vllm_stack import make_tiny_model, vllm_serve_process
+from bench.instruments.stats import cpu_of
 
 TOKENS = {"hangup": "hangup_gateway_generated_tokens_total", "vllm": "vllm:generation_tokens_total"}
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import grpc
 
+from bench.base.processes import REPO
+from bench.base.waiting import poll_until
 from bench.grpc.paths import (
     PATHS,
     aborts,
@@ -31,9 +33,7 @@ from bench.grpc.paths import (
     stubs,
     text_request,
 )
-from bench.harness.processes import REPO
-from bench.harness.stats import median_p99
-from bench.harness.waiting import poll_until
+from bench.instruments.stats import median_p99
 
 LONG = 4000  # tokens: 40 s at 10 ms a step
 

@@ -44,7 +44,7 @@ import grpc
 import uvloop
 
 from bench.grpc.paths import envoy
-from bench.harness.stats import cpu_seconds
+from bench.instruments.stats import cpu_seconds
 from hangup_contract.protos import inference_pb2 as pb
 
 SERVICE = "inference.GRPCInferenceService"

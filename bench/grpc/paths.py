@@ -5,9 +5,9 @@
 - ``envoy``: client → Envoy (HTTP/2 router, one worker thread) → gateway. Envoy resets the
   upstream stream when the client resets its own, and makes no cancel call.
 
-Every path gets a fresh gateway (``bench.harness.probe_gateway``: it logs when each abort was asked
-of the engine and when a step boundary applied it) so runs do not disturb each other. Envoy binds
-port 0; its bound port is read from its admin API, polled until it answers (no sleeps on a
+Every path gets a fresh gateway (``bench.instruments.probe_gateway``: it logs when each abort was
+asked of the engine and when a step boundary applied it) so runs do not disturb each other. Envoy
+binds port 0; its bound port is read from its admin API, polled until it answers (no sleeps on a
 guess).
 """
 
@@ -27,8 +27,8 @@ from typing import Any
 
 import grpc
 
-from bench.harness.processes import spawn
-from bench.harness.scrape import scrape
+from bench.base.processes import spawn
+from bench.base.scrape import scrape
 from hangup_contract.protos import inference_pb2 as pb
 
 PATHS = ("direct", "hangup", "envoy")
@@ -141,7 +141,7 @@ def path(name: str, work: Path, gateway_args: list[str]) -> Iterator[Path_]:
     boundary_log = work / f"probe-{name}.jsonl"
     args = ["--http-port", "0", "--grpc-port", "0", "--log-level", "ERROR", *gateway_args,
             "--probe-log", str(boundary_log)]  # fmt: skip
-    with spawn("bench.harness.probe_gateway", args, work / f"gw-{name}") as gw:
+    with spawn("bench.instruments.probe_gateway", args, work / f"gw-{name}") as gw:
         try:
             if name == "direct":
                 yield Path_(name, gw.listeners["grpc"], gw.url(), gw.popen.pid, None, boundary_log)

@@ -22,9 +22,9 @@ from typing import Any
 
 import grpc
 
+from bench.base.processes import REPO
 from bench.grpc.paths import PATHS, path, stubs, text_request
-from bench.harness.processes import REPO
-from bench.harness.stats import cpu_seconds, median_p99
+from bench.instruments.stats import cpu_seconds, median_p99
 
 
 async def unary_latencies(infer: Any, calls: int) -> list[float]:

@@ -40,7 +40,7 @@ over one more event. **µs per token** divides by tokens instead (SSE: events le
 call; gRPC: counted by the client in the responses' text, a word a token as the simulated engine
 writes them). The loads run in processes of their own (one
 for gRPC, one channel; one for SSE), not counted. No CPU quota unless ``--core`` gives every
-measured server that share of a core (root, a writable cgroup: :mod:`bench.harness.cgroups`).
+measured server that share of a core (root, a writable cgroup: :mod:`bench.instruments.cgroups`).
 
 Prints a JSON line per row and round, then a table of medians with the ratios the issue names
 (gRPC to SSE per token; gRPC to the floor per response). Run:
@@ -67,12 +67,12 @@ from typing import Any
 import grpc
 import uvloop
 
+from bench.base.processes import REPO, child_env, stop_group, wait_ready
 from bench.grpc.floor import SERVICE, STREAM, stream_response
 from bench.grpc.floor import server_process as floor_server
 from bench.grpc.paths import text_request
-from bench.harness.cgroups import Controller, CpuGroup, cpu_controller
-from bench.harness.processes import REPO, child_env, stop_group, wait_ready
-from bench.harness.stats import cpu_of, print_json_line
+from bench.instruments.cgroups import Controller, CpuGroup, cpu_controller
+from bench.instruments.stats import cpu_of, print_json_line
 from bench.scaling.relays import SIM
 from hangup_contract.protos import inference_pb2 as pb
 

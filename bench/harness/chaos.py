@@ -41,13 +41,13 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
+from bench.base.scrape import scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.chaos_report import PhaseReport, settle, summary
 from bench.harness.chaos_traffic import HANG_UP_TOKENS, Client, Request, http_call, references
 from bench.harness.faults import Pod
-from bench.harness.scrape import scrape_async, total
 from bench.harness.stack import MODEL
 from bench.harness.vllm_stack import ENGINE_ARGS
-from bench.harness.waiting import wait_until
 
 FAULTS = ("none", "reset_upstream", "stop_gateway", "kill_gateway", "kill_engine", "hang_engine",
           "drain_gateway", "kill_proxy_worker", "kill_proxy", "drain_proxy")  # fmt: skip

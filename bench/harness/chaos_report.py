@@ -29,11 +29,11 @@ from typing import Any
 
 import aiohttp
 
+from bench.base.scrape import scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.faults import Pod
 from bench.harness.log_records import stray_lines
-from bench.harness.scrape import scrape_async, total
 from bench.harness.stack import in_flight
-from bench.harness.waiting import wait_until
 
 SETTLE_S = 10.0
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.harness.waiting import poll_until
+from bench.base.waiting import poll_until
 
 CONFIG = """
 admin:

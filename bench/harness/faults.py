@@ -32,9 +32,9 @@ from pathlib import Path
 import aiohttp
 import grpc
 
-from bench.harness.processes import Process, children, group_members, start
+from bench.base.processes import Process, children, group_members, start
+from bench.base.waiting import wait_until
 from bench.harness.stack import TOKEN
-from bench.harness.waiting import wait_until
 
 READY = '"vllm_worker_ready"'
 GROUP_EXIT_S = 10.0

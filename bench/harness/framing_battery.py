@@ -29,10 +29,10 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from bench.base.waiting import wait_until
 from bench.harness.framing_cases import REQUESTS, RESPONSES, Case, ResponseCase
 from bench.harness.raw_http import RawServer
 from bench.harness.recording_upstream import SEEN, Parsed, RecordingUpstream
-from bench.harness.waiting import wait_until
 
 # The clocks only ever make a case wait for what does not come; none decides a verdict of a
 # target that answers, however loaded the machine (a busy CI runner takes a second at times).

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.base.processes import spawn
 from bench.harness.envoy import running_envoy
 from bench.harness.framing_battery import (
     Result,
@@ -33,7 +34,6 @@ from bench.harness.framing_battery import (
 )
 from bench.harness.framing_cases import REQUESTS
 from bench.harness.naive_relay import NaiveRelay
-from bench.harness.processes import spawn
 from bench.harness.recording_upstream import RecordingUpstream
 
 _PORTS = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0"]

@@ -21,10 +21,10 @@ from typing import Any
 
 import aiohttp
 
-from bench.harness.processes import REPO, Process, spawn, stop_group
-from bench.harness.scrape import scrape, total
+from bench.base.processes import REPO, Process, spawn, stop_group
+from bench.base.scrape import scrape, total
+from bench.base.waiting import poll_until, wait_until
 from bench.harness.unavailable import Unavailable
-from bench.harness.waiting import poll_until, wait_until
 
 ROOT = REPO / ".front-doors" / "root"
 CONFIGS = REPO / "docs" / "front-doors"

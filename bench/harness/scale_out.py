@@ -24,8 +24,8 @@ from typing import Any
 
 import aiohttp
 
+from bench.base.scrape import Samples, parse, total
 from bench.harness.envoy import Envoy, running_envoy
-from bench.harness.scrape import Samples, parse, total
 from bench.harness.stack import MODEL, TOKEN, Stack, running_stack
 
 KINDS = ("completion", "completion_stream", "chat", "chat_stream", "generate_stream")

@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.harness.processes import Process, spawn
+from bench.base.processes import Process, spawn
 
 MODEL = "hangup-sim"
 TOKEN = "proxy-test-token"

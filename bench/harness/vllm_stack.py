@@ -22,9 +22,9 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from bench.harness.processes import REPO, Process, child_env, spawn
-from bench.harness.scrape import Samples, scrape, total
-from bench.harness.waiting import poll_until
+from bench.base.processes import REPO, Process, child_env, spawn
+from bench.base.scrape import Samples, scrape, total
+from bench.base.waiting import poll_until
 
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.harness.processes import REPO
+from bench.base.processes import REPO
 from bench.harness.vllm_stack import ENGINE_ARGS, make_tiny_model
 from bench.headline import charts, report
 from bench.headline.load import Load, Point, command, read

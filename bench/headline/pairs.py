@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.base.processes import Process, spawn
+from bench.base.scrape import scrape
 from bench.harness.front_doors import MODEL as LITELLM_MODEL
 from bench.harness.front_doors import running_front_door
-from bench.harness.processes import Process, spawn
-from bench.harness.scrape import scrape
-from bench.harness.triton_server import TritonServer
-from bench.harness.triton_vllm import MODEL as TRITON_MODEL
-from bench.harness.triton_vllm import engine, triton_with_vllm
+from bench.harness.triton.server import TritonServer
+from bench.harness.triton.vllm import MODEL as TRITON_MODEL
+from bench.harness.triton.vllm import engine, triton_with_vllm
 from bench.harness.vllm_stack import ENGINE_ARGS, MODEL, vllm_gateway, vllm_serve
 from bench.headline.load import Api
 

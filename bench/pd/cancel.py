@@ -46,11 +46,11 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.harness.aiperf_export import request_ids
-from bench.harness.processes import REPO, descendants
-from bench.harness.scrape import scrape_async
-from bench.harness.stats import cpu_of
+from bench.base.processes import REPO, descendants
+from bench.base.scrape import scrape_async
 from bench.harness.vllm_stack import make_tiny_model
+from bench.instruments.aiperf_export import request_ids
+from bench.instruments.stats import cpu_of
 from bench.pd.hol import PROBE_PROMPT, head_of_line, probe
 from bench.pd.report import choose_delays, owners, report
 from bench.pd.stack import (

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from bench.harness.scrape import scrape_async
+from bench.base.scrape import scrape_async
 from bench.harness.vllm_stack import LONG_PROMPT, MODEL
 from bench.pd.stack import Stack, calls, cancellations, wait_freed
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.harness.aiperf_export import AiperfRun, read_run
-from bench.harness.processes import REPO, Process, spawn
-from bench.harness.scrape import Samples, delta, scrape_async, total
+from bench.base.processes import REPO, Process, spawn
+from bench.base.scrape import Samples, delta, scrape_async, total
 from bench.harness.vllm_stack import MODEL, WORKERS, vllm_gateway
+from bench.instruments.aiperf_export import AiperfRun, read_run
 from bench.pd.report import PHASES
 
 CANCELLATIONS = "hangup_gateway_cancellations_total"

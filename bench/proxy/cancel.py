@@ -1,7 +1,7 @@
 """Benchmark: client hang-up → engine abort, direct to the gateway, through hangup's proxy and
 through Envoy, with the same workload in one run.
 
-The gateway runs with a probe engine (``bench/harness/probe_gateway.py``: the normal gateway and
+The gateway runs with a probe engine (``bench/instruments/probe_gateway.py``: the normal gateway and
 simulated engine, recording per aborted request when the abort was asked for, which step
 boundary applied it and how many tokens it had generated). For each path, ``--calls`` streaming
 completions run ``--concurrency`` at a time; each client reads a seeded random number of tokens,
@@ -34,9 +34,9 @@ import statistics
 import struct
 import time
 
+from bench.base.processes import REPO, spawn
 from bench.harness.envoy import running_envoy
-from bench.harness.processes import REPO, spawn
-from bench.harness.stats import quantile
+from bench.instruments.stats import quantile
 
 MODEL = "hangup-sim"
 
@@ -125,7 +125,7 @@ async def main() -> None:
         "--sim-step-per-seq", "0.0001", "--probe-log", str(probe_log),
     ]  # fmt: skip
     results: dict[str, dict[str, tuple[float, int]]] = {}
-    with spawn("bench.harness.probe_gateway", gw_args, work / "gateway") as gateway:
+    with spawn("bench.instruments.probe_gateway", gw_args, work / "gateway") as gateway:
         port = int(gateway.listeners["http"].rsplit(":", 1)[1])
         px_args = [
             "--http-port", "0", "--grpc-port", "0", "--admin-port", "0", "--log-level", "WARNING",

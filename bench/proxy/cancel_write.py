@@ -20,7 +20,7 @@ import statistics
 import time
 from typing import Any
 
-from bench.harness.stats import quantile
+from bench.instruments.stats import quantile
 from hangup_contract.vocabulary import Reason
 
 ANSWER = b'{"request_id": "x", "state": "cancelled", "phase": "decode"}'

@@ -1,9 +1,9 @@
 """Benchmark: what the proxy adds, against Envoy and against no proxy at all.
 
-One SSE source (``bench/harness/sse_source.py``, aiohttp on uvloop) is reached three ways: direct,
-through hangup's proxy, and through Envoy (one worker thread, ``bench/harness/envoy.py``). Clients
-are raw asyncio connections (HTTP/1.1 written by hand, chunked framing decoded here) so that the
-client's own cost stays small and equal for every path. Reported per path:
+One SSE source (``bench/instruments/sse_source.py``, aiohttp on uvloop) is reached three ways:
+direct, through hangup's proxy, and through Envoy (one worker thread, ``bench/harness/envoy.py``).
+Clients are raw asyncio connections (HTTP/1.1 written by hand, chunked framing decoded here) so that
+the client's own cost stays small and equal for every path. Reported per path:
 
 - ``ttfb``: request written → response head read, for a 2-byte answer: ``--ttfb-calls``
   sequential calls on one keep-alive connection, alone (``@1``) and while 63 other SSE streams
@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from bench.base.processes import REPO, spawn
 from bench.harness.envoy import running_envoy
-from bench.harness.processes import REPO, spawn
-from bench.harness.stats import cpu_seconds, median_p99, rss_mib
+from bench.instruments.stats import cpu_seconds, median_p99, rss_mib
 
 STAMP = re.compile(rb'"t": ([0-9.]+)')
 
@@ -224,7 +224,7 @@ async def main() -> None:
     parser.add_argument("--paths", default="direct,hangup,envoy")
     args = parser.parse_args()
     work = REPO / ".demo" / "bench-proxy-overhead"
-    with spawn("bench.harness.sse_source", ["--port", "0"], work / "source") as source:
+    with spawn("bench.instruments.sse_source", ["--port", "0"], work / "source") as source:
         port = int(source.listeners["http"].rsplit(":", 1)[1])
         px_args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
                    "--log-level", "WARNING",

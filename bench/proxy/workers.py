@@ -1,8 +1,8 @@
 """Benchmark: relaying token-like SSE streams with more than one core, side by side in one run:
 hangup ``--workers 1`` and ``--workers 2``, Envoy ``--concurrency 1`` and ``2``, and no proxy.
 
-The source (``bench/harness/sse_source.py``, ``--sources`` processes sharing one port) writes each
-event separately, as an engine streams tokens; the client is this process (raw asyncio
+The source (``bench/instruments/sse_source.py``, ``--sources`` processes sharing one port) writes
+each event separately, as an engine streams tokens; the client is this process (raw asyncio
 connections, ``bench.proxy.overhead``'s). For each path and stream count: events/s at
 saturation, and CPU ms per 1000 events of the relay (every process of it: hangup's supervisor
 and workers), of the source and of the client. Where the cores went is printed too: if relay,
@@ -25,10 +25,10 @@ import contextlib
 import os
 import time
 
+from bench.base.processes import REPO, Process, children, spawn
 from bench.harness.envoy import running_envoy
-from bench.harness.processes import REPO, Process, children, spawn
-from bench.harness.sse_source import sources
-from bench.harness.stats import cpu_of
+from bench.instruments.sse_source import sources
+from bench.instruments.stats import cpu_of
 from bench.proxy.overhead import run, saturate
 
 

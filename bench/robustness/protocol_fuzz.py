@@ -22,10 +22,10 @@ from pathlib import Path
 import aiohttp
 import grpc
 
+from bench.base.waiting import wait_until
 from bench.harness import grpc_fuzz
 from bench.harness.http_fuzz import cases, run_all, send
 from bench.harness.stack import in_flight, running_stack
-from bench.harness.waiting import wait_until
 
 CONCURRENCY = 32
 

@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.harness.processes import spawn
-from bench.harness.scrape import metric_sum
+from bench.base.processes import spawn
+from bench.base.scrape import metric_sum
 
 MARKS_S = {"head": (5, 20, 35, 45), "body": (5, 50, 65, 80, 90)}
 REASON = {"head": "header_timeout", "body": "body_timeout"}

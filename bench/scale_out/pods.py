@@ -27,7 +27,9 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.harness.processes import descendants
+from bench.base.processes import descendants
+from bench.base.scrape import Samples, total
+from bench.base.waiting import wait_until
 from bench.harness.scale_out import (
     in_flight,
     logged,
@@ -36,10 +38,8 @@ from bench.harness.scale_out import (
     running_pods,
     scrape_all,
 )
-from bench.harness.scrape import Samples, total
 from bench.harness.stack import MODEL, Stack, running_stack
-from bench.harness.stats import cpu_of, median_p99, quantile
-from bench.harness.waiting import wait_until
+from bench.instruments.stats import cpu_of, median_p99, quantile
 
 GATEWAY = ["--workers", "2", "--sim-slots", "16", "--sim-step-base", "0.02"]
 

@@ -1,5 +1,5 @@
 """Do the proxy's workers and the gateway's API processes scale with cores? Each relaying process
-gets a simulated core (a CPU quota, ``bench.harness.cgroups``) or a real one of its own.
+gets a simulated core (a CPU quota, ``bench.instruments.cgroups``) or a real one of its own.
 
 ``cores`` is the benchmark (tables for the proxy beside Envoy and for the gateway); ``relays``
 starts what it measures, ``load`` is its load generator (a process of its own), ``report`` its

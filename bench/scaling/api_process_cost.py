@@ -2,8 +2,8 @@
 
 ``bench.scaling.cores`` found four API processes at 64 streams well short of four times one process
 (3.04x). This separates the suspects, each gateway process with the same CPU quota (``--core``
-of a real core, :mod:`bench.harness.cgroups`; the simulated engine stepping every ``--sim-step``),
-streaming completions of 400 tokens through ``bench.scaling.load``, in one run:
+of a real core, :mod:`bench.instruments.cgroups`; the simulated engine stepping every
+``--sim-step``), streaming completions of 400 tokens through ``bench.scaling.load``, in one run:
 
 - **one**: one gateway process (``--api-processes 1``) with ``--streams`` streams;
 - **independent**: ``--processes`` such gateways side by side, each with its own load of
@@ -19,7 +19,7 @@ and round. Run as root where cgroup CPU quotas can be written:
 ``.venv/bin/python -m bench.scaling.api_process_cost`` (about two minutes); elsewhere it says so and
 exits 0. ``--real-cores`` (a machine with more cores than the processes and their load): each
 serving process pinned to a physical core of its own instead of a quota, the load generators
-on the other cores (:class:`bench.harness.cgroups.RealCores`). ``--no-quota``: no quota and no
+on the other cores (:class:`bench.instruments.cgroups.RealCores`). ``--no-quota``: no quota and no
 pinning, every process sharing the machine (with ``--sim-step 0`` each is busy all the time).
 """
 
@@ -33,9 +33,15 @@ import subprocess
 import sys
 import time
 
-from bench.harness.cgroups import Controller, CpuGroup, NoCpuController, RealCores, cpu_controller
-from bench.harness.processes import REPO, spawn
-from bench.harness.stats import cpu_of
+from bench.base.processes import REPO, spawn
+from bench.instruments.cgroups import (
+    Controller,
+    CpuGroup,
+    NoCpuController,
+    RealCores,
+    cpu_controller,
+)
+from bench.instruments.stats import cpu_of
 from bench.scaling.relays import SIM, _pids
 
 

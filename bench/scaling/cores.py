@@ -1,14 +1,14 @@
 """Benchmark: do the proxy's workers and the gateway's API processes scale with cores? Each
-relaying process gets a simulated core of its own (a CPU quota, :mod:`bench.harness.cgroups`), the
-load generator and the upstream none, so the relay, not the machine, is the scarce resource.
+relaying process gets a simulated core of its own (a CPU quota, :mod:`bench.instruments.cgroups`),
+the load generator and the upstream none, so the relay, not the machine, is the scarce resource.
 
 Tables (``--cores 1,2,3,4``: N simulated cores; ``--core 0.1``: one is a tenth of a real core):
 
 - **proxy**: hangup ``--workers N``, each worker in a cgroup of its own with one core's quota,
   side by side with Envoy ``--concurrency N`` in one cgroup with N cores' quota, relaying
-  token-like SSE (``bench/harness/sse_source.py``, one write per event) to ``--streams`` streaming
-  calls of ``--events`` events each, every call on a new connection (``--keep-alive``: each
-  client loop's calls on one) (:mod:`bench.scaling.load`);
+  token-like SSE (``bench/instruments/sse_source.py``, one write per event) to ``--streams``
+  streaming calls of ``--events`` events each, every call on a new connection (``--keep-alive``:
+  each client loop's calls on one) (:mod:`bench.scaling.load`);
 - **gateway**: hangup ``--api-processes N`` (``--workers N``, the simulated engine stepping every
   4 ms with no cost per sequence, so it is never the limit), each API process in a cgroup of
   its own, streaming completions of ``--events`` tokens.
@@ -24,7 +24,7 @@ generator can drive. For every row: events/s and its ratio to one core's, relay 
   (:mod:`bench.scaling.report`).
 
 An invalid row is reported, marked with why. The spread: how many calls the kernel gave each
-process (``max/min``), from :mod:`bench.harness.spread`.
+process (``max/min``), from :mod:`bench.instruments.socket_owners`.
 
 Run: ``.venv/bin/python -m bench.scaling.cores --out DIR`` (writes ``DIR/report.md`` and
 ``DIR/rows.json``; about 10 minutes with the defaults, 13 with ``--one-process``). On a machine
@@ -32,7 +32,7 @@ without a writable cgroup CPU controller it says so and exits 0 having measured 
 ``--many-core`` picks defaults for a machine with 16 cores or more (see docs/benchmarks.md);
 ``--real-cores`` makes each simulated core a whole real one there (each relaying process pinned
 to a physical core of its own, no quota, no unconstrained rows; for a machine whose cgroups
-cannot be written or do not throttle, :class:`bench.harness.cgroups.RealCores`).
+cannot be written or do not throttle, :class:`bench.instruments.cgroups.RealCores`).
 
 This module measures the rows and tables and holds the command line; the relays are started and
 given their quotas in :mod:`bench.scaling.relays`.
@@ -52,7 +52,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.harness.cgroups import (
+from bench.base.processes import REPO
+from bench.instruments.cgroups import (
     PERIOD_US,
     Controller,
     CpuGroup,
@@ -61,10 +62,9 @@ from bench.harness.cgroups import (
     RealCores,
     cpu_controller,
 )
-from bench.harness.processes import REPO
-from bench.harness.spread import Owners
-from bench.harness.sse_source import sources
-from bench.harness.stats import cpu_of, syscalls
+from bench.instruments.socket_owners import Owners
+from bench.instruments.sse_source import sources
+from bench.instruments.stats import cpu_of, syscalls
 from bench.scaling.relays import Relay, gateways, proxies
 from bench.scaling.report import HEADER, headroom, line, ratios, why_invalid, write_report
 

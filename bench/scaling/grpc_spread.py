@@ -4,9 +4,9 @@ port against each process's own port (``--grpc-process-ports``), in one run.
 The proxy keeps one HTTP/2 connection to an upstream address, so through the shared port (the
 processes bind it with ``SO_REUSEPORT``) every call reaches the process that accepted that one
 connection; given every process's own port, it connects to each and spreads its calls over them.
-Each gateway process has ``--core`` of a real core (a CPU quota, :mod:`bench.harness.cgroups`); the
-proxy (``--workers 1``) and the load (this process: ``--streams`` ModelStreamInfer streams of 400
-tokens, each followed by the next) have none. Rows, alternating each round:
+Each gateway process has ``--core`` of a real core (a CPU quota, :mod:`bench.instruments.cgroups`);
+the proxy (``--workers 1``) and the load (this process: ``--streams`` ModelStreamInfer streams of
+400 tokens, each followed by the next) have none. Rows, alternating each round:
 
 - **one process**: a one-process gateway, the baseline;
 - **shared port**: ``--api-processes N``, the proxy given the shared port;
@@ -30,10 +30,10 @@ from typing import Any
 
 import grpc
 
+from bench.base.processes import REPO, spawn
 from bench.grpc.paths import stubs, text_request
-from bench.harness.cgroups import CpuGroup, NoCpuController, cpu_controller
-from bench.harness.processes import REPO, spawn
-from bench.harness.stats import cpu_seconds
+from bench.instruments.cgroups import CpuGroup, NoCpuController, cpu_controller
+from bench.instruments.stats import cpu_seconds
 from bench.scaling.relays import SIM, _pids
 
 

@@ -28,7 +28,7 @@ import typing
 
 import uvloop
 
-from bench.harness.stats import print_json_line
+from bench.instruments.stats import print_json_line
 
 _END = b"\r\n0\r\n\r\n"  # the last chunk of a chunked response
 

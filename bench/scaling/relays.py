@@ -1,8 +1,9 @@
 """The relays that ``bench.scaling.cores`` measures, and their simulated cores: hangup's proxy
 (``--workers N``) beside Envoy (``--concurrency N``), and the gateway (``--api-processes N``) on
 the simulated engine, each started for one table; every relaying process group then gets a
-cgroup of its own with a CPU quota (:mod:`bench.harness.cgroups`), removed when the table is done
-(or, with ``--real-cores``, a whole core of its own: :class:`bench.harness.cgroups.RealCores`).
+cgroup of its own with a CPU quota (:mod:`bench.instruments.cgroups`), removed when the table is
+done (or, with ``--real-cores``, a whole core of its own:
+:class:`bench.instruments.cgroups.RealCores`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.harness.cgroups import PERIOD_US, Controller, CpuGroup, RealCores
+from bench.base.processes import Process, children, descendants, spawn
 from bench.harness.envoy import envoy_binary, running_envoy
-from bench.harness.processes import Process, children, descendants, spawn
+from bench.instruments.cgroups import PERIOD_US, Controller, CpuGroup, RealCores
 
 SIM = [
     "--engine",

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from bench.harness.cgroups import Controller, RealCores
+from bench.instruments.cgroups import Controller, RealCores
 
 USED = 0.9  # of its quota a process must use for a row to count
 THROTTLED = 0.5  # of the periods in which it must have been throttled

@@ -7,9 +7,9 @@ order flipped every round), so both see the same machine; it prints each window 
 of the paired differences. Start the other tree with ``git worktree add /tmp/base <commit>``.
 
 ``--triton``: both proxies are the Triton bridge (``--cancel-adapter triton``) in front of one
-real Triton's gRPC port (``bench/harness/triton_server``), called as ``bench.short_calls.one_core``
-calls it: the 1 KiB body to the ``slow`` model with no steps, which answers at once. Triton's
-CPU is not counted; only each proxy's.
+real Triton's gRPC port (``bench/harness/triton/server.py``), called as
+``bench.short_calls.one_core`` calls it: the 1 KiB body to the ``slow`` model with no steps, which
+answers at once. Triton's CPU is not counted; only each proxy's.
 
 ``--token``: both proxies run with a cancel token (``--cancel-token-file``), as the chart runs
 them: every call is held by id for the proxy's own cancel API.
@@ -39,9 +39,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.harness.processes import REPO
-from bench.harness.sse_source import sources
-from bench.harness.triton_server import install, running_triton
+from bench.base.processes import REPO
+from bench.harness.triton.server import install, running_triton
+from bench.instruments.sse_source import sources
 from bench.short_calls.free import window
 
 TRITON_PATH = "/v2/models/slow/infer"

@@ -13,7 +13,7 @@ answers at once, 16 client loops), no CPU quota, one process each, in one run:
 - **hangup's proxy** (``--workers 1``) and **Envoy** (``--concurrency 1``).
 
 ``--triton``: the same question for the Triton bridge, in front of a real Triton
-(``bench/harness/triton_server``) called as ``bench.short_calls.one_core`` calls it (the 1 KiB
+(``bench/harness/triton/server.py``) called as ``bench.short_calls.one_core`` calls it (the 1 KiB
 body to the ``slow`` model with no steps, which answers at once):
 
 - **the bridge floor**: a bridge of a few dozen lines, written here (:class:`_BridgeFloor`), that
@@ -56,10 +56,10 @@ import httptools
 import msgspec
 import uvloop
 
+from bench.base.processes import REPO
 from bench.harness.envoy import envoy_binary
-from bench.harness.processes import REPO
-from bench.harness.sse_source import sources
-from bench.harness.triton_server import install, running_triton
+from bench.harness.triton.server import install, running_triton
+from bench.instruments.sse_source import sources
 from bench.scaling.relays import envoy_relay, proxy_relay
 from bench.short_calls.free import window
 from bench.short_calls.load import BODY

@@ -20,9 +20,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness.processes import REPO
-from bench.harness.sse_source import sources
-from bench.harness.stats import cpu_of
+from bench.base.processes import REPO
+from bench.instruments.sse_source import sources
+from bench.instruments.stats import cpu_of
 from bench.scaling.relays import proxy_relay
 
 

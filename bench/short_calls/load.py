@@ -21,7 +21,7 @@ import time
 
 import uvloop
 
-from bench.harness.stats import print_json_line
+from bench.instruments.stats import print_json_line
 
 BODY = json.dumps(
     {
@@ -30,7 +30,7 @@ BODY = json.dumps(
     }
 ).encode()
 """The request body: a KServe v2 call with 155 numbers, 1 KiB of JSON (for a real Triton, the
-``slow`` model of ``tests/triton/models`` with no steps: it answers at once)."""
+``slow`` model of ``bench/harness/triton/models`` with no steps: it answers at once)."""
 
 
 class _Window:

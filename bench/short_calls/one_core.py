@@ -1,10 +1,10 @@
 """Benchmark: what a short call costs through hangup's proxy against Envoy, at one simulated core.
 
-A model that answers at once (``POST /infer`` of ``bench/harness/sse_source.py``: a 1 KiB JSON
+A model that answers at once (``POST /infer`` of ``bench/instruments/sse_source.py``: a 1 KiB JSON
 body in, a 1 KiB JSON answer out), behind hangup's proxy (``--workers 1``) and Envoy
 (``--concurrency 1``) side by side, each in a cgroup of its own with ``--core`` of a real core
-(:mod:`bench.harness.cgroups`; the upstream and the load generator have no quota). For each way of
-connecting (a new connection per call; each client loop's calls on one kept-alive connection):
+(:mod:`bench.instruments.cgroups`; the upstream and the load generator have no quota). For each way
+of connecting (a new connection per call; each client loop's calls on one kept-alive connection):
 
 - **saturation**: ``--concurrency`` loops call as fast as answers come, ``--window`` seconds:
   calls/s and the relay's CPU µs per call (its processes' CPU over the calls in the window),
@@ -16,11 +16,11 @@ connecting (a new connection per call; each client loop's calls on one kept-aliv
   its whole quota at that rate (paced calls each cost more than calls at saturation) waits for
   its next CFS period: its p99 is then the throttling's, whichever relay it is.
 
-Then the same two tables in front of a real Triton (``bench/harness/triton_server``; its venv as
+Then the same two tables in front of a real Triton (``bench/harness/triton/server.py``; its venv as
 ``make test`` installs it, else skipped saying why; ``--no-triton``): the same body to the
-``slow`` model of ``tests/triton/models`` with no steps, which answers at once, through hangup's
-Triton bridge (``--cancel-adapter triton``: HTTP in, gRPC ``ModelInfer`` out, so that a hang-up
-cancels the request) against Envoy relaying HTTP to Triton's own HTTP port.
+``slow`` model of ``bench/harness/triton/models`` with no steps, which answers at once, through
+hangup's Triton bridge (``--cancel-adapter triton``: HTTP in, gRPC ``ModelInfer`` out, so that a
+hang-up cancels the request) against Envoy relaying HTTP to Triton's own HTTP port.
 
 Relays alternate within each round (``--rounds``), so drift on a shared machine hits both.
 
@@ -45,12 +45,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness.cgroups import PERIOD_US, Controller, CpuGroup, NoCpuController, cpu_controller
+from bench.base.processes import REPO, children
 from bench.harness.envoy import envoy_binary
-from bench.harness.processes import REPO, children
-from bench.harness.sse_source import sources
-from bench.harness.stats import cpu_of, quantile
-from bench.harness.triton_server import install, running_triton
+from bench.harness.triton.server import install, running_triton
+from bench.instruments.cgroups import (
+    PERIOD_US,
+    Controller,
+    CpuGroup,
+    NoCpuController,
+    cpu_controller,
+)
+from bench.instruments.sse_source import sources
+from bench.instruments.stats import cpu_of, quantile
 from bench.scaling.cores import load_group
 from bench.scaling.relays import Relay, envoy_relay, limited, proxy_relay
 

@@ -1,7 +1,7 @@
 """Benchmark: what reaches a real Triton's model when a client hangs up, direct, through hangup's
 proxy relaying HTTP as it is, and through its Triton bridge.
 
-One real Triton 2.51.0 (``bench/harness/triton_server.py``: the tier's launcher, the project's
+One real Triton 2.51.0 (``bench/harness/triton/server.py``: the tier's launcher, the project's
 python-backend models, each checking ``is_cancelled()`` every 50 ms step and recording how each
 request ended) and two proxies in front of it: ``--cancel-adapter none`` (``proxy``: HTTP relayed
 as it is; over gRPC, closing the upstream call is Triton's cancellation) and ``--cancel-adapter
@@ -45,11 +45,11 @@ import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
-from bench.harness.processes import REPO, spawn
-from bench.harness.stats import cpu_seconds, median_p99
-from bench.harness.triton_io import Stream, hang_up_http
-from bench.harness.triton_server import TritonServer, install, running_triton
-from bench.harness.waiting import wait_until
+from bench.base.processes import REPO, spawn
+from bench.base.waiting import wait_until
+from bench.harness.triton.io import Stream, hang_up_http
+from bench.harness.triton.server import TritonServer, install, running_triton
+from bench.instruments.stats import cpu_seconds, median_p99
 
 STEP_S = 0.05
 LONG = 60  # tokens or steps: 3 s, what a hang-up never seen costs each call here

@@ -1,6 +1,6 @@
 """Benchmark: client -> hangup's proxy -> Triton -> vLLM. Does a client's hang-up free the engine?
 
-vLLM's ``AsyncLLM`` runs inside a real Triton 2.51.0 (``bench/harness/triton_vllm.py``: a
+vLLM's ``AsyncLLM`` runs inside a real Triton 2.51.0 (``bench/harness/triton/vllm.py``: a
 python-backend model written like Triton's vLLM backend, on the tiny local model with the vLLM
 tier's engine options, that aborts a request in the engine once Triton says it was cancelled and
 records how each request ended), with hangup's Triton bridge in front (``--cancel-adapter
@@ -30,12 +30,12 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 
-from bench.harness.processes import REPO, spawn
-from bench.harness.stats import median_p99
-from bench.harness.triton_io import hang_up_http
-from bench.harness.triton_server import TritonServer
-from bench.harness.triton_vllm import MODEL, body, ended, engine, engine_idle, triton_with_vllm
+from bench.base.processes import REPO, spawn
+from bench.harness.triton.io import hang_up_http
+from bench.harness.triton.server import TritonServer
+from bench.harness.triton.vllm import MODEL, body, ended, engine, engine_idle, triton_with_vllm
 from bench.harness.vllm_stack import LONG_PROMPT, make_tiny_model
+from bench.instruments.stats import median_p99
 
 # (base URL, tag, tokens) -> [(prompt, when it hung up)]
 Hangup = Callable[[str, str, int], Awaitable[list[tuple[str, float]]]]

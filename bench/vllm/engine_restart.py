@@ -31,10 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness.processes import Process
-from bench.harness.scrape import scrape, total
+from bench.base.processes import Process
+from bench.base.scrape import scrape, total
+from bench.base.waiting import poll_until
 from bench.harness.vllm_stack import MODEL, calls_in_flight, make_tiny_model, vllm_gateway
-from bench.harness.waiting import poll_until
 
 POLL_S = 0.02
 

@@ -48,11 +48,11 @@ from typing import Any
 
 import aiohttp
 
+from bench.base.processes import spawn
+from bench.base.scrape import scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.envoy import running_envoy
-from bench.harness.processes import spawn
-from bench.harness.scrape import scrape_async, total
 from bench.harness.vllm_stack import ENGINE_ARGS, LONG_PROMPT, MODEL, make_tiny_model, vllm_serve
-from bench.harness.waiting import wait_until
 
 DECODE_TOKENS_BEFORE_HANGUP = 20
 MAX_TOKENS = 1500

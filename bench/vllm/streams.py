@@ -38,10 +38,10 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.harness.processes import Process, spawn
-from bench.harness.scrape import scrape_async, total
+from bench.base.processes import Process, spawn
+from bench.base.scrape import scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.vllm_stack import MODEL, make_tiny_model, vllm_serve
-from bench.harness.waiting import wait_until
 
 ENGINE_ARGS = ["--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20)]
 SEQUENTIAL_TOKENS = 400

@@ -462,7 +462,7 @@ def test_chart_command_line_starts_the_real_gateway_and_its_probes_pass(
 ) -> None:
     """The gateway container's command and args, as rendered, run the real `hangup-gateway`
     (ports moved to 0, the token path to a temporary file); its exec probes then pass."""
-    from bench.harness.processes import spawn
+    from bench.base.processes import spawn
 
     gateway = containers(renders["default-values.yaml"])["gateway"]
     assert gateway["command"] == ["hangup-gateway"]
@@ -524,7 +524,7 @@ def test_chart_command_line_starts_the_real_proxy_and_its_probes_pass(
     of a real gateway (ports moved to 0, listening on loopback here); its HTTP probes pass."""
     import urllib.request
 
-    from bench.harness.processes import spawn
+    from bench.base.processes import spawn
 
     proxy = containers(renders["default-values.yaml"])["proxy"]
     assert proxy["command"] == ["hangup-proxy"]

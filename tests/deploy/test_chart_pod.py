@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from bench.harness.scrape import metric_sum
+from bench.base.scrape import metric_sum
+from bench.base.waiting import poll_until
 from bench.harness.stack import completion_request
-from bench.harness.waiting import poll_until
 from tests.support.chart import HelmEngine
 from tests.support.containers import Engine
 from tests.support.kube_pod import Pod, played_pod

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.harness.waiting import poll_until
+from bench.base.waiting import poll_until
 from tests.deploy.test_chart_pod import wait_ready
 from tests.deploy.test_chart_pod_truss import ended, open_stream, read_to_end
 from tests.support.chart import HelmEngine

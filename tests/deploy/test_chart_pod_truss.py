@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from bench.harness.scrape import metric_sum, parse, total
-from bench.harness.waiting import poll_until
+from bench.base.scrape import metric_sum, parse, total
+from bench.base.waiting import poll_until
 from tests.deploy.test_chart_pod import wait_ready
 from tests.support.chart import HelmEngine
 from tests.support.containers import Engine

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.processes import REPO
+from bench.base.processes import REPO
 
 STAMPS = {
     "engine": ".venv/.installed-engine",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.processes import REPO
+from bench.base.processes import REPO
 from tests.support.references import missing_paths
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

@@ -10,7 +10,7 @@ import re
 import pytest
 import yaml
 
-from bench.harness.processes import REPO
+from bench.base.processes import REPO
 from tests.deploy.test_chart import containers
 from tests.support.chart import HelmEngine
 

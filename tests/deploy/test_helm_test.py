@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from bench.base.processes import Process, spawn
 from bench.harness.faults import Forwarder
-from bench.harness.processes import Process, spawn
 from tests.support.chart import HelmEngine, Release
 from tests.support.helm_test_pod import passed, rendered, run_helm_test
 

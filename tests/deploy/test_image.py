@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from bench.harness.processes import REPO
+from bench.base.processes import REPO
+from bench.base.waiting import poll_until
 from bench.harness.unavailable import Unavailable
-from bench.harness.waiting import poll_until
 from tests.support.containers import Engine
 
 DOCKERFILES = ["Dockerfile", "Dockerfile.gpu"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.harness.processes import REPO
+from bench.base.processes import REPO
 from tests.support.observability_files import (
     ROWS,
     RULES,

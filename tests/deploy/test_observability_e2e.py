@@ -22,9 +22,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.harness.processes import Process, spawn
+from bench.base.processes import Process, spawn
+from bench.base.waiting import poll_until
 from bench.harness.unavailable import Unavailable
-from bench.harness.waiting import poll_until
 from tests.support.observability_files import RULES, PanelQuery, metric_names, panel_queries, rules
 from tests.support.prometheus import (
     Prometheus,

@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bench.base.processes import Process
+from bench.base.waiting import wait_until
 from bench.harness.front_doors import FRONT_DOORS, cancelled, hang_up, running_front_door, stack
-from bench.harness.processes import Process
-from bench.harness.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

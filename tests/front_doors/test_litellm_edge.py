@@ -23,13 +23,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bench.harness import truss_server
+from bench.base.processes import Process, spawn
+from bench.base.scrape import metric_sum
+from bench.base.waiting import wait_until
 from bench.harness.front_doors import LITELLM, MODEL, running_front_door
-from bench.harness.processes import Process, spawn
-from bench.harness.scrape import metric_sum
-from bench.harness.truss_server import TrussServer
+from bench.harness.truss import server as truss_server
+from bench.harness.truss.server import TrussServer
 from bench.harness.unavailable import Unavailable
-from bench.harness.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

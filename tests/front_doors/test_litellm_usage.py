@@ -28,9 +28,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bench.base.processes import Process, spawn
+from bench.base.waiting import wait_until
 from bench.harness.front_doors import LITELLM, MODEL, running_front_door
-from bench.harness.processes import Process, spawn
-from bench.harness.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.harness.scrape import metric_sum
+from bench.base.scrape import metric_sum
 from bench.harness.stack import MODEL, TOKEN, Stack, running_stack
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

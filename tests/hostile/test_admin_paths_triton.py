@@ -1,5 +1,5 @@
 """Triton's admin API through the sidecar (``--cancel-adapter triton``), against a real Triton 2.51
-in explicit model-control mode (``bench/harness/triton_server.py``): a client that reaches the pod
+in explicit model-control mode (``bench/harness/triton/server.py``): a client that reaches the pod
 reaches the sidecar, and without the refusal it could unload every model, point trace output at a
 file, raise the log level, or register shared memory of the server's host.
 
@@ -21,9 +21,9 @@ import pytest
 import tritonclient.grpc.service_pb2 as pb
 import tritonclient.grpc.service_pb2_grpc as service
 
-from bench.harness.processes import Process, spawn
-from bench.harness.scrape import metric_sum
-from bench.harness.triton_server import TritonServer, install, running_triton
+from bench.base.processes import Process, spawn
+from bench.base.scrape import metric_sum
+from bench.harness.triton.server import TritonServer, install, running_triton
 from bench.harness.unavailable import Unavailable
 
 pytestmark = pytest.mark.slow

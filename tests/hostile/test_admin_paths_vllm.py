@@ -22,8 +22,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bench.harness.processes import Process, spawn
-from bench.harness.scrape import metric_sum
+from bench.base.processes import Process, spawn
+from bench.base.scrape import metric_sum
 from bench.harness.vllm_stack import ENGINE_ARGS, IGNORE_EOS, MODEL, vllm_serve
 from tests.support.vllm_fixtures import requires_vllm, tiny_model  # noqa: F401 (fixture)
 

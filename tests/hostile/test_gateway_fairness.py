@@ -18,8 +18,8 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bench.base.waiting import wait_until
 from bench.harness.stack import running_stack
-from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from tests.support.gateway import MODEL, Gateway, running_gateway
 

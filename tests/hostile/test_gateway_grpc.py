@@ -27,10 +27,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.base.processes import Process, spawn
+from bench.base.scrape import scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.hostile import MIB, ArmedLoop, Budget, timed
-from bench.harness.processes import Process, spawn
-from bench.harness.scrape import scrape_async, total
-from bench.harness.waiting import wait_until
 from gateway_server.config import GatewayConfig
 from gateway_server.errors import ClientError, InvalidRequest
 from gateway_server.grpc.common import parse

@@ -29,9 +29,9 @@ import aiohttp
 import grpc
 import pytest
 
+from bench.base.processes import REPO, Process, child_env, enter_together, log_events, spawn
+from bench.base.waiting import poll_until, wait_until
 from bench.harness.log_records import records
-from bench.harness.processes import REPO, Process, child_env, enter_together, log_events, spawn
-from bench.harness.waiting import poll_until, wait_until
 from gateway_server.siblings import home_of
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.protos import inference_pb2 as pb

@@ -27,10 +27,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.base.scrape import scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.hostile import ArmedLoop, Budget, timed
-from bench.harness.scrape import scrape_async, total
 from bench.harness.stack import TOKEN, Stack, running_stack
-from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from gateway_server.registry import ENTRY_BYTES
 from hangup_contract import jobs

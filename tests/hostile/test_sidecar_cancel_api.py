@@ -24,10 +24,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bench.harness.processes import spawn
-from bench.harness.scrape import scrape_async, total
+from bench.base.processes import spawn
+from bench.base.scrape import scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.stack import MODEL, TOKEN, RawClients, completion_request, running_stack
-from bench.harness.waiting import wait_until
 
 NOT_UTF8 = b"Authorization: Bearer \xff\xfe\xc3(\r\n"
 

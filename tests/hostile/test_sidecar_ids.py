@@ -23,8 +23,9 @@ import aiohttp
 import grpc
 import pytest
 
+from bench.base.scrape import scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.grpc_fuzz import STREAM, infer_request
-from bench.harness.scrape import scrape_async, total
 from bench.harness.stack import (
     MODEL,
     TOKEN,
@@ -34,7 +35,6 @@ from bench.harness.stack import (
     in_flight,
     running_stack,
 )
-from bench.harness.waiting import wait_until
 
 SLOW = ["--sim-slots", "16", "--sim-step-base", "0.02"]
 LONG = {"model": MODEL, "prompt": "long", "max_tokens": 3000, "stream": True}

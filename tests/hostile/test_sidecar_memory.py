@@ -23,10 +23,10 @@ import aiohttp
 import grpc
 import pytest
 
-from bench.harness.processes import children
-from bench.harness.scrape import scrape_async, total
+from bench.base.processes import children
+from bench.base.scrape import scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.stack import TOKEN, Stack, running_stack
-from bench.harness.waiting import wait_until
 
 MODES = {"one worker": [], "two workers": ["--workers", "2"]}
 BIG_ID = 8000  # characters: under the header limit (8,190 bytes a field), far over the rule's 128

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.processes import children, environ_of
+from bench.base.processes import children, environ_of
 from bench.harness.stack import running_stack
 from proxy.calls.siblings import socket_path
 

@@ -23,8 +23,8 @@ from dataclasses import replace
 
 import pytest
 
+from bench.base.waiting import wait_until
 from bench.harness.hostile import MIB, Budget
-from bench.harness.waiting import wait_until
 from gateway_server.engine.base import EngineRequest, SamplingParams, Share, TokenChunk
 from gateway_server.engine.sim.config import SimConfig
 from gateway_server.engine.sim.engine import SimulatedEngine

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from hangup_contract.vocabulary import Reason
 from proxy.cancel.pool import PoolCancelAdapter, resolve

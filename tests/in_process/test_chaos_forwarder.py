@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import socket
 
+from bench.base.waiting import wait_until
 from bench.harness.faults import Forwarder
-from bench.harness.waiting import wait_until
 
 
 def _connect(address: str) -> socket.socket:

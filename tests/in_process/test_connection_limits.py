@@ -17,7 +17,7 @@ import aiohttp
 import grpc
 import pytest
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from proxy.server import Server
 from tests.support.gateway import running_gateway
 from tests.support.proxy_harness import answer_while_sending, http_url, metric, running_proxy

@@ -8,7 +8,7 @@ import pytest
 import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
-from bench.harness.triton_io import Stream, cancel_id_of, inputs
+from bench.harness.triton.io import Stream, cancel_id_of, inputs
 from hangup_contract import request_id
 from hangup_contract.vocabulary import Reason
 from proxy.cancel.http import HangupCancel, HttpCancelAdapter

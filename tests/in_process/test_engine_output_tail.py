@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from bench.harness.waiting import poll_until
+from bench.base.waiting import poll_until
 from gateway_server.engine.vllm.output_tail import OutputTail, error_line
 
 CHILD = r"""

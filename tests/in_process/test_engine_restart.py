@@ -15,7 +15,7 @@ from typing import Any, cast
 import aiohttp
 import pytest
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from gateway_server.engine.base import Engine, NoFaults
 from gateway_server.engine.pool import RestartPolicy
 from gateway_server.engine.sim.config import SimConfig

@@ -17,9 +17,9 @@ import aiohttp
 import pytest
 import tritonclient.grpc.aio as triton
 
-from bench.harness.scrape import parse, total
-from bench.harness.triton_io import Stream, cancel_id_of
-from bench.harness.waiting import wait_until
+from bench.base.scrape import parse, total
+from bench.base.waiting import wait_until
+from bench.harness.triton.io import Stream, cancel_id_of
 from gateway_server.engine.sim.config import SimConfig
 from gateway_server.siblings import Siblings, home_of
 from tests.support.gateway import LONG, MODEL, Gateway, running_api_processes

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from tests.support.gateway import MODEL, Gateway, running_gateway
 

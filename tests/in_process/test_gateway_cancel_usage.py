@@ -21,8 +21,8 @@ import openai
 import pytest
 from tritonclient.grpc._utils import _get_inference_request
 
-from bench.harness.triton_io import inputs
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
+from bench.harness.triton.io import inputs
 from gateway_server.engine.sim.config import SimConfig
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.protos import inference_pb2 as pb

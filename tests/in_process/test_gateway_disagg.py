@@ -19,8 +19,8 @@ import pytest
 import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
-from bench.harness.triton_io import Stream, inputs
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
+from bench.harness.triton.io import Stream, inputs
 from gateway_server.engine.sim.config import SimConfig
 from hangup_contract.protos import cancellation_pb2
 from tests.support.gateway import MODEL, Gateway, running_gateway

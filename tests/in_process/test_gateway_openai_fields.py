@@ -15,7 +15,7 @@ import aiohttp
 import openai
 import pytest
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from gateway_server.engine.sim.sampling import VOCAB
 from gateway_server.openai.fields import CHAT, COMPLETIONS, Use
 from tests.support.gateway import MODEL, Gateway

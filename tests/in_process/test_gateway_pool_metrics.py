@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.harness.scrape import scrape_async, total
-from bench.harness.waiting import wait_until
+from bench.base.scrape import scrape_async, total
+from bench.base.waiting import wait_until
 from gateway_server.engine.sim.config import SIM_BLOCK_SIZE, SimConfig
 from proxy.calls.lifecycle import CALL_LOGGER
 from proxy.server import Server

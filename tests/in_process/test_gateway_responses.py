@@ -13,7 +13,7 @@ import aiohttp
 import openai
 import pytest
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from tests.support.gateway import LONG, MODEL, Gateway, running_api_processes, running_gateway
 

@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 import pytest
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from gateway_server.grpc.stream import CANCEL_ID
 from gateway_server.grpc.tensors import decode_bytes_tensor, encode_bytes_tensor

@@ -19,8 +19,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from prometheus_client import CollectorRegistry
 from tritonclient.utils import InferenceServerException
 
-from bench.harness.triton_io import Stream, cancel_id_of, inputs, is_final, text_of
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
+from bench.harness.triton.io import Stream, cancel_id_of, inputs, is_final, text_of
 from gateway_server.config import GatewayConfig
 from gateway_server.server import GatewayServer
 from hangup_contract.protos import cancellation_pb2

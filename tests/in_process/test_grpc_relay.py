@@ -20,8 +20,8 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bench.harness.processes import child_env
-from bench.harness.waiting import wait_until
+from bench.base.processes import child_env
+from bench.base.waiting import wait_until
 from hangup_contract.protos import cancellation_pb2
 from hangup_contract.vocabulary import Reason
 from proxy.calls.state import ServerState

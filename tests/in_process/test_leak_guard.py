@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.harness.processes import REPO, child_env
+from bench.base.processes import REPO, child_env
 
 SCRIPTED = """
 import asyncio

@@ -16,8 +16,8 @@ import aiohttp
 import grpc
 import pytest
 
+from bench.base.waiting import wait_until
 from bench.harness.grpc_fuzz import INFERENCE, infer_request
-from bench.harness.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from proxy.config import AdapterName
 from proxy.server import Server, WorkerOf

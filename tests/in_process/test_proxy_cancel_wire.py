@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client import CollectorRegistry
 
+from bench.base.waiting import wait_until
 from bench.harness.raw_http import RawServer, read_request
-from bench.harness.waiting import wait_until
 from hangup_contract.vocabulary import Reason
 from proxy.cancel.canceller import Canceller
 from proxy.cancel.http import HangupCancel, HttpCancelAdapter

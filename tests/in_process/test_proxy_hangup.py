@@ -13,7 +13,7 @@ import socket
 import aiohttp
 import pytest
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from proxy.config import AdapterName
 from tests.support.proxy_harness import http_url, metric, raw_request, running_proxy, wait_metric
 from tests.support.scripted_upstream import ScriptedUpstream

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.waiting import poll_until, wait_until
+from bench.base.waiting import poll_until, wait_until
 from proxy.config import Config
 from proxy.workers import Supervisor
 from tests.support.proxy_harness import metric, running_proxy

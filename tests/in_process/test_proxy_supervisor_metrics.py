@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from bench.harness.scrape import parse, total
+from bench.base.scrape import parse, total
 from proxy.config import Config
 from proxy.workers import Supervisor
 from tests.support.metrics_files import unreadable_files, write_counter

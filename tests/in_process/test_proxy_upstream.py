@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from bench.base.waiting import wait_until
 from bench.harness.raw_http import RawServer, ok, read_request
-from bench.harness.waiting import wait_until
 from proxy.errors import UpstreamBroken, UpstreamUnavailable
 from proxy.upstream.client import Client
 from tests.support.proxy_harness import http_url, running_proxy

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from hangup_contract.runtime.shared_listener import PATIENCE_S, BalancedAcceptor, Board, queued
 
 

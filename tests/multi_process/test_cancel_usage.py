@@ -15,10 +15,10 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bench.base.scrape import delta, scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.log_records import records
-from bench.harness.scrape import delta, scrape_async, total
 from bench.harness.stack import MODEL, TOKEN, Stack, running_stack
-from bench.harness.waiting import wait_until
 
 PROMPT = "one two three four"  # four tokens to the simulated engine
 GATEWAY = ["--sim-step-base", "0.01", "--workers", "2", "--api-processes", "2"]

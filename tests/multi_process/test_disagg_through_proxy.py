@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import aiohttp
 import pytest
 
-from bench.harness.scrape import Samples, delta, scrape_async, total
+from bench.base.scrape import Samples, delta, scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.stack import (
     MODEL,
     RawClients,
@@ -20,7 +21,6 @@ from bench.harness.stack import (
     in_flight,
     running_stack,
 )
-from bench.harness.waiting import wait_until
 
 GATEWAY = [
     "--workers", "2", "--worker-roles", "prefill,decode",

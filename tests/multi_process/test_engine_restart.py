@@ -9,9 +9,9 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.harness.scrape import scrape_async, total
+from bench.base.scrape import scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.stack import MODEL, TOKEN, in_flight, running_stack
-from bench.harness.waiting import wait_until
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 FAULTS = ["--sim-faults", "--sim-step-base", "0.005"]

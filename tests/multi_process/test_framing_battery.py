@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.base.processes import spawn
 from bench.harness.envoy import running_envoy
 from bench.harness.framing_battery import Result, differences_table
 from bench.harness.framing_cases import REQUESTS, RESPONSES, Case, ResponseCase
 from bench.harness.framing_stack import Seen, run_battery
-from bench.harness.processes import spawn
 from bench.harness.recording_upstream import RecordingUpstream
 
 pytestmark = pytest.mark.slow

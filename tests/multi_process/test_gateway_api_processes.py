@@ -25,10 +25,11 @@ import aiohttp
 import grpc
 import pytest
 
+from bench.base.processes import Process, alive, children, environ_of, spawn, stopped
+from bench.base.scrape import scrape_async, scraping, total
+from bench.base.waiting import wait_until
 from bench.harness.grpc_fuzz import INFERENCE, infer_request
 from bench.harness.log_records import records
-from bench.harness.processes import Process, alive, children, environ_of, spawn, stopped
-from bench.harness.scrape import scrape_async, scraping, total
 from bench.harness.stack import (
     MODEL,
     TOKEN,
@@ -38,7 +39,6 @@ from bench.harness.stack import (
     in_flight,
     running_stack,
 )
-from bench.harness.waiting import wait_until
 from gateway_server.siblings import home_of
 from gateway_server.siblings.processes import SLOT_ENV
 from hangup_contract.protos import inference_pb2 as pb

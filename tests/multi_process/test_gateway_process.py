@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.harness.processes import REPO, child_env, spawn
+from bench.base.processes import REPO, child_env, spawn
 
 MODEL = "hangup-sim"
 

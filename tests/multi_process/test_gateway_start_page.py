@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.harness.scrape import metric_sum
-from bench.harness.waiting import poll_until
+from bench.base.scrape import metric_sum
+from bench.base.waiting import poll_until
 from gateway_server.config import from_args
 from gateway_server.engine.table import EngineName
 from tests.support import start_pages

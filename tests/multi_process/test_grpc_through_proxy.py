@@ -25,10 +25,10 @@ import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
-from bench.harness.processes import Process, child_env, spawn
-from bench.harness.scrape import metric_sum
-from bench.harness.triton_io import inputs, is_final, text_of
-from bench.harness.waiting import poll_until, wait_until
+from bench.base.processes import Process, child_env, spawn
+from bench.base.scrape import metric_sum
+from bench.base.waiting import poll_until, wait_until
+from bench.harness.triton.io import inputs, is_final, text_of
 from proxy.grpc.peer import can_tell_disconnects
 from tests.support.gateway import LONG, MODEL
 
@@ -268,7 +268,7 @@ def test_a_client_process_that_dies_is_cancelled_as_a_disconnect(stack: Stack) -
     script = textwrap.dedent(
         f"""
         import queue, threading, tritonclient.grpc as triton
-        from bench.harness.triton_io import inputs
+        from bench.harness.triton.io import inputs
         results = queue.Queue()
         client = triton.InferenceServerClient({stack.target!r})
         client.start_stream(callback=lambda result, error: results.put(error))

@@ -9,9 +9,9 @@ import socket
 import urllib.request
 from pathlib import Path
 
+from bench.base.processes import spawn
+from bench.base.waiting import poll_until
 from bench.harness.log_records import records, stray_lines
-from bench.harness.processes import spawn
-from bench.harness.waiting import poll_until
 
 
 def test_both_processes_write_one_log_line_shape(tmp_path: Path) -> None:

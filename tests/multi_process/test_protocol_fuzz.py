@@ -16,10 +16,10 @@ import aiohttp
 import grpc
 import pytest
 
+from bench.base.waiting import wait_until
 from bench.harness import grpc_fuzz
 from bench.harness.http_fuzz import cases, run_all, send
 from bench.harness.stack import MODEL, Stack, in_flight, running_stack
-from bench.harness.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -19,9 +19,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bench.harness.scrape import scrape_async, total
+from bench.base.scrape import scrape_async, total
+from bench.base.waiting import POLL_INTERVAL, wait_until
 from bench.harness.stack import MODEL, Stack, in_flight, running_stack
-from bench.harness.waiting import POLL_INTERVAL, wait_until
 
 CALLS = 200
 SEED = 20261122

@@ -19,7 +19,8 @@ import aiohttp
 import openai
 import pytest
 
-from bench.harness.scrape import Samples, delta, scrape_async, total
+from bench.base.scrape import Samples, delta, scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.stack import (
     MODEL,
     RawClients,
@@ -28,7 +29,6 @@ from bench.harness.stack import (
     in_flight,
     running_stack,
 )
-from bench.harness.waiting import wait_until
 from gateway_server.sse import SSEDecoder
 
 SLOW_STEPS = ["--sim-slots", "1", "--sim-step-base", "0.1", "--sim-prefill-chunk", "8"]

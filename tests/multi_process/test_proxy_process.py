@@ -13,8 +13,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bench.harness.processes import REPO, child_env
-from bench.harness.scrape import scrape_async, total
+from bench.base.processes import REPO, child_env
+from bench.base.scrape import scrape_async, total
+from bench.base.waiting import wait_until
 from bench.harness.stack import (
     MODEL,
     RawClients,
@@ -22,7 +23,6 @@ from bench.harness.stack import (
     in_flight,
     running_stack,
 )
-from bench.harness.waiting import wait_until
 
 SLOW = ["--sim-slots", "4", "--sim-step-base", "0.05"]
 

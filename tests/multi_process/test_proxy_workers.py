@@ -19,9 +19,10 @@ import aiohttp
 import grpc
 import pytest
 
+from bench.base.processes import alive, children, stopped
+from bench.base.scrape import scrape_async, scraping, total
+from bench.base.waiting import wait_until
 from bench.harness import chaos_traffic
-from bench.harness.processes import alive, children, stopped
-from bench.harness.scrape import scrape_async, scraping, total
 from bench.harness.stack import (
     MODEL,
     TOKEN,
@@ -31,7 +32,6 @@ from bench.harness.stack import (
     in_flight,
     running_stack,
 )
-from bench.harness.waiting import wait_until
 from tests.support.spread import answered_one_by_one, refused
 
 SLOW = ["--sim-slots", "16", "--sim-step-base", "0.02"]

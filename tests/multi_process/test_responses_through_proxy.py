@@ -14,7 +14,8 @@ import aiohttp
 import openai
 import pytest
 
-from bench.harness.scrape import Samples, delta, scrape_async
+from bench.base.scrape import Samples, delta, scrape_async
+from bench.base.waiting import wait_until
 from bench.harness.stack import (
     MODEL,
     RawClients,
@@ -23,7 +24,6 @@ from bench.harness.stack import (
     in_flight,
     running_stack,
 )
-from bench.harness.waiting import wait_until
 
 LONG = 4000
 CANCELS = "hangup_gateway_cancellations_total"

@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from bench.base.scrape import Samples, total
+from bench.base.waiting import wait_until
 from bench.harness.scale_out import in_flight as pods_in_flight
 from bench.harness.scale_out import (
     logged,
@@ -28,8 +30,6 @@ from bench.harness.scale_out import (
     sample_load,
     scrape_all,
 )
-from bench.harness.scrape import Samples, total
-from bench.harness.waiting import wait_until
 
 CALLS = 600
 SEED = 20261123

@@ -8,8 +8,8 @@ import ast
 import re
 from pathlib import Path
 
+from bench.base.processes import REPO
 from bench.catalog import CATALOG, Kind, Section, markdown, rooms
-from bench.harness.processes import REPO
 
 BEGIN = "<!-- python -m bench --markdown -->"
 END = "<!-- end of python -m bench --markdown -->"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.cgroups import NoCpuController, RealCores, cpu_controller
+from bench.instruments.cgroups import NoCpuController, RealCores, cpu_controller
 
 REPO = Path(__file__).resolve().parents[2]
 

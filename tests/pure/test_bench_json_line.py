@@ -1,4 +1,5 @@
-"""The loads' one JSON line reaches the benchmark that reads it whole (``bench.harness.stats``)."""
+"""The loads' one JSON line reaches the benchmark that reads it whole
+(``bench.instruments.stats``)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ import subprocess
 import sys
 import time
 
-from bench.harness.processes import REPO
+from bench.base.processes import REPO
 
 # A load's shape: uvloop ran, then a large line for a parent that is not reading yet.
 CHILD = """
 import asyncio, sys
 import uvloop
-from bench.harness.stats import print_json_line
+from bench.instruments.stats import print_json_line
 uvloop.run(asyncio.sleep(0))
 print_json_line({"latencies": [0.0012345] * 60000})
 """

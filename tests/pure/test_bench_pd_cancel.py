@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.harness.aiperf_export import find_export, read_run, request_ids, summarize
+from bench.instruments.aiperf_export import find_export, read_run, request_ids, summarize
 from bench.pd.report import choose_delays, owners, report
 from bench.pd.stack import slowest
 from gateway_server.engine.vllm.kv_handoff import handoff_key

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.processes import REPO
+from bench.base.processes import REPO
 from hangup_contract import request_id
 from hangup_contract.cancel import (
     CancelAnswer,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.base.processes import REPO
 from bench.catalog import CATALOG, Kind
-from bench.harness.processes import REPO
 
 DEMOS = [entry.module for entry in CATALOG if entry.kind is Kind.DEMO]  # the Dockerfile advertises
 FIRST_PARTY = ("bench", "hangup_contract", "gateway_server", "proxy")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.harness.processes import REPO
+from bench.base.processes import REPO
 
 SUITE = """
 import os

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.processes import REPO
+from bench.base.processes import REPO
 
 PACKAGES = ("proxy", "gateway_server")
 

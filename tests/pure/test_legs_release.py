@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from bench.harness.waiting import run_ready_callbacks
+from bench.base.waiting import run_ready_callbacks
 from gateway_server.placement.legs import Legs, LegState
 
 

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from bench.harness.scrape import parse, total
+from bench.base.scrape import parse, total
 from hangup_contract.runtime.process_files import ProcessFiles
 from tests.support.metrics_files import unreadable_files, write_counter
 

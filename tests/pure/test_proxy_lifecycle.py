@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bench.harness.waiting import run_ready_callbacks
+from bench.base.waiting import run_ready_callbacks
 from hangup_contract.vocabulary import Reason
 from proxy.calls.lifecycle import CallEnding
 from proxy.calls.state import Call

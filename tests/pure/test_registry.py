@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from gateway_server.errors import (
     CancelledBeforeArrival,
     DuplicateRequestId,

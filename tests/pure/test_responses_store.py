@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from gateway_server.errors import DuplicateRequestId, TooManyRequests
 from gateway_server.openai.responses.objects import Answer, Status, encode
 from gateway_server.openai.responses.store import ResponseRecord, ResponseStore

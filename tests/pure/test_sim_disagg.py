@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from gateway_server.engine.base import EngineRequest, FinishReason, SamplingParams
 from gateway_server.engine.handoff import DisaggregatedEngine
 from gateway_server.engine.sim.config import SimConfig

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from gateway_server.engine.base import EngineRequest, FinishReason, SamplingParams, TokenChunk
 from gateway_server.engine.sim.config import SimConfig
 from gateway_server.engine.sim.engine import SimulatedEngine

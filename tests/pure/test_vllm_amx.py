@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.processes import REPO, child_env
+from bench.base.processes import REPO, child_env
 from gateway_server.engine.vllm.amx import allow_amx
 
 HAS_AMX = Path("/proc/cpuinfo").exists() and " amx_tile" in Path("/proc/cpuinfo").read_text()

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from gateway_server.engine.base import (
     ChatOptions,
     EngineRequest,

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from bench.harness.processes import REPO
+from bench.base.processes import REPO
 from bench.harness.unavailable import Unavailable
 
 CHART = REPO / "charts" / "hangup"

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness.processes import REPO
+from bench.base.processes import REPO
+from bench.base.waiting import poll_until
 from bench.harness.unavailable import Unavailable
-from bench.harness.waiting import poll_until
 
 CPU_IMAGE = "localhost/hangup:test"
 """The name the tests build the CPU image under (the name podman gives a local build)."""

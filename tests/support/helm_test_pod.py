@@ -14,7 +14,7 @@ import sys
 import urllib.parse
 from typing import Any
 
-from bench.harness.processes import child_env
+from bench.base.processes import child_env
 from tests.support.chart import HelmEngine, Release
 
 

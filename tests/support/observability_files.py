@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from bench.harness.processes import REPO
+from bench.base.processes import REPO
 
 DASHBOARD = REPO / "observability" / "grafana" / "hangup-dashboard.json"
 RULES = REPO / "observability" / "prometheus" / "rules.yaml"

@@ -140,7 +140,7 @@ def wait_ready(server: Prometheus, timeout: float) -> bool:
 def wait_all_return_data(prometheus: Prometheus, exprs: dict[str, str], within: float = 60) -> None:
     """Wait, with a deadline, until each expression (by name) returns a finite value; the
     failure names the rest."""
-    from bench.harness.waiting import poll_until
+    from bench.base.waiting import poll_until
 
     empty = dict(exprs)
 

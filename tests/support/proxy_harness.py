@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from bench.harness.waiting import wait_until
+from bench.base.waiting import wait_until
 from proxy.config import Config
 from proxy.server import Server, WorkerOf
 

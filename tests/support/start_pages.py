@@ -36,10 +36,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.harness.processes import REPO, Process, child_env, start
-from bench.harness.scrape import metric_sum
+from bench.base.processes import REPO, Process, child_env, start
+from bench.base.scrape import metric_sum
+from bench.base.waiting import poll_until
 from bench.harness.unavailable import Unavailable
-from bench.harness.waiting import poll_until
 
 DOCS = REPO / "docs"
 BLOCK = re.compile(r"<!-- (run|output|server) -->\s*\n```(\w*)\n(.*?)\n```", re.S)

@@ -1,12 +1,13 @@
 """A second image for the pod tests, of a server that is not hangup's: Truss's own model server
-(truss 0.18.36) serving a model of the Truss tier's (``tests/truss/models``), built as `truss
-image build` writes its Dockerfile (the server's requirements under its constraints, the server
-at /app, the model at /app/model, ``python3 /app/main.py``), from the base `make container-host`
-puts in podman's store and PyPI: Truss's own base image is on a registry no test reaches.
+(truss 0.18.36) serving a model of the Truss tier's (``bench/harness/truss/models``), built as
+`truss image build` writes its Dockerfile (the server's requirements under its constraints, the
+server at /app, the model at /app/model, ``python3 /app/main.py``), from the base `make
+container-host` puts in podman's store and PyPI: Truss's own base image is on a registry no test
+reaches.
 
 Two changes for a pod the chart runs: an empty /app/data (Truss makes it at start, which a
 read-only root refuses), and uid 10001 (the chart's pod runs as it; Truss's image runs as root).
-The server's directory is laid out by ``.venv-truss``'s truss (``bench/harness/truss_server.py``).
+The server's directory is laid out by ``.venv-truss``'s truss (``bench/harness/truss/server.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.harness import truss_server
+from bench.harness.truss import server as truss_server
 from bench.harness.unavailable import Unavailable
 from tests.support.containers import BASE, Engine
 

@@ -16,7 +16,7 @@ from typing import Any
 import openai
 import pytest
 
-from bench.harness.processes import Process, spawn
+from bench.base.processes import Process, spawn
 from bench.harness.unavailable import Unavailable
 from bench.harness.vllm_stack import VLLM_MISSING, make_tiny_model, vllm_gateway
 

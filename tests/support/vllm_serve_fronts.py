@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from bench.harness.processes import Process, spawn
-from bench.harness.scrape import Samples, scrape, total
+from bench.base.processes import Process, spawn
+from bench.base.scrape import Samples, scrape, total
 from bench.harness.vllm_stack import ENGINE_ARGS, vllm_serve
 
 MODES = ("close", "abort")

@@ -1,4 +1,4 @@
-"""The Triton tier's fixtures: one real Triton (``bench/harness/triton_server.py``) serving the
+"""The Triton tier's fixtures: one real Triton (``bench/harness/triton/server.py``) serving the
 project's python-backend models, and hangup's proxy in front of it, shared by the session. The
 tier skips, saying why, where ``make test`` could not install Triton."""
 
@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.harness.processes import Process, spawn
-from bench.harness.triton_server import TritonServer, install, running_triton
+from bench.base.processes import Process, spawn
+from bench.harness.triton.server import TritonServer, install, running_triton
 from bench.harness.unavailable import Unavailable
 
 

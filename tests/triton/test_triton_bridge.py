@@ -19,10 +19,10 @@ import pytest
 import tritonclient.http as triton_http
 from yarl import URL
 
-from bench.harness.processes import Process
-from bench.harness.scrape import metric_sum
-from bench.harness.triton_io import hang_up_http
-from bench.harness.triton_server import TritonServer
+from bench.base.processes import Process
+from bench.base.scrape import metric_sum
+from bench.harness.triton.io import hang_up_http
+from bench.harness.triton.server import TritonServer
 from proxy.triton.infer import HEADER_LENGTH
 from tests.triton.conftest import BRIDGE_TOKEN
 from tests.triton.test_triton_cancel import LONG, SEEN_WITHIN_S, ended, request_id

@@ -1,6 +1,6 @@
 """A real Triton (2.51.0): what reaches its model when a client goes, direct and through hangup's
-proxy. The models (``tests/triton/models``) check ``is_cancelled()`` every 50 ms step and record
-how each request ended, so every assertion is what the model itself saw.
+proxy. The models (``bench/harness/triton/models``) check ``is_cancelled()`` every 50 ms step and
+record how each request ended, so every assertion is what the model itself saw.
 
 Over gRPC a cancelled or expired call is Triton's cancellation, and the proxy's gRPC relay turns
 a client's cancel or deadline into exactly that: the model stops within a step or two, direct and
@@ -28,11 +28,11 @@ import tritonclient.grpc as triton
 import tritonclient.grpc.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
-from bench.harness.processes import Process
-from bench.harness.scrape import parse, total
-from bench.harness.triton_io import Stream
-from bench.harness.triton_server import TritonServer
-from bench.harness.waiting import wait_until
+from bench.base.processes import Process
+from bench.base.scrape import parse, total
+from bench.base.waiting import wait_until
+from bench.harness.triton.io import Stream
+from bench.harness.triton.server import TritonServer
 
 pytestmark = pytest.mark.slow
 

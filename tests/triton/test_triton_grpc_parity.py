@@ -26,9 +26,9 @@ import tritonclient.grpc.service_pb2 as pb
 import tritonclient.grpc.service_pb2_grpc as service
 from google.protobuf.json_format import MessageToDict
 
-from bench.harness.processes import Process
-from bench.harness.triton_io import inputs, is_final, text_of
-from bench.harness.triton_server import TritonServer
+from bench.base.processes import Process
+from bench.harness.triton.io import inputs, is_final, text_of
+from bench.harness.triton.server import TritonServer
 from tests.triton.test_triton_parity import MODEL, contained, kept_current
 
 pytestmark = pytest.mark.slow

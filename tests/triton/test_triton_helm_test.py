@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 
-from bench.harness.processes import Process
-from bench.harness.scrape import scrape, total
-from bench.harness.triton_server import TritonServer, install
+from bench.base.processes import Process
+from bench.base.scrape import scrape, total
+from bench.base.waiting import poll_until
+from bench.harness.triton.server import TritonServer, install
 from bench.harness.unavailable import Unavailable
-from bench.harness.waiting import poll_until
 from tests.support.chart import Release
 from tests.support.helm_test_pod import passed, rendered, run_helm_test
 from tests.support.observability_files import exported, panel_queries, server_metric_names

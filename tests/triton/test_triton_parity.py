@@ -20,8 +20,8 @@ import aiohttp
 import pytest
 import tritonclient.http as triton_http
 
-from bench.harness.processes import REPO, Process
-from bench.harness.triton_server import TritonServer
+from bench.base.processes import REPO, Process
+from bench.harness.triton.server import TritonServer
 
 DOC = REPO / "docs" / "triton-parity.md"
 TABLE_START, TABLE_END = "<!-- parity table: start -->", "<!-- parity table: end -->"

@@ -10,11 +10,11 @@ import json
 import uuid
 from pathlib import Path
 
-from bench.harness.triton_server import TritonServer
-from bench.harness.waiting import poll_until
+from bench.base.waiting import poll_until
+from bench.harness.triton.server import TritonServer
 from tests.support import start_pages
 
-# What the tier's tritonserver is started with (bench/harness/triton_server.py).
+# What the tier's tritonserver is started with (bench/harness/triton/server.py).
 STAND_IN_FLAGS = {"--model-repository", "--http-port", "--grpc-port"}
 
 

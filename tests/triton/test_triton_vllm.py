@@ -1,6 +1,7 @@
 """The real engine behind a real Triton: vLLM's ``AsyncLLM`` in a python-backend model
-(``tests/triton/vllm_models/vllm_tiny``, the tiny local model, the vLLM tier's engine options), as
-Triton's vLLM backend runs it, and hangup's proxy in front (``--cancel-adapter triton``).
+(``bench/harness/triton/vllm_models/vllm_tiny``, the tiny local model, the vLLM tier's engine
+options), as Triton's vLLM backend runs it, and hangup's proxy in front (``--cancel-adapter
+triton``).
 
 Client -> proxy -> Triton -> vLLM: a client's hang-up in any stage (waiting in vLLM's queue,
 in a long prefill, decoding; streaming or not; HTTP or gRPC) becomes a cancelled gRPC call,
@@ -21,11 +22,11 @@ import aiohttp
 import pytest
 import tritonclient.grpc.aio as triton_aio
 
-from bench.harness.processes import Process, spawn
-from bench.harness.triton_io import Stream, hang_up_http
-from bench.harness.triton_server import TritonServer
-from bench.harness.triton_vllm import MODEL, ended, engine_idle, triton_with_vllm
-from bench.harness.triton_vllm import body as generate_body
+from bench.base.processes import Process, spawn
+from bench.harness.triton.io import Stream, hang_up_http
+from bench.harness.triton.server import TritonServer
+from bench.harness.triton.vllm import MODEL, ended, engine_idle, triton_with_vllm
+from bench.harness.triton.vllm import body as generate_body
 from bench.harness.vllm_stack import LONG_PROMPT
 from tests.support.vllm_fixtures import tiny_model  # noqa: F401 (fixture)
 from tests.triton.conftest import bridge_args

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from bench.harness import truss_server
-from bench.harness.processes import Process, spawn
-from bench.harness.truss_server import TrussServer
+from bench.base.processes import Process, spawn
+from bench.harness.truss import server as truss_server
+from bench.harness.truss.server import TrussServer
 from bench.harness.unavailable import Unavailable
 
 MODELS = ["polling", "polling_stream", "watcher_sync", "ignoring_stream"]

@@ -29,9 +29,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from bench.harness.scrape import metric_sum
-from bench.harness.truss_server import TrussServer
-from bench.harness.waiting import wait_until
+from bench.base.scrape import metric_sum
+from bench.base.waiting import wait_until
+from bench.harness.truss.server import TrussServer
 from tests.truss.conftest import TOKEN, Pod
 
 STEPS = 500  # 10 s of 20 ms steps: what a hang-up must cut short

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from bench.base.processes import spawn
 from bench.harness.faults import Forwarder
-from bench.harness.processes import spawn
 from tests.support.chart import Release
 from tests.support.helm_test_pod import passed, rendered, run_helm_test
 from tests.truss.conftest import Pod

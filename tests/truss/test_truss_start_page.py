@@ -10,11 +10,11 @@ import json
 import uuid
 from pathlib import Path
 
-from bench.harness.waiting import poll_until
+from bench.base.waiting import poll_until
 from tests.support import start_pages
 from tests.truss.conftest import Pod
 
-# What the tier runs in place of `truss image run` (bench/harness/truss_server.py): the same
+# What the tier runs in place of `truss image run` (bench/harness/truss/server.py): the same
 # server the image runs, without Docker; the page's line may set its port.
 STAND_IN_FLAGS = {"--port"}
 

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.processes import Process, log_events
-from bench.harness.scrape import scrape, total
+from bench.base.processes import Process, log_events
+from bench.base.scrape import scrape, total
+from bench.base.waiting import poll_until
 from bench.harness.vllm_stack import WAIT_S, engines_idle
-from bench.harness.waiting import poll_until
 from tests.support import vllm_serve_fronts as serve_fronts
 from tests.support.vllm_fixtures import (  # noqa: F401 (fixtures)
     client_for,

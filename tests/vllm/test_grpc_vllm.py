@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import tritonclient.grpc as triton
 
-from bench.harness.processes import Process
-from bench.harness.scrape import metric_sum
-from bench.harness.triton_io import inputs, is_final, text_of
+from bench.base.processes import Process
+from bench.base.scrape import metric_sum
+from bench.base.waiting import poll_until
+from bench.harness.triton.io import inputs, is_final, text_of
 from bench.harness.vllm_stack import MODEL, WAIT_S, calls_in_flight, engines_idle
-from bench.harness.waiting import poll_until
 from tests.support.vllm_fixtures import requires_vllm
 
 pytestmark = [pytest.mark.vllm, requires_vllm]

@@ -27,7 +27,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bench.harness.processes import (
+from bench.base.processes import (
     Process,
     alive,
     children,
@@ -35,9 +35,9 @@ from bench.harness.processes import (
     spawn,
     stalls_explained,
 )
-from bench.harness.scrape import scrape, scrape_async, scraping, total
+from bench.base.scrape import scrape, scrape_async, scraping, total
+from bench.base.waiting import wait_until
 from bench.harness.vllm_stack import IGNORE_EOS, MODEL, vllm_gateway
-from bench.harness.waiting import wait_until
 from tests.support.vllm_fixtures import requires_vllm
 
 pytestmark = [pytest.mark.vllm, requires_vllm]

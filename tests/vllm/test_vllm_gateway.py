@@ -22,8 +22,9 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from bench.harness.processes import Process
-from bench.harness.scrape import Samples, scrape, total
+from bench.base.processes import Process
+from bench.base.scrape import Samples, scrape, total
+from bench.base.waiting import poll_until
 from bench.harness.vllm_stack import (
     IGNORE_EOS,
     LONG_PROMPT,
@@ -33,7 +34,6 @@ from bench.harness.vllm_stack import (
     calls_in_flight,
     engines_idle,
 )
-from bench.harness.waiting import poll_until
 from tests.support.vllm_fixtures import OpenAIFor, requires_vllm
 
 pytestmark = [pytest.mark.vllm, requires_vllm]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from bench.harness.processes import REPO, child_env
+from bench.base.processes import REPO, child_env
 from bench.harness.vllm_stack import START_TIMEOUT_S
 from tests.support.vllm_fixtures import requires_vllm
 

@@ -19,7 +19,7 @@ import aiohttp
 import openai
 import pytest
 
-from bench.harness.processes import REPO, Process
+from bench.base.processes import REPO, Process
 from bench.harness.vllm_stack import MODEL, vllm_serve
 from tests.support.openai_parity import (
     CASES,

@@ -32,9 +32,10 @@ import pytest
 import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
-from bench.harness.processes import Process
-from bench.harness.scrape import Samples, delta, scrape, total
-from bench.harness.triton_io import Stream, inputs
+from bench.base.processes import Process
+from bench.base.scrape import Samples, delta, scrape, total
+from bench.base.waiting import poll_until
+from bench.harness.triton.io import Stream, inputs
 from bench.harness.vllm_stack import (
     IGNORE_EOS,
     LONG_PROMPT,
@@ -44,7 +45,6 @@ from bench.harness.vllm_stack import (
     engines_idle,
     vllm_gateway,
 )
-from bench.harness.waiting import poll_until
 from tests.support.vllm_fixtures import OpenAIFor, requires_vllm
 
 pytestmark = [pytest.mark.vllm, requires_vllm]

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.harness.processes import Process
+from bench.base.processes import Process
+from bench.base.waiting import wait_until
 from bench.harness.vllm_stack import IGNORE_EOS, MODEL
-from bench.harness.waiting import wait_until
 from tests.support import vllm_serve_fronts as serve_fronts
 from tests.support.vllm_fixtures import requires_vllm
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from openai.types.responses import response_create_params
 
-from bench.harness.processes import Process
-from bench.harness.scrape import scrape, total
+from bench.base.processes import Process
+from bench.base.scrape import scrape, total
+from bench.base.waiting import poll_until
 from bench.harness.vllm_stack import IGNORE_EOS, MODEL, WAIT_S, engines_idle
-from bench.harness.waiting import poll_until
 from gateway_server.openai.responses.request import RESPONSES
 from tests.support.vllm_fixtures import OpenAIFor, requires_vllm
 

@@ -21,10 +21,10 @@ import uuid
 import aiohttp
 import pytest
 
-from bench.harness.processes import Process
-from bench.harness.scrape import Samples, metric_sum, total
+from bench.base.processes import Process
+from bench.base.scrape import Samples, metric_sum, total
+from bench.base.waiting import poll_until
 from bench.harness.vllm_stack import IGNORE_EOS, LONG_PROMPT, MODEL, WAIT_S
-from bench.harness.waiting import poll_until
 from proxy.cancel.servers import vllm_request_ids
 from tests.support import vllm_serve_fronts as serve_fronts
 from tests.support.vllm_fixtures import requires_vllm

@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
+from bench.base.processes import spawn
+from bench.base.scrape import scrape, total
+from bench.base.waiting import poll_until
 from bench.harness.faults import Forwarder
-from bench.harness.processes import spawn
-from bench.harness.scrape import scrape, total
 from bench.harness.unavailable import Unavailable
-from bench.harness.waiting import poll_until
 from tests.support import vllm_serve_fronts as serve_fronts
 from tests.support.chart import Release
 from tests.support.helm_test_pod import passed, rendered, run_helm_test

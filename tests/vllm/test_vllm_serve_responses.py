@@ -23,9 +23,9 @@ from collections.abc import AsyncIterator
 import openai
 import pytest
 
-from bench.harness.scrape import metric_sum, total
+from bench.base.scrape import metric_sum, total
+from bench.base.waiting import poll_until
 from bench.harness.vllm_stack import MODEL, WAIT_S
-from bench.harness.waiting import poll_until
 from proxy.cancel.servers import vllm_request_ids
 from tests.support import vllm_serve_fronts as serve_fronts
 from tests.support.vllm_fixtures import requires_vllm

@@ -12,8 +12,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from bench.base.waiting import poll_until
 from bench.harness.vllm_stack import MODEL, WAIT_S
-from bench.harness.waiting import poll_until
 from tests.support import start_pages
 from tests.support import vllm_serve_fronts as serve_fronts
 from tests.support.vllm_fixtures import requires_vllm

@@ -51,10 +51,10 @@ import aiohttp
 import pytest
 import tritonclient.grpc as triton
 
-from bench.harness.processes import Process
-from bench.harness.triton_io import inputs, text_of
+from bench.base.processes import Process
+from bench.base.waiting import poll_until
+from bench.harness.triton.io import inputs, text_of
 from bench.harness.vllm_stack import LONG_PROMPT, MODEL, calls_in_flight, engines_idle
-from bench.harness.waiting import poll_until
 from tests.support.vllm_fixtures import requires_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, requires_vllm]

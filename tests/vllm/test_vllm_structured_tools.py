@@ -26,8 +26,9 @@ import httpx
 import openai
 import pytest
 
-from bench.harness.processes import Process, enter_together
-from bench.harness.scrape import scrape, total
+from bench.base.processes import Process, enter_together
+from bench.base.scrape import scrape, total
+from bench.base.waiting import poll_until
 from bench.harness.vllm_stack import (
     ENGINE_ARGS,
     MODEL,
@@ -37,7 +38,6 @@ from bench.harness.vllm_stack import (
     vllm_gateway,
     vllm_serve,
 )
-from bench.harness.waiting import poll_until
 from gateway_server.engine.base import EngineError, RequestRejected
 from gateway_server.engine.tools import ToolSettings
 from gateway_server.engine.vllm.tools import VllmToolCalling

@@ -26,8 +26,9 @@ from typing import Any
 import openai
 import pytest
 
-from bench.harness.processes import REPO, Process, alive, child_env, descendants
-from bench.harness.scrape import scrape, total
+from bench.base.processes import REPO, Process, alive, child_env, descendants
+from bench.base.scrape import scrape, total
+from bench.base.waiting import poll_until
 from bench.harness.vllm_stack import (
     ENGINE_ARGS,
     IGNORE_EOS,
@@ -37,7 +38,6 @@ from bench.harness.vllm_stack import (
     engines_idle,
     vllm_gateway,
 )
-from bench.harness.waiting import poll_until
 from tests.support.vllm_fixtures import OpenAIFor, requires_vllm
 
 # Two engine starts (the gateway's, then the killed worker's): minutes each on a loaded CPU.

@@ -1,5 +1,5 @@
 """A real Triton Inference Server on 127.0.0.1, serving the project's own python-backend models
-(``tests/triton/models``), for the Triton tier.
+(``bench/harness/triton/models``), for the Triton tier.
 
 Triton 2.51.0 comes from the ``nvidia-pytriton`` 0.7.0 wheel, which ships the ``tritonserver``
 binary with the python backend only; ``make test`` installs it into a virtualenv of its own,
@@ -15,7 +15,7 @@ BYTES input). The binary is run directly on a model repository of our own, not t
 
 Triton takes no port 0, so three free ports are picked and a start that lost one of them to
 another process is made again on new ones (at most three times). Each model appends how every
-request ended to ``<records>/<model>.jsonl`` (``tests/triton/models/record.py``)."""
+request ended to ``<records>/<model>.jsonl`` (``bench/harness/triton/models/record.py``)."""
 
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness.processes import REPO, stop_group
-from bench.harness.waiting import poll_until
+from bench.base.processes import REPO, stop_group
+from bench.base.waiting import poll_until
 
 VENV = REPO / ".venv-triton"
-MODELS = REPO / "tests" / "triton" / "models"
+MODELS = Path(__file__).parent / "models"
 READY_S = 60.0
 BIND_ATTEMPTS = 3
 

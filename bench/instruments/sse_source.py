@@ -1,7 +1,7 @@
 """An SSE source for the proxy and short-call benchmarks (not a model server): a real aiohttp
 server, and :func:`sources`, which starts several sharing one port.
 
-``python -m bench.harness.sse_source --port 0 --ready-file F``:
+``python -m bench.instruments.sse_source --port 0 --ready-file F``:
 
 - ``GET /ttfb``: 200 with a 2-byte body at once;
 - ``GET /events?n=N&interval=S&start=T``: the response head at once, then (from monotonic time
@@ -29,7 +29,7 @@ from pathlib import Path
 import uvloop
 from aiohttp import web
 
-from bench.harness.processes import spawn
+from bench.base.processes import spawn
 
 
 async def ttfb(_: web.Request) -> web.Response:
@@ -96,12 +96,14 @@ def sources(count: int, work: Path) -> Iterator[tuple[str, list[int]]]:
     """``count`` sources sharing one port (``SO_REUSEPORT``): their address and pids."""
     with contextlib.ExitStack() as stack:
         first = stack.enter_context(
-            spawn("bench.harness.sse_source", ["--port", "0", "--reuse-port"], work / "source-0")
+            spawn(
+                "bench.instruments.sse_source", ["--port", "0", "--reuse-port"], work / "source-0"
+            )
         )
         port = first.listeners["http"].rsplit(":", 1)[1]
         pids = [first.popen.pid]
         for i in range(1, count):
-            more = stack.enter_context(spawn("bench.harness.sse_source",
+            more = stack.enter_context(spawn("bench.instruments.sse_source",
                                              ["--port", port, "--reuse-port"],
                                              work / f"source-{i}"))  # fmt: skip
             pids.append(more.popen.pid)

@@ -5,7 +5,7 @@ Writes ``{"http": "127.0.0.1:PORT"}`` to the file named by its one argument once
 model may still be loading: the caller waits for ``/v1/models/model`` to answer 200).
 
 Run by ``.venv-truss``'s interpreter in the server's directory
-(``bench/harness/truss_server.py``)."""
+(``bench/harness/truss/server.py``)."""
 
 from __future__ import annotations
 

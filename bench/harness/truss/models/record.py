@@ -1,6 +1,6 @@
 """How each request ended, as a Truss model of the Truss tier saw it: one JSON line per event,
 appended to ``$TRUSS_RECORD_DIR/<model>.jsonl`` (the launcher sets it). Copied next to each
-``model.py`` when the server's directory is laid out (``bench/harness/truss_server.py``).
+``model.py`` when the server's directory is laid out (``bench/harness/truss/server.py``).
 
 It also counts the calls a model runs, ``truss_model_calls_running``, a gauge on
 prometheus_client's default registry, which Truss's server exports on its /metrics: a metric of a

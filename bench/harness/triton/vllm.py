@@ -1,5 +1,5 @@
-"""vLLM's ``AsyncLLM`` inside a real Triton (``tests/triton/vllm_models/vllm_tiny``: the tiny local
-model with the vLLM tier's engine options), for the Triton tier's real-engine tests and
+"""vLLM's ``AsyncLLM`` inside a real Triton (``bench/harness/triton/vllm_models/vllm_tiny``: the
+tiny local model with the vLLM tier's engine options), for the Triton tier's real-engine tests and
 ``bench.triton.with_vllm``: starting it, and reading what its model records (how each request ended;
 the engine core's latest scheduler statistics)."""
 
@@ -12,14 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.harness.processes import REPO
-from bench.harness.triton_server import TritonServer, install, running_triton
+from bench.base.waiting import wait_until
+from bench.harness.triton.server import TritonServer, install, running_triton
 from bench.harness.unavailable import Unavailable
 from bench.harness.vllm_stack import ENGINE_ARGS
-from bench.harness.waiting import wait_until
 
 MODEL = "vllm_tiny"
-MODELS = REPO / "tests" / "triton" / "vllm_models"
+MODELS = Path(__file__).parent / "vllm_models"
 START_S = 300.0
 
 

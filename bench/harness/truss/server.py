@@ -1,5 +1,5 @@
 """Truss's own model server (truss 0.18.36, no Docker) on 127.0.0.1, serving the project's own
-Truss models (``tests/truss/models``), for the Truss tier.
+Truss models (``bench/harness/truss/models``), for the Truss tier.
 
 ``make test`` installs truss and the server's own requirements (the package's
 ``templates/server/requirements.txt`` without its index line, under its ``constraints.txt``) into
@@ -7,8 +7,9 @@ a virtualenv of their own, ``.venv-truss``. A model's server directory is laid o
 would hold it: ``TrussHandle(model).docker_build_setup(build)`` writes the image's build context,
 and the Dockerfile's ``COPY`` lines are done here (``server/`` is ``/app``, ``model/`` is
 ``/app/model``, ``config.yaml`` is ``/app/config.yaml``). Truss binds ``0.0.0.0``, hard-coded:
-``tests/truss/launch_loopback.py`` hands its uvicorn a socket bound to 127.0.0.1 instead. Each
-model appends what it saw to ``<records>/<model>.jsonl`` (``tests/truss/models/record.py``)."""
+``bench/harness/truss/launch_loopback.py`` hands its uvicorn a socket bound to 127.0.0.1 instead.
+Each model appends what it saw to ``<records>/<model>.jsonl``
+(``bench/harness/truss/models/record.py``)."""
 
 from __future__ import annotations
 
@@ -23,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness.processes import REPO, stop_group, wait_ready
-from bench.harness.triton_server import read_records
-from bench.harness.waiting import poll_until
+from bench.base.processes import REPO, stop_group, wait_ready
+from bench.base.waiting import poll_until
+from bench.harness.triton.server import read_records
 
 VENV = REPO / ".venv-truss"
 PYTHON = VENV / "bin" / "python"
-MODELS = REPO / "tests" / "truss" / "models"
-LAUNCHER = REPO / "tests" / "truss" / "launch_loopback.py"
+MODELS = Path(__file__).parent / "models"
+LAUNCHER = Path(__file__).parent / "launch_loopback.py"
 READY_S = 60.0
 _LAYOUT = (
     "import sys; from pathlib import Path; "
@@ -77,7 +78,7 @@ def skip_reason() -> str | None:
 
 
 def lay_out(model: str, work: Path) -> Path:
-    """The server directory (the image's ``/app``) for ``tests/truss/models/<model>``."""
+    """The server directory (the image's ``/app``) for ``bench/harness/truss/models/<model>``."""
     source = work / "source"
     shutil.copytree(MODELS / model, source, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(MODELS / "record.py", source / "model" / "record.py")
