@@ -8,7 +8,7 @@ module's docstring or ``docs/benchmarks.md`` says of a run with the arguments sh
 2-core machine the figures come from; where neither said, it was timed there on 2026-12-07
 ("timed": while other sessions' test runs loaded the machine, load average 7-52, so an upper
 bound), estimated from shorter runs, or read from the run its section reports, each saying which.
-``tests/pure/test_bench_catalog.py`` fails when a runnable module under ``bench/`` is missing
+``tests/tooling/test_bench_catalog.py`` fails when a runnable module under ``bench/`` is missing
 here, an entry names no module, a section is not in its page, a make target does not run what
 is listed for it, or the table in the docs is not this catalog.
 """

@@ -1,4 +1,5 @@
 """Fixtures every tier shares. The tiers are folders: ``pure/`` (framing and rules, no I/O),
+``tooling/`` (the benchmarks', the image's and the suite's own machinery, not the product),
 ``in_process/`` (real servers on 127.0.0.1 in the test's event loop), ``multi_process/`` (the real
 ``python -m gateway_server`` and ``python -m proxy`` processes), ``hostile/`` (hostile input within
 a CPU budget, attacks on live processes), ``deploy/`` (chart, image, observability), ``triton/`` (a

@@ -86,7 +86,7 @@ def test_the_path_check_finds_an_old_file_a_stale_link_and_a_glob_matching_nothi
     text = (
         "The cancel wire (`proxy/cancel_http.py`), [a page](gone.md#top), `tests/pure/*_nope.py`\n"
         "```sh\npython bench/cancel_write.py --calls 2  # not bench/nothing.py\n```\n"
-        "`proxy/config.py:12`, `tests/pure/test_skips.py::test_x`, `/v2/requests/{id}/cancel`\n"
+        "`proxy/config.py:12`, `tests/tooling/test_skips.py::test_x`, `/v2/requests/{id}/cancel`\n"
     )
     missing = missing_paths(text, REPO / "docs")
     assert missing == [
