@@ -67,14 +67,6 @@ async def in_flight(session: aiohttp.ClientSession, gateway_url: str) -> dict[st
         return {r["request_id"]: r for r in (await resp.json())["requests"]}
 
 
-async def cancel_direct(session: aiohttp.ClientSession, gateway_url: str, request_id: str) -> None:
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    async with session.post(
-        f"{gateway_url}/v2/requests/{request_id}/cancel", headers=headers
-    ) as resp:
-        await resp.read()
-
-
 def completion_request(
     path: str, body: dict[str, Any], *, request_id: str | None = None, host: str = "model"
 ) -> bytes:

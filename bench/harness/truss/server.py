@@ -51,9 +51,6 @@ class TrussServer:
     def url(self) -> str:
         return f"http://{self.http}"
 
-    def predict_url(self) -> str:
-        return f"{self.url()}/v1/models/model:predict"
-
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
