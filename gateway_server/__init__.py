@@ -9,7 +9,8 @@ How it fits together (one request, start to end):
           ▲
     cancel API / client disconnect / shutdown ──▶ Call.cancel(reason) ──▶ Engine.abort
 
-The vocabulary (reasons, phases, outcomes) lives in :mod:`gateway_server.vocabulary`; it is the
+The label values (outcomes, protocols, refusals; the contract's reasons and phases) live in
+:mod:`gateway_server.labels` and :mod:`hangup_contract.cancel_labels`; they are the
 only source of metric label values, log fields and status mappings.
 """
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gateway_server.engine.base import Consumption
+from gateway_server.labels import Outcome
 from gateway_server.metrics.token_books import TokenBooks
-from gateway_server.vocabulary import Outcome
-from hangup_contract.vocabulary import Phase
+from hangup_contract.cancel_labels import Phase
 
 
 @dataclass(slots=True)

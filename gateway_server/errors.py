@@ -25,8 +25,8 @@ same classes to gRPC codes. Handlers raise these; one middleware per protocol re
 
 from __future__ import annotations
 
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.usage import Usage
-from hangup_contract.vocabulary import Reason
 
 
 class GatewayError(Exception):

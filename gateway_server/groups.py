@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from gateway_server.errors import CancelledBeforeArrival, TooManyRequests
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 
 C = TypeVar("C")
 

@@ -29,14 +29,14 @@ from gateway_server.errors import (
     RequestNotFound,
 )
 from gateway_server.groups import GROUP_BOUNDS, GroupBounds, Groups
+from gateway_server.labels import Protocol
 from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.placement import Placement
 from gateway_server.placement.legs import merge_answers
-from gateway_server.vocabulary import Protocol
 from hangup_contract import request_id as request_ids
 from hangup_contract.cancel import CancelAnswer
+from hangup_contract.cancel_labels import CancelState, Phase, Reason
 from hangup_contract.usage import Usage
-from hangup_contract.vocabulary import CancelState, Phase, Reason
 
 V = TypeVar("V")
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from gateway_server.engine.base import Engine, SamplingParams
 from gateway_server.errors import InvalidRequest
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 
 MAX_CHOICES = 16
 """Most engine requests one call may start (``n`` times the prompts)."""

@@ -55,12 +55,12 @@ from gateway_server.service import GenerationService, ModelInfo
 from gateway_server.siblings import Siblings
 from gateway_server.siblings.processes import ApiProcess
 from gateway_server.siblings.scope import Scope, SingleProcess
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.runtime.connections import LimitedAppRunner, LimitedServer, counted_in
 from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.runtime.logs import log_event
 from hangup_contract.runtime.shared_listener import BalancedAcceptor
 from hangup_contract.runtime.supervision import watch_supervisor
-from hangup_contract.vocabulary import Reason
 
 log = logging.getLogger("hangup.gateway")
 

@@ -55,16 +55,16 @@ from gateway_server.errors import (
     RequestNotFound,
     Unavailable,
 )
+from gateway_server.labels import Outcome, Protocol
 from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.metrics.token_books import TokenBooks
 from gateway_server.placement import placer_for
 from gateway_server.registry import Call, CallRegistry, EngineCall
 from gateway_server.siblings.scope import CallDirectory, LocalDirectory
-from gateway_server.vocabulary import Outcome, Protocol
 from hangup_contract import jobs
 from hangup_contract.cancel import CancelAnswer
+from hangup_contract.cancel_labels import Phase, Reason
 from hangup_contract.runtime.logs import log_event
-from hangup_contract.vocabulary import Phase, Reason
 
 log = logging.getLogger("hangup.gateway")
 

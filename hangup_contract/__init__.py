@@ -4,7 +4,7 @@ Both processes import this package; it imports neither of them. Everything here 
 changing a value changes what crosses the wire between the two, or what dashboards, alerts and
 other servers' adapters read.
 
-- :mod:`.vocabulary`: why a request was cancelled (``Reason``), where it was (``Phase``), and
+- :mod:`.cancel_labels`: why a request was cancelled (``Reason``), where it was (``Phase``), and
   what a cancel found (``CancelState``); their values are wire values and metric labels.
 - :mod:`.request_id`: the ``X-Request-Id`` header (``x-request-id`` metadata on gRPC) that names
   every upstream call, the one rule for an id, and fresh ids.

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, unquote
 
+from hangup_contract.cancel_labels import CancelState, Phase, Reason
 from hangup_contract.usage import Usage
-from hangup_contract.vocabulary import CancelState, Phase, Reason
 
 ROUTE = "/v2/requests/{request_id}/cancel"
 """The route, with the id as the path parameter ``request_id`` (decoded by the server)."""

@@ -40,7 +40,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from hangup_contract import request_id as request_ids
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 
 GROUP_HEADER = "X-Hangup-Group"
 GROUP_METADATA_KEY = "x-hangup-group"

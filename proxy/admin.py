@@ -20,8 +20,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from hangup_contract.runtime.connections import LimitedAppRunner, counted_in
 from proxy.calls.state import ServerState
 from proxy.config import Config
+from proxy.labels import SERVER_HEADER
 from proxy.metrics import worker_restarts
-from proxy.vocabulary import SERVER_HEADER
 
 
 class AdminSite:

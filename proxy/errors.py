@@ -33,7 +33,7 @@ Foreign exceptions (aiohttp's, OSError) are translated where they are caught, wi
 
 from __future__ import annotations
 
-from proxy.vocabulary import Outcome
+from proxy.labels import Outcome
 
 
 class ProxyError(Exception):

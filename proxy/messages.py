@@ -22,7 +22,7 @@ from typing import NamedTuple, Protocol
 from urllib.parse import unquote
 
 from hangup_contract.runtime.connections import CloseReason, chunks_until_stalled
-from proxy.vocabulary import SERVER_HEADER
+from proxy.labels import SERVER_HEADER
 
 Headers = list[tuple[str, str]]
 

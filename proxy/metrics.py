@@ -1,6 +1,6 @@
 """The proxy's Prometheus metrics (names are interface, see docs/proxy.md), on a registry passed in.
 
-Label values come only from enums (``proxy.vocabulary``, the connection close reasons), the
+Label values come only from enums (``proxy.labels``, the connection close reasons), the
 configured adapter name and the listener names, never from request ids. Durations are measured
 with ``time.monotonic()`` by the callers.
 
@@ -22,10 +22,10 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import Metric
 
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.jobs import ENTRY_STATES, CancelKind
 from hangup_contract.usage import Usage
-from hangup_contract.vocabulary import Reason
-from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage, TokenKind
+from proxy.labels import CallProtocol, CancelResult, Outcome, Stage, TokenKind
 
 FLUSH_EVERY_S = 0.5
 HISTOGRAM_PARTS = ("_upper_bounds", "_buckets", "_sum")  # a Histogram's, batched into

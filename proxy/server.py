@@ -25,9 +25,9 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.runtime.files import write_ready_file
 from hangup_contract.runtime.watchdog import LoopWatchdog
-from hangup_contract.vocabulary import Reason
 from proxy.admin import AdminListener
 from proxy.calls.siblings import Siblings
 from proxy.calls.state import ServerState
@@ -36,8 +36,8 @@ from proxy.cancel.choice import open_grpc_adapter, open_http_adapter
 from proxy.config import Config
 from proxy.grpc.relay import GrpcRelay
 from proxy.http.listener import HttpListener
+from proxy.labels import CallProtocol
 from proxy.metrics import FLUSH_EVERY_S, ProxyMetrics
-from proxy.vocabulary import CallProtocol
 
 log = logging.getLogger("hangup.proxy.server")
 

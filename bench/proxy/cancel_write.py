@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from bench.instruments.stats import quantile
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 
 ANSWER = b'{"request_id": "x", "state": "cancelled", "phase": "decode"}'
 REPLY = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%b" % (

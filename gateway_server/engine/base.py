@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from gateway_server.engine.constraint import StructuredOutput
 from gateway_server.engine.tools import ToolCalling, ToolSettings
-from hangup_contract.vocabulary import Phase
+from hangup_contract.cancel_labels import Phase
 
 
 class Feature(enum.StrEnum):

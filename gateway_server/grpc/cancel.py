@@ -22,9 +22,9 @@ from gateway_server.service import GenerationService
 from hangup_contract import jobs
 from hangup_contract import request_id as request_ids
 from hangup_contract.cancel import CancelAnswer
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.jobs import CancelKind
 from hangup_contract.protos import cancellation_pb2 as pb
-from hangup_contract.vocabulary import Reason
 
 SERVICE_NAME = "hangup.v1.Cancellation"
 

@@ -42,7 +42,7 @@ from gateway_server.service import GenerationService
 from hangup_contract import jobs
 from hangup_contract import request_id as request_ids
 from hangup_contract.cancel import bearer_matches
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 
 REQUEST_ID_KEY = request_ids.METADATA_KEY
 _CODES: tuple[tuple[type[GatewayError] | tuple[type[GatewayError], ...], grpc.StatusCode], ...] = (

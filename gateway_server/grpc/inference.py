@@ -36,10 +36,10 @@ from gateway_server.grpc.common import (
 )
 from gateway_server.grpc.stream import MODEL_VERSION, StreamLimits, StreamSession, prepare
 from gateway_server.grpc.tensors import TextRequest, text_response
+from gateway_server.labels import Protocol
 from gateway_server.registry import Call
 from gateway_server.requests import cancelled_message
 from gateway_server.service import GenerationService
-from gateway_server.vocabulary import Protocol
 from hangup_contract.protos import inference_pb2 as pb
 from hangup_contract.usage import metadata as usage_metadata
 

@@ -31,7 +31,7 @@ import grpc
 from gateway_server.clients import ClientRule
 from gateway_server.grpc.cancel import SERVICE_NAME as CANCELLATION
 from gateway_server.grpc.common import metadata_value
-from gateway_server.vocabulary import Refusal
+from gateway_server.labels import Refusal
 
 log = logging.getLogger("hangup.gateway")
 

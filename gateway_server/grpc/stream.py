@@ -66,6 +66,7 @@ from gateway_server.grpc.tensors import (
     shown,
     text_response,
 )
+from gateway_server.labels import Protocol
 from gateway_server.openai.fields import check_sampling
 from gateway_server.registry import Call
 from gateway_server.requests import (
@@ -77,10 +78,9 @@ from gateway_server.requests import (
     sampling_params,
 )
 from gateway_server.service import GenerationService
-from gateway_server.vocabulary import Protocol
 from hangup_contract import request_id as request_ids
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.protos import inference_pb2 as pb
-from hangup_contract.vocabulary import Reason
 
 MODEL_VERSION = "1"
 CANCEL_ID = "hangup_request_id"

@@ -34,8 +34,8 @@ from gateway_server.service import GenerationService
 from hangup_contract import jobs
 from hangup_contract import request_id as request_ids
 from hangup_contract.cancel import ROUTE, CancelAnswer, bearer_matches, parse_request
+from hangup_contract.cancel_labels import CancelState, Reason
 from hangup_contract.jobs import CancelKind
-from hangup_contract.vocabulary import CancelState, Reason
 
 
 def add_routes(app: web.Application) -> None:

@@ -7,9 +7,9 @@ from typing import Any
 from aiohttp import web
 
 from gateway_server.errors import BodyTimeout, InvalidRequest, RequestTooLarge
+from gateway_server.labels import Protocol
 from gateway_server.requests import json_object
 from gateway_server.service import GenerationService
-from gateway_server.vocabulary import Protocol
 from hangup_contract import jobs
 from hangup_contract import request_id as request_ids
 from hangup_contract.runtime.connections import BodyStalled, body_chunks

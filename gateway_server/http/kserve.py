@@ -59,6 +59,7 @@ from gateway_server.http.common import (
     read_json_object,
     request_id,
 )
+from gateway_server.labels import Protocol
 from gateway_server.openai.fields import check_sampling
 from gateway_server.requests import (
     EMPTY_FINAL_OPT_IN,
@@ -70,7 +71,6 @@ from gateway_server.requests import (
     sampling_params,
 )
 from gateway_server.service import GenerationService
-from gateway_server.vocabulary import Protocol
 from hangup_contract import request_id as request_ids
 
 MODEL_VERSION = "1"

@@ -53,13 +53,13 @@ from gateway_server.http.common import (
     read_json_object,
     request_id,
 )
+from gateway_server.labels import Protocol
 from gateway_server.openai import logprobs as openai_logprobs
 from gateway_server.openai.request import OpenAIJob, parse
 from gateway_server.openai.streams import merge
 from gateway_server.registry import Call
 from gateway_server.requests import cancelled_message
 from gateway_server.service import GenerationService
-from gateway_server.vocabulary import Protocol
 
 
 @dataclass

@@ -41,13 +41,13 @@ from gateway_server.http.common import (
     read_json_object,
     request_id,
 )
+from gateway_server.labels import Protocol
 from gateway_server.openai.responses.objects import encode
 from gateway_server.openai.responses.request import ResponsesJob, read
 from gateway_server.openai.responses.runner import ResponsesRunner, followed, new_record
 from gateway_server.openai.responses.store import ResponseRecord
 from gateway_server.registry import Call
 from gateway_server.service import GenerationService
-from gateway_server.vocabulary import Protocol
 from hangup_contract.runtime.logs import log_event
 
 log = logging.getLogger("hangup.gateway")

@@ -18,10 +18,10 @@ from prometheus_client.registry import Collector
 
 from gateway_server.engine.handoff import DisaggregatedEngine
 from gateway_server.engine.pool import EnginePool
-from gateway_server.vocabulary import Outcome, Protocol, Refusal
+from gateway_server.labels import Outcome, Protocol, Refusal
+from hangup_contract.cancel_labels import Phase, Reason
 from hangup_contract.jobs import ENTRY_STATES, CancelKind
 from hangup_contract.usage import Usage
-from hangup_contract.vocabulary import Phase, Reason
 
 
 class HasName(TypingProtocol):

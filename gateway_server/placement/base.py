@@ -7,7 +7,7 @@ from typing import Protocol
 
 from gateway_server.engine.base import Consumption, SamplingParams, Share, TokenChunk
 from gateway_server.engine.pool import Worker
-from hangup_contract.vocabulary import Phase, Reason
+from hangup_contract.cancel_labels import Phase, Reason
 
 
 class Progress(Protocol):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from gateway_server.engine.handoff import DisaggregatedEngine, WorkerRole
-from hangup_contract.vocabulary import Phase
+from hangup_contract.cancel_labels import Phase
 
 if TYPE_CHECKING:
     from gateway_server.engine.pool import Worker

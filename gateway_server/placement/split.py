@@ -35,7 +35,7 @@ from gateway_server.engine.handoff import KvHandoff, WorkerRole
 from gateway_server.engine.pool import EnginePool, Worker
 from gateway_server.placement.base import Progress
 from gateway_server.placement.legs import Leg, Legs, LegState
-from hangup_contract.vocabulary import Phase
+from hangup_contract.cancel_labels import Phase
 
 
 class Split:

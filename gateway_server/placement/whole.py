@@ -8,7 +8,7 @@ from gateway_server.engine.base import Engine, EngineRequest, SamplingParams, To
 from gateway_server.engine.handoff import WorkerRole
 from gateway_server.engine.pool import EnginePool, Worker
 from gateway_server.placement.base import Progress
-from hangup_contract.vocabulary import Phase
+from hangup_contract.cancel_labels import Phase
 
 
 class Whole:

@@ -27,8 +27,8 @@ from gateway_server.registry import ID_BOUNDS, CallRegistry, IdBounds, Remembere
 from gateway_server.siblings.channel import Channel, Message, Op, SiblingUnreachable
 from hangup_contract import request_id as request_ids
 from hangup_contract.cancel import CancelAnswer
+from hangup_contract.cancel_labels import CancelState, Reason
 from hangup_contract.runtime.logs import log_event
-from hangup_contract.vocabulary import CancelState, Reason
 
 log = logging.getLogger("hangup.gateway")
 

@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 from gateway_server.registry import CallRegistry
 from hangup_contract import request_id as request_ids
 from hangup_contract.cancel import CancelAnswer
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 
 
 class CallDirectory(Protocol):

@@ -47,11 +47,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from hangup_contract import request_id as request_ids
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 from proxy.calls.groups import GroupBounds, HeldGroups
-from proxy.cancel.seams import CancelTask
+from proxy.cancel.protocols import CancelTask
 from proxy.errors import CancelledById, DuplicateRequestId, ProxyError
-from proxy.vocabulary import CancelResult
+from proxy.labels import CancelResult
 
 ID_COST = 200
 """Bytes an id in the table costs beyond its characters (the string's header, its slot, the

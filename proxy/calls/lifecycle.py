@@ -29,11 +29,11 @@ import logging
 import time
 from collections.abc import Callable
 
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 from proxy.calls.state import Call
-from proxy.cancel.seams import CancelTask, Submit
+from proxy.cancel.protocols import CancelTask, Submit
+from proxy.labels import Outcome
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import Outcome
 
 CALL_LOGGER = "hangup.proxy.call"
 

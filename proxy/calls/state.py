@@ -13,16 +13,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.usage import Usage
-from hangup_contract.vocabulary import Reason
 from proxy.calls.groups import GroupBounds
 from proxy.calls.held import Bounds, Ender, HeldCalls, Holding
 from proxy.calls.siblings import Siblings
 from proxy.cancel.canceller import Canceller
 from proxy.config import Config
 from proxy.errors import DuplicateRequestId, Overloaded, WorkerSilent
+from proxy.labels import CallProtocol, CancelResult, Outcome, Stage
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
 
 
 @dataclass(eq=False, slots=True)

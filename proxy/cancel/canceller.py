@@ -1,6 +1,6 @@
 """Explicit upstream cancel calls: the canceller that drives the adapters.
 
-A ``CancelAdapter`` (``proxy.cancel.seams``) makes *one attempt* to cancel an upstream call by
+A ``CancelAdapter`` (``proxy.cancel.protocols``) makes *one attempt* to cancel an upstream call by
 id and says what came of it, or raises ``CancelAttemptFailed`` when another attempt may do
 better (the endpoint is down, slow or overloaded). ``hangup`` speaks the cancel contract
 (``hangup_contract.cancel``); ``none`` makes no call at all (the relay still closes the
@@ -29,11 +29,11 @@ import time
 from collections import deque
 from collections.abc import Mapping
 
-from hangup_contract.vocabulary import Reason
-from proxy.cancel.seams import CancelAdapter, CancelTask, SendsNow, Submit
+from hangup_contract.cancel_labels import Reason
+from proxy.cancel.protocols import CancelAdapter, CancelTask, SendsNow, Submit
 from proxy.errors import CancelAttemptFailed
+from proxy.labels import CallProtocol, CancelResult
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CallProtocol, CancelResult
 
 log = logging.getLogger("hangup.proxy.cancel")
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from proxy.cancel.grpc import GrpcCancelAdapter
 from proxy.cancel.http import HangupCancel, HttpCancelAdapter
 from proxy.cancel.pool import PoolCancelAdapter
-from proxy.cancel.seams import CancelAdapter, CancelCall, NoCancelAdapter, TagsRequests
+from proxy.cancel.protocols import CancelAdapter, CancelCall, NoCancelAdapter, TagsRequests
 from proxy.cancel.servers import SglangAbort, VllmAbort
 from proxy.config import AdapterName, Config
 

@@ -21,11 +21,11 @@ import logging
 
 import grpc
 
+from hangup_contract.cancel_labels import CancelState, Reason
 from hangup_contract.protos import cancellation_pb2
-from hangup_contract.vocabulary import CancelState, Reason
 from proxy.errors import CancelAttemptFailed
+from proxy.labels import CancelResult
 from proxy.upstream.grpc_target import upstream_channel
-from proxy.vocabulary import CancelResult
 
 log = logging.getLogger("hangup.proxy.cancel")
 

@@ -5,7 +5,7 @@
 relay's connections; at most 16 idle, one kept open once a call was made), the first attempt
 written in the callback that saw the hang-up (``send_now``), a reused connection that turns out
 closed replaced once within the attempt. What differs between servers is a :class:`CancelCall`
-(``proxy.cancel.seams``): which POST cancels an id, and what an answer means.
+(``proxy.cancel.protocols``): which POST cancels an id, and what an answer means.
 :class:`HangupCancel` speaks the cancel contract: ``POST {base}/v2/requests/{id}/cancel`` with
 ``{"reason"}`` (``hangup_contract.cancel``); the calls of other servers are in
 ``proxy.cancel.servers``.
@@ -28,12 +28,12 @@ import logging
 from collections.abc import Awaitable
 
 from hangup_contract import cancel as contract
-from hangup_contract.vocabulary import CancelState, Reason
-from proxy.cancel.seams import CancelCall
+from hangup_contract.cancel_labels import CancelState, Reason
+from proxy.cancel.protocols import CancelCall
 from proxy.errors import CancelAttemptFailed, UpstreamBroken, UpstreamError
+from proxy.labels import CancelResult
 from proxy.upstream.client import Client
 from proxy.upstream.connection import Response
-from proxy.vocabulary import CancelResult
 
 log = logging.getLogger("hangup.proxy.cancel")
 

@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 from proxy.cancel.http import HangupCancel, HttpCancelAdapter
 from proxy.errors import CancelAttemptFailed
-from proxy.vocabulary import CancelResult
+from proxy.labels import CancelResult
 
 log = logging.getLogger("hangup.proxy.cancel")
 

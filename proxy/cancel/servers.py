@@ -35,10 +35,10 @@ from __future__ import annotations
 import json
 import logging
 
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 from proxy.cancel import responses
 from proxy.errors import CancelAttemptFailed
-from proxy.vocabulary import CancelResult
+from proxy.labels import CancelResult
 
 log = logging.getLogger("hangup.proxy.cancel")
 

@@ -42,10 +42,10 @@ from typing import Any
 
 import grpc
 
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.jobs import GROUP_METADATA_KEY
 from hangup_contract.runtime.connections import grpc_server_options
 from hangup_contract.usage import usage_in_metadata
-from hangup_contract.vocabulary import Reason
 from proxy.calls.admin_paths import Refusal
 from proxy.calls.groups import checked_group
 from proxy.calls.lifecycle import CallEnding, log_call
@@ -71,8 +71,8 @@ from proxy.grpc.metadata import (
 )
 from proxy.grpc.peer import Liveness, PeerWatch, can_tell_disconnects
 from proxy.grpc.status import StatusWatch
+from proxy.labels import CallProtocol, Outcome, Stage
 from proxy.upstream.grpc_target import upstream_channel
-from proxy.vocabulary import CallProtocol, Outcome, Stage
 
 log = logging.getLogger("hangup.proxy.grpc")
 

@@ -42,9 +42,9 @@ from collections.abc import Callable
 
 from hangup_contract import jobs
 from hangup_contract.cancel import bearer_matches, cancel_path, encode_request, parse_request
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.jobs import CancelKind, Route
 from hangup_contract.runtime.connections import BodyStalled
-from hangup_contract.vocabulary import Reason
 from proxy.calls.held import HeldCalls
 from proxy.calls.siblings import Siblings
 from proxy.errors import BadBody, UpstreamError

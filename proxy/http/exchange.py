@@ -10,13 +10,13 @@ from collections.abc import Callable
 from hangup_contract.usage import Usage
 from proxy.calls.lifecycle import CallEnding
 from proxy.calls.state import Call
-from proxy.cancel.seams import CancelTask
+from proxy.cancel.protocols import CancelTask
 from proxy.errors import BadBody, BodyTimeout, BodyTooLarge, CancelledById, ClientGone
 from proxy.http.relayed import usage_in
+from proxy.labels import CancelResult
 from proxy.messages import Request, Stream
 from proxy.triton.bridge import Upstream
 from proxy.upstream.client import UpstreamCall
-from proxy.vocabulary import CancelResult
 
 
 class ClientSink:

@@ -15,8 +15,8 @@ from typing import NamedTuple
 
 from hangup_contract.jobs import GROUP_HEADER
 from proxy.calls.request_ids import CLIENT_REQUEST_ID, REQUEST_ID, RequestIds
+from proxy.labels import SERVER_HEADER
 from proxy.messages import HeadFields
-from proxy.vocabulary import SERVER_HEADER
 
 Headers = list[tuple[str, str]]
 

@@ -30,8 +30,8 @@ from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 from hangup_contract import jobs
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.jobs import CancelKind
-from hangup_contract.vocabulary import Reason
 from proxy.calls.held import HeldCalls
 from proxy.calls.siblings import Siblings, group_entry, unfitted
 from proxy.calls.state import LIST_MOST

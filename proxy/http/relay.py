@@ -39,9 +39,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from hangup_contract.cancel import cancelled_id
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.jobs import Route, route_of
 from hangup_contract.runtime.connections import BodyStalled
-from hangup_contract.vocabulary import Reason
 from proxy.calls.admin_paths import Refusal
 from proxy.calls.groups import checked_group
 from proxy.calls.lifecycle import CallEnding, log_call
@@ -50,7 +50,7 @@ from proxy.calls.state import Call, ServerState
 from proxy.cancel import responses
 from proxy.cancel.choice import body_tagger
 from proxy.cancel.http import HttpCancelAdapter
-from proxy.cancel.seams import CancelTask
+from proxy.cancel.protocols import CancelTask
 from proxy.config import AdapterName
 from proxy.errors import (
     BadBody,
@@ -72,12 +72,12 @@ from proxy.http.exchange import ClientSink, Exchange, held_upstream
 from proxy.http.headers import add_ids, client_response_head, upstream_request_headers
 from proxy.http.scrape import scrape
 from proxy.http.tagging import TAG_LIMIT, tag_body
+from proxy.labels import SERVER_HEADER, CallProtocol, Outcome, Stage
 from proxy.messages import Answer, ClientConnection, Request, Stream, error_answer
 from proxy.triton.bridge import TritonBridge, Upstream
 from proxy.upstream.client import Client
 from proxy.upstream.connection import Response
 from proxy.upstream.framing import Body
-from proxy.vocabulary import SERVER_HEADER, CallProtocol, Outcome, Stage
 
 log = logging.getLogger("hangup.proxy.http")
 

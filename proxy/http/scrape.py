@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from proxy.errors import UpstreamError
+from proxy.labels import SERVER_HEADER
 from proxy.messages import Answer, Request, error_answer
 from proxy.metrics import ProxyMetrics
 from proxy.upstream.client import Client
-from proxy.vocabulary import SERVER_HEADER
 
 # The headers that choose a scrape's format, its deadline, its size.
 _SCRAPE_HEADERS = frozenset({"accept", "accept-encoding", "authorization"})

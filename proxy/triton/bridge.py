@@ -36,6 +36,7 @@ import grpc
 from hangup_contract.protos import inference_pb2 as pb
 from proxy.calls.state import Call
 from proxy.errors import ClientGone, UpstreamBroken
+from proxy.labels import Stage
 from proxy.messages import Answer, Request, Stream
 from proxy.triton.codec import (
     GenerateError,
@@ -48,7 +49,6 @@ from proxy.triton.codec import (
 from proxy.triton.infer import HEADER_LENGTH, infer_answer, infer_request
 from proxy.triton.models import SERVICE, Models
 from proxy.upstream.grpc_target import upstream_channel
-from proxy.vocabulary import Stage
 
 PATH = re.compile(
     r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?"

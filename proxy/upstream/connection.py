@@ -35,7 +35,7 @@ import httptools
 
 from proxy.errors import StaleConnection, UpstreamBroken
 from proxy.upstream.framing import Body
-from proxy.upstream.seams import Sink
+from proxy.upstream.sink import Sink
 
 _PENDING_LIMIT = 64 * 1024  # body bytes held before a sink is attached (then reading pauses)
 _HEAD_LIMIT = 64 * 1024  # an answer's status line and fields (Envoy's default limit is 60 KiB)

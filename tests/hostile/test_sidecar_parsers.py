@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from bench.harness.hostile import Budget, timed
 from hangup_contract.cancel import cancelled_id, parse_request
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 from proxy.calls.siblings import LINE_LIMIT, read_message
 from proxy.http.cancel_api import BODY_LIMIT
 

@@ -19,9 +19,9 @@ from aiohttp import web
 
 from bench.base.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 from proxy.cancel.pool import PoolCancelAdapter, resolve
-from proxy.vocabulary import CallProtocol, CancelResult
+from proxy.labels import CallProtocol, CancelResult
 from tests.support.gateway import LONG, MODEL, Gateway, running_gateway
 from tests.support.proxy_harness import http_url, metric, running_proxy, wait_metric
 

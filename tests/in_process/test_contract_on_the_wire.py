@@ -10,9 +10,9 @@ from tritonclient.utils import InferenceServerException
 
 from bench.harness.triton.io import Stream, cancel_id_of, inputs
 from hangup_contract import request_id
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 from proxy.cancel.http import HangupCancel, HttpCancelAdapter
-from proxy.vocabulary import CancelResult
+from proxy.labels import CancelResult
 from tests.support.gateway import LONG, MODEL, Gateway
 
 

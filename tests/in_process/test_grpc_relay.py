@@ -22,16 +22,16 @@ from prometheus_client import CollectorRegistry
 
 from bench.base.processes import child_env
 from bench.base.waiting import wait_until
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.protos import cancellation_pb2
-from hangup_contract.vocabulary import Reason
 from proxy.calls.state import ServerState
 from proxy.cancel.canceller import Canceller
 from proxy.cancel.grpc import GrpcCancelAdapter
 from proxy.config import Config
 from proxy.grpc.peer import can_tell_disconnects
 from proxy.grpc.relay import GrpcRelay
+from proxy.labels import CallProtocol
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CallProtocol
 
 needs_sock_diag = pytest.mark.skipif(
     not can_tell_disconnects(), reason="needs Linux sock_diag to tell a disconnect from a cancel"

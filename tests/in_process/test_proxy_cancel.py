@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 from proxy.cancel.canceller import Canceller
 from proxy.cancel.http import HangupCancel, HttpCancelAdapter
+from proxy.labels import CallProtocol, CancelResult
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CallProtocol, CancelResult
 from tests.support.proxy_harness import http_url, raw_request, running_proxy
 from tests.support.scripted_upstream import ScriptedUpstream
 

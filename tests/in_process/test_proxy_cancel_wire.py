@@ -17,11 +17,11 @@ from prometheus_client import CollectorRegistry
 
 from bench.base.waiting import wait_until
 from bench.harness.raw_http import RawServer, read_request
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 from proxy.cancel.canceller import Canceller
 from proxy.cancel.http import HangupCancel, HttpCancelAdapter
+from proxy.labels import CallProtocol, CancelResult
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CallProtocol, CancelResult
 
 CANCELLED = b'{"request_id": "x", "state": "cancelled", "phase": "decode"}'
 

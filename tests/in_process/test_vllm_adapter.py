@@ -12,13 +12,13 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 from proxy.cancel.choice import open_grpc_adapter, open_http_adapter
 from proxy.cancel.http import HttpCancelAdapter
 from proxy.cancel.servers import VllmAbort
 from proxy.config import AdapterName, build_config
 from proxy.errors import CancelAttemptFailed
-from proxy.vocabulary import CancelResult
+from proxy.labels import CancelResult
 from tests.support.proxy_harness import metric, raw_request, running_proxy, wait_metric
 from tests.support.scripted_upstream import ScriptedUpstream
 

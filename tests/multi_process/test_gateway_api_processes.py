@@ -43,7 +43,7 @@ from gateway_server.siblings import home_of
 from gateway_server.siblings.processes import SLOT_ENV
 from hangup_contract.protos import inference_pb2 as pb
 from tests.support.metrics_files import unreadable_files
-from tests.support.spread import answered_one_by_one, refused
+from tests.support.shared_port import answered_one_by_one, refused
 
 # 32 slots per worker (one per process): a process holds no more connections than the other
 # unless that one stalls, but a stream without a slot would never send its first token.

@@ -32,7 +32,7 @@ from bench.harness.stack import (
     in_flight,
     running_stack,
 )
-from tests.support.spread import answered_one_by_one, refused
+from tests.support.shared_port import answered_one_by_one, refused
 
 SLOW = ["--sim-slots", "16", "--sim-step-base", "0.02"]
 LONG = {"model": MODEL, "prompt": "long", "max_tokens": 3000, "stream": True}

@@ -28,7 +28,7 @@ from hangup_contract.cancel import (
     encode_request,
     parse_request,
 )
-from hangup_contract.vocabulary import CancelState, Phase, Reason
+from hangup_contract.cancel_labels import CancelState, Phase, Reason
 from proxy.errors import ProxyError
 
 PACKAGES = ("hangup_contract", "gateway_server", "proxy")

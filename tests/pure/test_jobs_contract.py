@@ -9,7 +9,7 @@ import json
 import pytest
 
 from hangup_contract import jobs
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 from proxy.calls.groups import GroupBounds, HeldGroups, checked_group
 from proxy.calls.siblings import LINE_LIMIT, fitted, unfitted
 from proxy.errors import BadGroup, CancelledById, TooManyGroupCalls

@@ -30,11 +30,11 @@ MAY_ONLY_IMPORT = {
     ("proxy", "upstream"): {"upstream", "errors"},
     # The cancel path, below both listeners.
     ("proxy", "cancel"): {
-        "cancel", "upstream", "errors", "vocabulary", "metrics", "config",
+        "cancel", "upstream", "errors", "labels", "metrics", "config",
     },
     # A relayed call (its ids, its place in flight, its end, the calls by id), below the
     # listeners and the server, above the cancel path.
-    ("proxy", "calls"): {"calls", "cancel", "config", "errors", "metrics", "vocabulary"},
+    ("proxy", "calls"): {"calls", "cancel", "config", "errors", "labels", "metrics"},
 }  # fmt: skip
 
 MUST_NOT_IMPORT = {

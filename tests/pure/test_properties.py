@@ -32,8 +32,8 @@ from hangup_contract.cancel import (
     encode_request,
     parse_request,
 )
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.protos import inference_pb2 as pb
-from hangup_contract.vocabulary import Reason
 from proxy.calls.request_ids import RequestIds, choose_request_ids
 from proxy.errors import BadRequestId
 from proxy.http.headers import (

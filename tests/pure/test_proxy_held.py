@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.request_id import new_request_id
-from hangup_contract.vocabulary import Reason
 from proxy.calls.held import ID_COST, Bounds, HeldCalls
 from proxy.errors import CancelledById, DuplicateRequestId
 

@@ -14,11 +14,11 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from bench.base.waiting import run_ready_callbacks
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 from proxy.calls.lifecycle import CallEnding
 from proxy.calls.state import Call
+from proxy.labels import CallProtocol, CancelResult, Outcome, Stage
 from proxy.metrics import ProxyMetrics
-from proxy.vocabulary import CallProtocol, CancelResult, Outcome, Stage
 
 GRACE = 0.05
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from proxy import metrics as proxy_metrics
+from proxy.labels import CallProtocol, Outcome
 from proxy.metrics import LATENCY_BUCKETS, ProxyMetrics
-from proxy.vocabulary import CallProtocol, Outcome
 
 _SECONDS = st.floats(min_value=0.0, max_value=120.0, allow_nan=False)
 

@@ -12,6 +12,7 @@ from gateway_server.errors import (
     InvalidRequest,
     RequestNotFound,
 )
+from gateway_server.labels import Protocol
 from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.registry import (
     ENTRY_BYTES,
@@ -20,8 +21,7 @@ from gateway_server.registry import (
     EngineCall,
     IdBounds,
 )
-from gateway_server.vocabulary import Protocol
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 
 
 class ManualClock:

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from hangup_contract.cancel import CancelAnswer
+from hangup_contract.cancel_labels import CancelState, Phase
 from hangup_contract.usage import Usage, metadata, read_usage, usage_in_metadata
-from hangup_contract.vocabulary import CancelState, Phase
 from proxy.http.relayed import TAIL_BYTES, usage_in
 
 USAGE = {"prompt_tokens": 12, "completion_tokens": 5, "total_tokens": 17}

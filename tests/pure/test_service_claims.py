@@ -21,12 +21,12 @@ from gateway_server.engine.base import SamplingParams
 from gateway_server.engine.pool import EnginePool
 from gateway_server.engine.sim.config import SimConfig
 from gateway_server.engine.sim.engine import SimulatedEngine
+from gateway_server.labels import Protocol
 from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.registry import CallRegistry
 from gateway_server.service import GenerationService, ModelInfo
-from gateway_server.vocabulary import Protocol
 from hangup_contract.cancel import CancelAnswer
-from hangup_contract.vocabulary import Reason
+from hangup_contract.cancel_labels import Reason
 
 MODEL = "sim"
 

@@ -14,7 +14,7 @@ from gateway_server.engine.handoff import DisaggregatedEngine
 from gateway_server.engine.sim.config import SimConfig
 from gateway_server.engine.sim.engine import SimulatedEngine
 from gateway_server.engine.sim.kv import SimKvStore
-from hangup_contract.vocabulary import Phase
+from hangup_contract.cancel_labels import Phase
 
 CONFIG = SimConfig(slots=2, step_base_s=0.002, prefill_chunk_tokens=4, transfer_per_block_s=0.02)
 PROMPT = "word " * 64

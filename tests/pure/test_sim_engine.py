@@ -11,7 +11,7 @@ from bench.base.waiting import wait_until
 from gateway_server.engine.base import EngineRequest, FinishReason, SamplingParams, TokenChunk
 from gateway_server.engine.sim.config import SimConfig
 from gateway_server.engine.sim.engine import SimulatedEngine
-from hangup_contract.vocabulary import Phase
+from hangup_contract.cancel_labels import Phase
 
 FAST = SimConfig(slots=2, step_base_s=0.002, step_per_seq_s=0.0, prefill_per_token_s=0.0)
 

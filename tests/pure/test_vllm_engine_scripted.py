@@ -40,7 +40,7 @@ from gateway_server.errors import InvalidRequest
 from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.registry import CallRegistry
 from gateway_server.service import GenerationService, ModelInfo
-from hangup_contract.vocabulary import Phase
+from hangup_contract.cancel_labels import Phase
 
 
 class ScriptedCollector:

@@ -65,7 +65,7 @@ from gateway_server.engine.sim.sampling import VOCAB, Prepared, Sampler, piece
 from gateway_server.engine.sim.sequence import Sequence
 from gateway_server.engine.sim.tools import NoTools
 from gateway_server.engine.tools import ToolCalling, ToolSettings
-from hangup_contract.vocabulary import Phase
+from hangup_contract.cancel_labels import Phase
 
 
 class SimulatedEngine:

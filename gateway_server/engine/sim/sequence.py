@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from gateway_server.engine.base import EngineDead, EngineRequest, FinishReason, TokenChunk
 from gateway_server.engine.handoff import KvHandoff
 from gateway_server.engine.sim.sampling import Sampler
-from hangup_contract.vocabulary import Phase
+from hangup_contract.cancel_labels import Phase
 
 
 @dataclass(eq=False)

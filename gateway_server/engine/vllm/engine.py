@@ -98,8 +98,8 @@ from gateway_server.engine.vllm.stats import (
     stat_logger_factory,
 )
 from gateway_server.engine.vllm.tools import VllmToolCalling
+from hangup_contract.cancel_labels import Phase
 from hangup_contract.runtime.logs import log_event
-from hangup_contract.vocabulary import Phase
 
 log = logging.getLogger("hangup.gateway.vllm")
 

@@ -57,7 +57,7 @@ from gateway_server.engine.vllm.kv_handoff import (
     transfer_params,
 )
 from gateway_server.engine.vllm.options import VllmOptions
-from hangup_contract.vocabulary import Phase
+from hangup_contract.cancel_labels import Phase
 
 HANGUP_CONNECTOR = "hangup"
 NIXL_CONNECTOR = "NixlConnector"

@@ -30,6 +30,7 @@ from typing import Any
 
 from gateway_server.engine.base import FinishReason
 from gateway_server.errors import GatewayError, InvalidRequest, RequestCancelled, RequestNotFound
+from gateway_server.labels import Protocol
 from gateway_server.openai.responses.objects import Answer, Status
 from gateway_server.openai.responses.request import ResponsesJob
 from gateway_server.openai.responses.store import ResponseRecord, ResponseStore
@@ -37,10 +38,9 @@ from gateway_server.registry import Call
 from gateway_server.service import GenerationService
 from gateway_server.siblings.responses import PAGE_BYTES, PAGE_WAIT
 from gateway_server.siblings.scope import Page, ResponseHomes
-from gateway_server.vocabulary import Protocol
 from hangup_contract import request_id as request_ids
+from hangup_contract.cancel_labels import Reason
 from hangup_contract.runtime.logs import log_event
-from hangup_contract.vocabulary import Reason
 
 log = logging.getLogger("hangup.gateway")
 

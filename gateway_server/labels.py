@@ -1,7 +1,7 @@
 """How a request ended and which API it came through: the gateway's own words.
 
 Every metric label, log field and HTTP/gRPC status mapping about a request's end comes from these
-enums and from the contract's (``hangup_contract.vocabulary``: ``Reason``, ``Phase``). Their
+enums and from the contract's (``hangup_contract.cancel_labels``: ``Reason``, ``Phase``). Their
 values label metrics: dashboards and alerts depend on them.
 """
 

@@ -1,4 +1,4 @@
-"""``tests.support.spread.refused``: what a client sees of a listener that has gone."""
+"""``tests.support.shared_port.refused``: what a client sees of a listener that has gone."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.support import spread
+from tests.support import shared_port
 
 
 @pytest.mark.parametrize("error", [ConnectionRefusedError, ConnectionResetError])
@@ -20,4 +20,4 @@ async def test_a_connect_refused_or_reset_is_a_refusal(
         raise error(104, "Connect call failed")
 
     monkeypatch.setattr(asyncio, "open_connection", connect)
-    assert await spread.refused("127.0.0.1:9") is True
+    assert await shared_port.refused("127.0.0.1:9") is True

@@ -15,8 +15,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
-from hangup_contract.vocabulary import Reason
-from proxy.vocabulary import CancelResult
+from hangup_contract.cancel_labels import Reason
+from proxy.labels import CancelResult
 
 CancelTask = asyncio.Task[CancelResult | None]
 """A cancel in flight; its result is how it ended (None: the adapter makes no call)."""

@@ -1,7 +1,7 @@
 """Why a proxied call ended, what the client had seen, and what the cancel call achieved.
 
 The proxy's own words: every metric label, log field and status mapping about a call's end comes
-from these enums and from the contract's ``Reason`` (``hangup_contract.vocabulary``), which the
+from these enums and from the contract's ``Reason`` (``hangup_contract.cancel_labels``), which the
 proxy sends with each cancel call and the gateway counts.
 """
 
