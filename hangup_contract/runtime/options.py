@@ -175,6 +175,9 @@ class Option:
     unset: str | None = None
     """What the default means where it is no value (None, empty): ``--help`` and the docs show
     this (Markdown: backticks are dropped in ``--help``)."""
+    aliases: tuple[str, ...] = ()
+    """Older names of the flag, still read, each with its variable (the flag's own name and
+    variable win over them)."""
 
     @property
     def dest(self) -> str:
@@ -197,6 +200,11 @@ class Option:
 
     def env(self, prefix: str) -> str:
         return prefix + self.dest.upper()
+
+    def envs(self, prefix: str) -> tuple[str, ...]:
+        """Its variable, then its aliases' (the first one set is read)."""
+        names = (self.flag, *self.aliases)
+        return tuple(prefix + name.removeprefix("--").replace("-", "_").upper() for name in names)
 
 
 @dataclass(frozen=True)
@@ -274,6 +282,7 @@ class OptionTable:
                 if option.boolean:
                     section.add_argument(
                         option.flag,
+                        *option.aliases,
                         dest=option.dest,
                         default=None,
                         action=argparse.BooleanOptionalAction,
@@ -282,6 +291,7 @@ class OptionTable:
                 else:
                     section.add_argument(
                         option.flag,
+                        *option.aliases,
                         dest=option.dest,
                         default=None,
                         action="append" if option.repeatable else "store",
@@ -308,8 +318,9 @@ class OptionTable:
         values.update({name: {} for name in self.groups})
         for option in self.options:
             raw, source = given[option.dest], option.flag
-            if raw is None and option.env(self.env_prefix) in environ:
-                raw, source = environ[option.env(self.env_prefix)], option.env(self.env_prefix)
+            variable = next((v for v in option.envs(self.env_prefix) if v in environ), None)
+            if raw is None and variable is not None:
+                raw, source = environ[variable], variable
             if raw is None:
                 continue
             if isinstance(raw, list):  # a repeatable option: each value it was given

@@ -104,3 +104,28 @@ def test_scrape_paths_are_a_list_or_none() -> None:
     assert build_config([], {}).scrape_paths == ("/metrics", "/metrics/pool")
     assert build_config(["--scrape-paths", " /a , /b "], {}).scrape_paths == ("/a", "/b")
     assert build_config([], {"HANGUP_PROXY_SCRAPE_PATHS": ""}).scrape_paths == ()
+
+
+@pytest.mark.parametrize(
+    ("argv", "env"),
+    [
+        (["--max-header-bytes", "4096"], {}),  # the gateway's name for the same limit
+        (["--max-header-size", "4096"], {}),  # the proxy's earlier name, still read
+        ([], {"HANGUP_PROXY_MAX_HEADER_BYTES": "4096"}),
+        ([], {"HANGUP_PROXY_MAX_HEADER_SIZE": "4096"}),
+        (["--max-header-bytes", "4096"], {"HANGUP_PROXY_MAX_HEADER_SIZE": "100"}),  # flag wins
+        ([], {"HANGUP_PROXY_MAX_HEADER_BYTES": "4096", "HANGUP_PROXY_MAX_HEADER_SIZE": "100"}),
+    ],
+)
+def test_the_header_limit_reads_both_its_names(argv: list[str], env: dict[str, str]) -> None:
+    assert build_config(argv, env).max_header_size == 4096
+
+
+def test_the_header_limits_old_name_is_in_help_and_a_bad_value_names_the_flag(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        build_config(["--help"], {})
+    assert "--max-header-bytes BYTES, --max-header-size BYTES" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match="--max-header-bytes='lots'"):
+        build_config(["--max-header-size", "lots"], {})

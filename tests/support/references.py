@@ -79,7 +79,7 @@ def flag_drift(page: Path, table: OptionTable) -> list[str]:
     """How ``page``'s "Command line" tables differ from ``table``: a flag missing or unknown,
     under another section than ``--help``'s, or with another default."""
     name = _shown(page)
-    options = {o.flag: o for o in table.options}
+    options = {spelling: o for o in table.options for spelling in (o.flag, *o.aliases)}
     seen: dict[str, int] = {}
     drift = []
     for row in table_rows(page.read_text(), FLAGS_SECTION):
@@ -92,7 +92,8 @@ def flag_drift(page: Path, table: OptionTable) -> list[str]:
             drift.append(
                 f"{name}:{row.line}: {flag} is documented but {table.prog} has no such flag"
             )
-        known = [options[f] for f in flags if f in options]
+        # A flag and its alias (its older name) are one option.
+        known = list({options[f].flag: options[f] for f in flags if f in options}.values())
         for option in known:
             if option.flag in seen:
                 drift.append(
