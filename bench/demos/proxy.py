@@ -21,6 +21,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.base.addresses import host_port
 from bench.base.processes import REPO, Process, spawn
 from bench.base.scrape import scrape_async
 from bench.base.waiting import wait_until
@@ -41,8 +42,8 @@ async def stream_and_hang_up(proxy_url: str) -> tuple[int, float]:
         "messages": [{"role": "user", "content": "Tell me a very long story."}],
     }  # fmt: skip
     payload = json.dumps(body).encode()
-    host, port = proxy_url.removeprefix("http://").rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
+    host, port = host_port(proxy_url)
+    reader, writer = await asyncio.open_connection(host, port)
     writer.write(
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: demo\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(payload)}\r\nX-Request-Id: {REQUEST_ID}\r\n\r\n".encode()

@@ -49,6 +49,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.base.addresses import port_of
 from bench.base.processes import Process, children, spawn
 from bench.harness.vllm_stack import IGNORE_EOS, MODEL, make_tiny_model, vllm_gateway
 
@@ -176,7 +177,7 @@ async def _round(index: int, session: aiohttp.ClientSession, gateway: Process, p
     fates = ["hang_up"] * 16 + ["cancel"] * 16 + ["complete"] * 8
     start = time.monotonic()
     calls = [Call(f"r{index}-{i}", fate, start) for i, fate in enumerate(fates)]
-    port = int(gateway.listeners["http"].rsplit(":", 1)[1])
+    port = port_of(gateway.listeners["http"])
     tasks = [asyncio.ensure_future(_call(session, proxy.url(), gateway.url(), c)) for c in calls]
     dumped = False
     while not all(t.done() for t in tasks):

@@ -45,6 +45,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.base.addresses import port_of
 from bench.base.processes import REPO, Process, spawn
 from bench.base.scrape import metric_sum, scrape, total
 from bench.harness.front_doors import MODEL, idle, running_front_door
@@ -192,7 +193,7 @@ async def main() -> None:
     kind = KINDS[args.pods]
     work = REPO / ".demo" / f"bench-litellm-edge-{time.time_ns()}"
     with pods(args.pods, work, 3) as found:
-        ports = [int(p.sidecar.url().rsplit(":", 1)[1]) for p in found]
+        ports = [port_of(p.sidecar.url()) for p in found]
 
         litellm_work = work / "litellm"
         with running_front_door(

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import aiohttp
 
+from bench.base.addresses import port_of
 from bench.base.processes import REPO, Process
 from bench.harness.front_doors import (
     FRONT_DOORS,
@@ -129,7 +130,7 @@ async def main() -> None:
     args = parser.parse_args()
     work = REPO / ".demo" / f"bench-front-doors-{time.time_ns()}"
     with stack(work) as (gateway, sidecar):
-        port = int(sidecar.url().rsplit(":", 1)[1])
+        port = port_of(sidecar.url())
         print(f"{'door':>23} {'stage':>8} {'cancelled':>9} {'in stage':>8} {'close→cancel ms':>14}"
               f" {'1st event':>9}")  # fmt: skip
         for door in args.doors.split(";"):

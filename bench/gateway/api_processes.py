@@ -39,6 +39,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.base.addresses import host_port
 from bench.base.processes import REPO, children, spawn
 from bench.base.scrape import scrape_async, total
 from bench.harness.stack import completion_request
@@ -79,8 +80,8 @@ class _Streams:
         """One stream, until it ends or the task is cancelled (then the client hangs up)."""
         body = {"model": model, "prompt": "bench", "max_tokens": 3500, "stream": True,
                 "ignore_eos": True}  # fmt: skip
-        host, port = address.rsplit(":", 1)
-        reader, writer = await asyncio.open_connection(host, int(port))
+        host, port = host_port(address)
+        reader, writer = await asyncio.open_connection(host, port)
         writer.write(completion_request("/v1/completions", body, request_id=rid))
         tail = bytearray()
         seen = False

@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 
+from bench.base.addresses import port_of
 from bench.base.processes import spawn
 from bench.base.scrape import scrape
 from hangup_contract.protos import inference_pb2 as pb
@@ -90,7 +91,7 @@ class Path_:
 def envoy(work: Path, upstream: str, timeout: float = 30.0) -> Iterator[tuple[str, int]]:
     """Run Envoy in front of ``upstream``; yields its gRPC ``host:port`` and pid."""
     config = work / "envoy.json"
-    config.write_text(json.dumps(envoy_config(int(upstream.rsplit(":", 1)[1]))))
+    config.write_text(json.dumps(envoy_config(port_of(upstream))))
     admin_file = work / "envoy.admin"
     admin_file.unlink(missing_ok=True)
     log = (work / "envoy.log").open("wb")

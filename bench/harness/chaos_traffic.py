@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 import grpc
 
+from bench.base.addresses import host_port
 from bench.harness.chaos_report import PhaseReport
 from bench.harness.faults import Pod
 from bench.harness.grpc_fuzz import STREAM, infer_request
@@ -257,10 +258,10 @@ class Client:
     async def _before_body(self, request: Request) -> None:
         path, body = _http_request(request)
         payload = json.dumps(body).encode()
-        host, port = self._pod.proxy_url.removeprefix("http://").rsplit(":", 1)
+        host, port = host_port(self._pod.proxy_url)
         head = (f"POST {path} HTTP/1.1\r\nHost: pod\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(payload)}\r\n\r\n")  # fmt: skip
-        reader, writer = await asyncio.open_connection(host, int(port))
+        reader, writer = await asyncio.open_connection(host, port)
         try:
             writer.write(head.encode() + payload[: len(payload) // 2])
             # The client's pause before it leaves, cut short if the proxy answers meanwhile.

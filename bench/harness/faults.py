@@ -32,6 +32,7 @@ from pathlib import Path
 import aiohttp
 import grpc
 
+from bench.base.addresses import host_port
 from bench.base.processes import Process, children, group_members, start
 from bench.base.waiting import wait_until
 from bench.harness.stack import TOKEN
@@ -127,9 +128,9 @@ class Forwarder:
         sides = [writer]
         closed = False
         try:
-            host, port = self.target.rsplit(":", 1)
+            host, port = host_port(self.target)
             try:
-                up_reader, up_writer = await asyncio.open_connection(host, int(port))
+                up_reader, up_writer = await asyncio.open_connection(host, port)
             except OSError:  # the gateway is down: the proxy sees its connection reset
                 return
             sides.append(up_writer)

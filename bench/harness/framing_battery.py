@@ -29,6 +29,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from bench.base.addresses import host_port
 from bench.base.waiting import wait_until
 from bench.harness.framing_cases import REQUESTS, RESPONSES, Case, ResponseCase
 from bench.harness.raw_http import RawServer
@@ -175,8 +176,8 @@ async def _converse(
 ) -> tuple[list[Answer], str]:  # fmt: skip
     """Write ``writes`` (awaiting ``between`` between two), read every answer (until none
     comes for ``idle`` s, or ``GRACE_S`` once ``expected`` have come); then close."""
-    host, port = address.rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port), limit=1 << 20)
+    host, port = host_port(address)
+    reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
     answers: list[Answer] = []
     ended = "open"
     try:

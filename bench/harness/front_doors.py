@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.base.addresses import free_port
 from bench.base.processes import REPO, Process, spawn, stop_group
 from bench.base.scrape import scrape, total
 from bench.base.waiting import poll_until, wait_until
@@ -72,12 +73,6 @@ def _litellm_models(ports: list[int], served: str = MODEL) -> str:
     return "\n".join(entries)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _listening(popen: subprocess.Popen[bytes], port: int, what: str) -> None:
     """Once ``port`` accepts, or ``popen`` exited (the caller reads why)."""
     poll_until(lambda: popen.poll() is not None or _accepts(port), READY_S, what)
@@ -107,7 +102,7 @@ def running_front_door(
               "envoy": "envoy.yaml", "litellm": "litellm.yaml"}[name]  # fmt: skip
     work.mkdir(parents=True, exist_ok=True)
     for attempt in range(3):
-        port = _free_port()
+        port = free_port()
         config = work / source
         text = edit((CONFIGS / source).read_text())
         ports = upstream_port if isinstance(upstream_port, list) else [upstream_port]

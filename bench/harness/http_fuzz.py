@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from bench.base.addresses import host_port
+
 SEEDS = [
     ("POST", "/v1/completions", {"model": "hangup-sim", "prompt": "Once", "max_tokens": 4}),
     ("POST", "/v1/chat/completions",
@@ -169,8 +171,8 @@ def cases(seed: int, n: int) -> list[Case]:
 async def send(address: str, case: Case, deadline: float = 2.0) -> Answer:
     """Write ``case``, read the first answer's head; close. A truncated case may get no answer
     before ``deadline`` (the server is waiting for the rest): that is not a finding."""
-    host, port = address.rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
+    host, port = host_port(address)
+    reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(case.data)
         try:

@@ -24,6 +24,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.base.addresses import port_of
 from bench.base.scrape import Samples, parse, total
 from bench.harness.envoy import Envoy, running_envoy
 from bench.harness.stack import MODEL, TOKEN, Stack, running_stack
@@ -46,7 +47,7 @@ def running_pods(tmp: Path, count: int, gateway_args: list[str]) -> Iterator[Pod
     with contextlib.ExitStack() as stack:
         pods = [stack.enter_context(running_stack(tmp / f"pod-{i}", gateway_args, proxy_args))
                 for i in range(count)]  # fmt: skip
-        ports = [int(pod.proxy_url.rsplit(":", 1)[1]) for pod in pods]
+        ports = [port_of(pod.proxy_url) for pod in pods]
         envoy = stack.enter_context(running_envoy(ports, tmp / "envoy", lb_policy="LEAST_REQUEST"))
         yield Pods(envoy, pods)
 

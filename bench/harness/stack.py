@@ -15,6 +15,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.base.addresses import host_port
 from bench.base.processes import Process, spawn
 
 MODEL = "hangup-sim"
@@ -91,8 +92,8 @@ class RawClients:
         self, url: str, data: bytes
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A connection to ``url`` that has sent ``data``."""
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        reader, writer = await asyncio.open_connection(host, int(port))
+        host, port = host_port(url)
+        reader, writer = await asyncio.open_connection(host, port)
         self._writers.append(writer)
         writer.write(data)
         await writer.drain()

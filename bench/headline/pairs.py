@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.base.addresses import port_of
 from bench.base.processes import Process, spawn
 from bench.base.scrape import scrape
 from bench.harness.front_doors import MODEL as LITELLM_MODEL
@@ -143,7 +144,7 @@ def litellm_stack(model: Path, work: Path) -> Iterator[Side]:
         sidecar: Process = stack.enter_context(
             spawn("proxy", _sidecar(gateway.url(), token), work / "sidecar")
         )
-        port = int(sidecar.url().rsplit(":", 1)[1])
+        port = port_of(sidecar.url())
         litellm = stack.enter_context(
             running_front_door("litellm", work / "litellm", [port], served_model=MODEL)
         )

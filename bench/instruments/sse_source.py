@@ -29,6 +29,7 @@ from pathlib import Path
 import uvloop
 from aiohttp import web
 
+from bench.base.addresses import port_of
 from bench.base.processes import spawn
 
 
@@ -100,7 +101,7 @@ def sources(count: int, work: Path) -> Iterator[tuple[str, list[int]]]:
                 "bench.instruments.sse_source", ["--port", "0", "--reuse-port"], work / "source-0"
             )
         )
-        port = first.listeners["http"].rsplit(":", 1)[1]
+        port = str(port_of(first.listeners["http"]))
         pids = [first.popen.pid]
         for i in range(1, count):
             more = stack.enter_context(spawn("bench.instruments.sse_source",

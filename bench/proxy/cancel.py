@@ -34,6 +34,7 @@ import statistics
 import struct
 import time
 
+from bench.base.addresses import host_port, port_of
 from bench.base.processes import REPO, spawn
 from bench.harness.envoy import running_envoy
 from bench.instruments.stats import quantile
@@ -44,10 +45,10 @@ MODEL = "hangup-sim"
 async def hang_up_after(url: str, rid: str, tokens: int) -> tuple[str, float, int]:
     """Stream a completion, read ``tokens`` tokens, hang up: (id, when, tokens read)."""
     body = json.dumps({"model": MODEL, "prompt": "bench", "max_tokens": 3000, "stream": True})
-    host, port = url.removeprefix("http://").rsplit(":", 1)
+    host, port = host_port(url)
     sock = socket.socket()
     sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    await asyncio.get_running_loop().sock_connect(sock, (host, port))
     reader, writer = await asyncio.open_connection(sock=sock)
     writer.write(
         f"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
@@ -126,7 +127,7 @@ async def main() -> None:
     ]  # fmt: skip
     results: dict[str, dict[str, tuple[float, int]]] = {}
     with spawn("bench.instruments.probe_gateway", gw_args, work / "gateway") as gateway:
-        port = int(gateway.listeners["http"].rsplit(":", 1)[1])
+        port = port_of(gateway.listeners["http"])
         px_args = [
             "--http-port", "0", "--grpc-port", "0", "--admin-port", "0", "--log-level", "WARNING",
             "--upstream-http", gateway.url(), "--trust-client-request-id",

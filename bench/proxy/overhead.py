@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from bench.base.addresses import host_port, port_of
 from bench.base.processes import REPO, spawn
 from bench.harness.envoy import running_envoy
 from bench.instruments.stats import cpu_seconds, median_p99, rss_mib
@@ -44,8 +45,8 @@ class Connection:
 
     @classmethod
     async def open(cls, address: str) -> Connection:
-        host, port = address.rsplit(":", 1)
-        return cls(*await asyncio.open_connection(host, int(port), limit=1 << 20))
+        host, port = host_port(address)
+        return cls(*await asyncio.open_connection(host, port, limit=1 << 20))
 
     async def get(self, path: str) -> bytes:
         self.writer.write(f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode())
@@ -225,7 +226,7 @@ async def main() -> None:
     args = parser.parse_args()
     work = REPO / ".demo" / "bench-proxy-overhead"
     with spawn("bench.instruments.sse_source", ["--port", "0"], work / "source") as source:
-        port = int(source.listeners["http"].rsplit(":", 1)[1])
+        port = port_of(source.listeners["http"])
         px_args = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",
                    "--log-level", "WARNING",
                    "--upstream-http", source.url(), "--max-concurrent-streams", "0"]  # fmt: skip

@@ -25,6 +25,7 @@ import contextlib
 import os
 import time
 
+from bench.base.addresses import port_of
 from bench.base.processes import REPO, Process, children, spawn
 from bench.harness.envoy import running_envoy
 from bench.instruments.sse_source import sources
@@ -69,7 +70,7 @@ async def main() -> None:
     with contextlib.ExitStack() as stack:
         address, source_pids = stack.enter_context(sources(args.sources, work))
         upstream = f"http://{address}"
-        port = int(address.rsplit(":", 1)[1])
+        port = port_of(address)
         paths: dict[str, tuple[str, list[int]]] = {"direct": (address, [])}
         for workers in (1, 2):
             px = ["--http-port", "0", "--grpc-port", "0", "--admin-port", "0",

@@ -24,6 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.base.addresses import host_port
 from bench.base.processes import spawn
 from bench.base.scrape import metric_sum
 
@@ -61,9 +62,9 @@ async def trickle(host: str, port: int, alive: set[asyncio.StreamWriter], stall:
 
 
 async def attack(name: str, address: str, connections: int, stall: str) -> None:
-    host, port = address.rsplit(":", 1)
+    host, port = host_port(address)
     alive: set[asyncio.StreamWriter] = set()
-    tasks = [asyncio.create_task(trickle(host, int(port), alive, stall))
+    tasks = [asyncio.create_task(trickle(host, port, alive, stall))
              for _ in range(connections)]  # fmt: skip
     started = time.monotonic()
     for mark in MARKS_S[stall]:

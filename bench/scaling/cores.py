@@ -52,6 +52,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.base.addresses import port_of
 from bench.base.processes import REPO
 from bench.instruments.cgroups import (
     PERIOD_US,
@@ -147,7 +148,7 @@ async def measure(relay: Relay, setup: Setup) -> dict[str, object]:
     if setup.load_group is not None:
         for client in clients:
             setup.load_group.add(client.pid)
-    port = int(relay.address.rsplit(":", 1)[1])
+    port = port_of(relay.address)
     owners = Owners(port, [pids[0] for pids in relay.groups] if relay.spread else [])
     await asyncio.sleep(max(0.0, start - time.monotonic()))  # the agreed moment, not a wait
     before = Snapshot.take(relay, setup)

@@ -28,6 +28,7 @@ import typing
 
 import uvloop
 
+from bench.base.addresses import host_port
 from bench.instruments.stats import print_json_line
 
 _END = b"\r\n0\r\n\r\n"  # the last chunk of a chunked response
@@ -147,9 +148,7 @@ async def _loop(address: tuple[str, int], payload: bytes, counts: _Counts, end: 
 
 
 async def load(args: argparse.Namespace) -> dict[str, object]:
-    addresses = [
-        (host, int(port)) for host, port in (a.rsplit(":", 1) for a in args.address.split(","))
-    ]
+    addresses = [host_port(address) for address in args.address.split(",")]
     counts = _Counts()
     payload = request(args.kind, addresses[0][0], args.events)
     calls = _kept if args.keep_alive else _loop

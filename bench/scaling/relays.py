@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.base.addresses import port_of
 from bench.base.processes import Process, children, descendants, spawn
 from bench.harness.envoy import envoy_binary, running_envoy
 from bench.instruments.cgroups import PERIOD_US, Controller, CpuGroup, RealCores
@@ -98,7 +99,7 @@ def proxy_relay(
 def envoy_relay(
     stack: contextlib.ExitStack, n: int, upstream: str, work: Path, serial: int
 ) -> Relay:
-    port = int(upstream.rsplit(":", 1)[1])
+    port = port_of(upstream)
     envoy = stack.enter_context(
         running_envoy(port, work / f"envoy-{n}-{serial}", concurrency=n, base_id=port + serial)
     )

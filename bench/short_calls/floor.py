@@ -56,6 +56,7 @@ import httptools
 import msgspec
 import uvloop
 
+from bench.base.addresses import host_port
 from bench.base.processes import REPO
 from bench.harness.envoy import envoy_binary
 from bench.harness.triton.server import install, running_triton
@@ -189,8 +190,8 @@ class _FloorDown(asyncio.Protocol):
 
 
 async def _floor(upstream: str, tasks: bool) -> None:
-    host, port = upstream.rsplit(":", 1)
-    _FloorDown.upstream, _FloorDown.tasks = (host, int(port)), tasks
+    host, port = host_port(upstream)
+    _FloorDown.upstream, _FloorDown.tasks = (host, port), tasks
     server = await asyncio.get_running_loop().create_server(_FloorDown, "127.0.0.1", 0)
     print(f"127.0.0.1:{server.sockets[0].getsockname()[1]}", flush=True)
     await asyncio.Event().wait()

@@ -21,6 +21,7 @@ import time
 
 import uvloop
 
+from bench.base.addresses import host_port
 from bench.instruments.stats import print_json_line
 
 BODY = json.dumps(
@@ -104,13 +105,13 @@ async def _calls(
 
 
 async def load(args: argparse.Namespace) -> dict[str, object]:
-    host, port = args.address.rsplit(":", 1)
+    host, port = host_port(args.address)
     payload = request(host, args.path, args.header)
     window = _Window(args.start, args.end)
     every = args.concurrency / args.rate if args.rate else 0.0
     first = time.monotonic() + 0.05
     phases = [first + i * every / args.concurrency for i in range(args.concurrency)]
-    address = (host, int(port))
+    address = (host, port)
     loops = [
         asyncio.ensure_future(_calls(address, payload, args.keep_alive, every, phase, window))
         for phase in phases

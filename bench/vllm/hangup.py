@@ -48,6 +48,7 @@ from typing import Any
 
 import aiohttp
 
+from bench.base.addresses import port_of
 from bench.base.processes import spawn
 from bench.base.scrape import scrape_async, total
 from bench.base.waiting import wait_until
@@ -253,7 +254,7 @@ def summary(r: Result) -> str:
 @contextlib.contextmanager
 def envoy(upstream: str, tmp: Path) -> Iterator[str]:
     """Envoy in front of ``upstream`` (the proxy benchmarks' config: ``bench/harness/envoy.py``)."""
-    with running_envoy(int(upstream.rsplit(":", 1)[1]), tmp / "envoy") as proxy:
+    with running_envoy(port_of(upstream), tmp / "envoy") as proxy:
         yield proxy.url
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.base.addresses import host_port
 from bench.base.processes import Process, spawn
 from bench.base.scrape import scrape_async, total
 from bench.base.waiting import wait_until
@@ -115,8 +116,8 @@ async def wait_nothing_in_flight(session: aiohttp.ClientSession, gateway: str) -
 
 async def hang_up_after_events(proxy: str, events: int) -> None:
     """Stream through ``proxy``, read ``events`` events, then reset the connection."""
-    host, port = proxy.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    host, port = host_port(proxy)
+    reader, writer = await asyncio.open_connection(host, port)
     body = json.dumps({"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400,
                        "stream": True, "ignore_eos": True})  # fmt: skip
     writer.write(f"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json"

@@ -14,6 +14,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bench.base.addresses import port_of
 from bench.base.processes import Process
 from bench.base.waiting import wait_until
 from bench.harness.front_doors import FRONT_DOORS, cancelled, hang_up, running_front_door, stack
@@ -36,7 +37,7 @@ def front_door(
     pod: tuple[Process, Process],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[str]:
-    port = int(pod[1].url().rsplit(":", 1)[1])
+    port = port_of(pod[1].url())
     work = Path(tmp_path_factory.mktemp(request.param))
     with running_front_door(request.param, work, port) as url:  # Unavailable: a skip
         yield url

@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bench.base.addresses import port_of
 from bench.base.processes import Process, spawn
 from bench.base.scrape import metric_sum
 from bench.base.waiting import wait_until
@@ -66,7 +67,7 @@ def behind_litellm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Edge]:
                     "--upstream-http", pods[-1].url(), "--cancel-adapter", "none",
                     "--trust-client-request-id", "--cancel-token-file", str(token)]  # fmt: skip
             sidecars.append(stack.enter_context(spawn("proxy", args, work / f"sidecar{i}")))
-        ports = [int(s.url().rsplit(":", 1)[1]) for s in sidecars]
+        ports = [port_of(s.url()) for s in sidecars]
         litellm = stack.enter_context(running_front_door("litellm", work / "litellm", ports))
         yield Edge(pods, sidecars, litellm, work, token)
 

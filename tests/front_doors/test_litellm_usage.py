@@ -28,6 +28,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bench.base.addresses import port_of
 from bench.base.processes import Process, spawn
 from bench.base.waiting import wait_until
 from bench.harness.front_doors import LITELLM, MODEL, running_front_door
@@ -106,7 +107,7 @@ def billing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Billing]:
         door = work / "litellm"
         door.mkdir()
         (door / "spend_file.py").write_text(CALLBACK)
-        port = int(gateway.url().rsplit(":", 1)[1])
+        port = port_of(gateway.url())
         with running_front_door("litellm", door, port, _with_callback_and_prices) as url:
             yield Billing(gateway, url, door / "spend.jsonl")
 

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from aiohttp import web
 
+from bench.base.addresses import port_of
 from bench.base.waiting import wait_until
 from gateway_server.engine.sim.config import SimConfig
 from hangup_contract.cancel_labels import Reason
@@ -165,7 +166,7 @@ async def test_cancels_that_arrive_together_on_a_fresh_pool_both_find_their_pod(
             url = f"{pod.url}/v1/completions"
             streams.append(await pod.session.post(url, json=body, headers={"X-Request-Id": rid}))
             await streams[-1].content.readline()  # decoding
-        port = pod.url.rsplit(":", 1)[1]
+        port = port_of(pod.url)
         pool = PoolCancelAdapter([f"http://localhost:{port}"], None, 2.0, refresh=5.0,
                                  max_members=8)  # fmt: skip
         try:

@@ -8,13 +8,14 @@ import asyncio
 import contextlib
 import socket
 
+from bench.base.addresses import host_port
 from bench.base.waiting import wait_until
 from bench.harness.faults import Forwarder
 
 
 def _connect(address: str) -> socket.socket:
-    host, port = address.rsplit(":", 1)
-    client = socket.create_connection((host, int(port)))
+    host, port = host_port(address)
+    client = socket.create_connection((host, port))
     client.settimeout(10)  # a bound, not a wait: the forwarder's side closes at once or never
     return client
 

@@ -17,6 +17,7 @@ import aiohttp
 import grpc
 import pytest
 
+from bench.base.addresses import host_port
 from bench.base.waiting import wait_until
 from proxy.server import Server
 from tests.support.gateway import running_gateway
@@ -35,8 +36,8 @@ async def proxy(upstream: ScriptedUpstream) -> AsyncIterator[Server]:
 
 
 async def _open(address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    host, port = address.rsplit(":", 1)
-    return await asyncio.open_connection(host, int(port))
+    host, port = host_port(address)
+    return await asyncio.open_connection(host, port)
 
 
 async def _closed_after(reader: asyncio.StreamReader, within: float) -> float:

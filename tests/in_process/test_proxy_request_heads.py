@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from bench.base.addresses import host_port
 from bench.harness.recording_upstream import RecordingUpstream
 from proxy.server import Server
 from proxy.upstream.framing import request_head
@@ -28,8 +29,8 @@ async def upstream() -> AsyncIterator[RecordingUpstream]:
 async def _exchange(proxy: Server, data: bytes) -> tuple[int, dict[str, str], bytes]:
     """Write ``data`` on a new connection; the first answer's status, fields and body (it is
     framed by Content-Length: the recording upstream's and the proxy's own errors are)."""
-    host, port = proxy.addresses["http"].rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
+    host, port = host_port(proxy.addresses["http"])
+    reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(data)
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from bench.base.addresses import host_port
 from bench.base.waiting import wait_until
 from bench.harness.raw_http import RawServer, ok, read_request
 from proxy.errors import UpstreamBroken, UpstreamUnavailable
@@ -379,8 +380,7 @@ async def test_a_client_that_stops_reading_holds_the_upstream_back() -> None:
             progress.set()
 
     async with RawServer(flood) as server, running_proxy(server.url) as proxy:
-        host, port = http_url(proxy).removeprefix("http://").split(":")
-        client = socket.create_connection((host, int(port)))
+        client = socket.create_connection(host_port(http_url(proxy)))
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
         client.sendall(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
         # The upstream's writes stop when the proxy stops reading: a stall is the absence of

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.base.addresses import host_port, port_of
 from bench.base.processes import spawn
 from bench.harness.envoy import running_envoy
 from bench.harness.framing_battery import Result, differences_table
@@ -176,8 +177,8 @@ TRAILERED = (
 
 
 async def _post(address: str) -> bytes:
-    host, port = address.rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
+    host, port = host_port(address)
+    reader, writer = await asyncio.open_connection(host, port)
     try:
         writer.write(TRAILERED)
         return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
@@ -200,7 +201,7 @@ async def test_a_front_door_that_strips_a_header_and_forwards_trailers_cannot_ge
             spawn("proxy", args, tmp_path / "proxy") as proxy,
             running_envoy(direct.port, tmp_path / "direct", trailers=True,
                           strip_request_headers=["authorization"]) as plain,
-            running_envoy(int(proxy.listeners["http"].rsplit(":", 1)[1]), tmp_path / "front",
+            running_envoy(port_of(proxy.listeners["http"]), tmp_path / "front",
                           trailers=True, strip_request_headers=["authorization"]) as front,
         ):  # fmt: skip
             for _ in range(calls):

@@ -9,6 +9,7 @@ import socket
 import urllib.request
 from pathlib import Path
 
+from bench.base.addresses import host_port
 from bench.base.processes import spawn
 from bench.base.waiting import poll_until
 from bench.harness.log_records import records, stray_lines
@@ -40,8 +41,8 @@ def test_a_request_the_gateway_cannot_parse_is_one_warning_line(tmp_path: Path) 
     with a traceback, through Python's last-resort handler: lines of plain text between the
     records)."""
     with spawn("gateway_server", ["--http-port", "0", "--grpc-port", "0"], tmp_path / "g") as gw:
-        host, port = gw.listeners["http"].rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=10) as conn:
+        host, port = host_port(gw.listeners["http"])
+        with socket.create_connection((host, port), timeout=10) as conn:
             conn.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Bad: v\x00\r\n\r\n")
             answer = b""
             while chunk := conn.recv(65536):  # the connection closes after the answer
@@ -71,9 +72,9 @@ def test_clients_that_leave_before_their_answer_are_no_error(tmp_path: Path) -> 
         f"Content-Length: {len(body)}\r\n\r\n{body}"
     ).encode()
     with spawn("gateway_server", ["--http-port", "0", "--grpc-port", "0"], tmp_path / "g") as gw:
-        host, port = gw.listeners["http"].rsplit(":", 1)
+        host, port = host_port(gw.listeners["http"])
         for _ in range(10):
-            with socket.create_connection((host, int(port)), timeout=10) as conn:
+            with socket.create_connection((host, port), timeout=10) as conn:
                 conn.sendall(request)
         poll_until(lambda: not _in_flight(gw.url()), 10.0, "nothing in flight")
         with urllib.request.urlopen(gw.url() + "/v1/models", timeout=10) as resp:

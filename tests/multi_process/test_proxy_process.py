@@ -13,6 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from bench.base.addresses import host_port
 from bench.base.processes import REPO, child_env
 from bench.base.scrape import scrape_async, total
 from bench.base.waiting import wait_until
@@ -54,9 +55,7 @@ async def test_sigterm_drains_finishes_short_calls_and_cancels_the_rest(
             lambda: _status(session, stack.admin_url + "/readyz", 503), what="/readyz 503"
         )
         with pytest.raises(OSError):  # the HTTP listener no longer accepts connections
-            socket.create_connection(
-                tuple(stack.proxy.listeners["http"].rsplit(":", 1)), timeout=5
-            ).close()
+            socket.create_connection(host_port(stack.proxy.listeners["http"]), timeout=5).close()
         body = await short.read()  # a call that ends within the drain timeout ends normally
         assert body.endswith(b"data: [DONE]\n\n")
 

@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from tests.support.prometheus import free_port
+from bench.base.addresses import free_port
 
 
 def for_podman(objects: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, int]]:

@@ -11,7 +11,6 @@ import contextlib
 import json
 import math
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -23,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from bench.base.addresses import free_port
 
 
 def prometheus_binary() -> str | None:
@@ -65,12 +66,6 @@ class Prometheus:
 
     def targets_up(self) -> dict[str, float]:
         return {s["metric"]["job"]: float(s["value"][1]) for s in self.query("up")}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def write_config(tmp: Path, targets: list[Target], rule_files: list[Path]) -> Path:

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+from bench.base.addresses import host_port
 from bench.base.waiting import wait_until
 from proxy.config import Config
 from proxy.server import Server, WorkerOf
@@ -59,8 +60,8 @@ async def raw_request(
     address: str, head: bytes
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Open a plain TCP connection and send ``head`` (a request, or the start of one)."""
-    host, port = address.rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
+    host, port = host_port(address)
+    reader, writer = await asyncio.open_connection(host, port)
     writer.write(head)
     await writer.drain()
     return reader, writer

@@ -6,6 +6,8 @@ import asyncio
 
 import aiohttp
 
+from bench.base.addresses import host_port
+
 
 async def answered_one_by_one(url: str, calls: int, within: float) -> list[int | str]:
     """GET ``url`` ``calls`` times, one after another, each on a new connection: the status of
@@ -29,9 +31,9 @@ async def refused(address: str) -> bool:
     is taken is closed at once. A connect reset is a refusal too: the kernel resets a handshake
     that was still in the listener's queue when the listener closed (seen once in a loaded run
     of the workers' drain test)."""
-    host, port = address.rsplit(":", 1)
+    host, port = host_port(address)
     try:
-        _, writer = await asyncio.open_connection(host, int(port))
+        _, writer = await asyncio.open_connection(host, port)
     except (ConnectionRefusedError, ConnectionResetError):
         return True
     writer.close()

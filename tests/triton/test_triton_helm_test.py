@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from bench.base.addresses import host_port
 from bench.base.processes import Process
 from bench.base.scrape import scrape, total
 from bench.base.waiting import poll_until
@@ -84,10 +85,10 @@ def test_triton_counts_a_decoupled_request_before_it_ends(triton: TritonServer) 
     already a success in nv_inference_request_success."""
     before = total(scrape(f"http://{triton.metrics}"), "nv_inference_request_success_total",
                    model="streamer")  # fmt: skip
-    host, port = triton.http.rsplit(":", 1)
+    host, port = host_port(triton.http)
     params = json.dumps({"max_tokens": 200})
     body = json.dumps({"text_input": "x", "stream": True, "sampling_parameters": params}).encode()
-    with socket.create_connection((host, int(port)), timeout=10) as sock:
+    with socket.create_connection((host, port), timeout=10) as sock:
         sock.sendall(b"POST /v2/models/streamer/generate_stream HTTP/1.1\r\nHost: t\r\n"
                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(body), body))  # fmt: skip
@@ -129,7 +130,7 @@ def test_every_query_of_the_triton_row_returns_data(
     labels = {"pod": "triton-0", "namespace": "triton"}
     target = Target("triton", triton.metrics, labels)
     with running_prometheus(tmp_path_factory.mktemp("prometheus"), [target], []) as prometheus:
-        host, port = triton.http.rsplit(":", 1)
+        host, port = host_port(triton.http)
         params = json.dumps({"max_tokens": 2, "step_s": 0.02})
         body = json.dumps({"text_input": "x", "sampling_parameters": params}).encode()
         up = {"triton": 1.0}

@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from bench.base.addresses import host_port
 from bench.base.scrape import metric_sum
 from bench.base.waiting import wait_until
 from bench.harness.truss.server import TrussServer
@@ -41,8 +42,8 @@ PATH = "/v1/models/model:predict"
 
 
 def address(url: str) -> tuple[str, int]:
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    return host, int(port)
+    host, port = host_port(url)
+    return host, port
 
 
 async def open_call(

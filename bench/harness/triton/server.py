@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -31,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.base.addresses import free_ports
 from bench.base.processes import REPO, stop_group
 from bench.base.waiting import poll_until
 
@@ -133,14 +133,6 @@ def _backends(tmp: Path, found: Install) -> Path:
     return backends
 
 
-def _free_ports(count: int) -> list[int]:
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-
-
 def _ready(server: TritonServer, ready_s: float) -> bool:
     """True once Triton answers ready; False if it exited first (the caller reads its log)."""
 
@@ -179,7 +171,7 @@ def running_triton(
     backends = _backends(tmp, found)
     environment = {**os.environ, **found.env, **(env or {})}
     for attempt in range(BIND_ATTEMPTS):
-        http, grpc, metrics = _free_ports(3)
+        http, grpc, metrics = free_ports(3)
         log_path = tmp / f"triton-{attempt}.log"
         with log_path.open("wb") as out:
             popen = subprocess.Popen(
