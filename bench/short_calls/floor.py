@@ -58,7 +58,7 @@ import uvloop
 
 from bench.base.addresses import host_port
 from bench.base.processes import REPO
-from bench.harness.envoy import envoy_binary
+from bench.harness.envoy import find_envoy
 from bench.harness.triton.server import install, running_triton
 from bench.instruments.sse_source import sources
 from bench.scaling.relays import envoy_relay, proxy_relay
@@ -316,7 +316,7 @@ def _http_rows(work: Path) -> Iterator[tuple[list[Row], str]]:
             rows.append((name, *_floor_process(stack, ["--floor", upstream, *extra])))
         proxy = proxy_relay(stack, 1, upstream, work)
         rows.append(("hangup", proxy.address, [p for group in proxy.groups for p in group]))
-        if envoy_binary().exists():
+        if find_envoy():
             envoy = envoy_relay(stack, 1, upstream, work, 0)
             rows.append(("Envoy", envoy.address, [p for group in envoy.groups for p in group]))
         yield rows, "/infer"
@@ -338,7 +338,7 @@ def _triton_rows(work: Path) -> Iterator[tuple[list[Row], str]]:
         proxy = proxy_relay(stack, 1, server.http, work, bridge)
         pids = [p for group in proxy.groups for p in group]
         rows.append(("hangup's Triton bridge", proxy.address, pids))
-        if envoy_binary().exists():
+        if find_envoy():
             envoy = envoy_relay(stack, 1, server.http, work, 1)
             pids = [p for group in envoy.groups for p in group]
             rows.append(("Envoy (HTTP to Triton)", envoy.address, pids))

