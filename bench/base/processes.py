@@ -183,48 +183,37 @@ def descendants(pid: int) -> list[int]:
     return [p for child in children(pid) for p in (child, *descendants(child))]
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (state, ppid, pgrp, ...); None
+    once the process has gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # exited meanwhile
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces, so split after its closing paren.
+    return stat.rsplit(")", 1)[1].split()
+
+
+def _processes() -> Iterator[tuple[int, list[str]]]:
+    """Every process's pid and stat fields (Linux /proc)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(entry.name)) is not None:
+            yield int(entry.name), fields
+
+
 def alive(pids: list[int]) -> list[int]:
     """Those of ``pids`` still running (Linux /proc; a zombie, exited but not reaped, is not)."""
-    running = []
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            running.append(pid)
-    return running
+    return [pid for pid in pids if (fields := _stat(pid)) is not None and fields[0] != "Z"]
 
 
 def group_members(pgid: int) -> list[int]:
     """The running processes of process group ``pgid`` (Linux /proc; zombies left out)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # exited meanwhile
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, fields in _processes() if fields[0] != "Z" and int(fields[2]) == pgid]
 
 
 def children(pid: int) -> list[int]:
     """The pids whose parent is ``pid`` (Linux /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # exited meanwhile
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces, so split after its closing paren.
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            found.append(int(entry.name))
-    return found
+    return [child for child, fields in _processes() if int(fields[1]) == pid]
 
 
 def environ_of(pid: int) -> dict[str, str]:
