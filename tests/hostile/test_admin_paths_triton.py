@@ -11,7 +11,6 @@ operator's ``--allow-admin-path`` opens a route; health, metadata, statistics an
 
 from __future__ import annotations
 
-import http.client
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from bench.base.processes import Process, spawn
 from bench.base.scrape import metric_sum
 from bench.harness.triton.server import TritonServer, install, running_triton
 from bench.harness.unavailable import Unavailable
+from tests.support.exact_target import send
 
 pytestmark = pytest.mark.slow
 
@@ -60,20 +60,6 @@ def sidecar(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> I
 def opened(triton: TritonServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     flags = [arg for path in OPENED for arg in ("--allow-admin-path", path)]
     yield from _sidecar(triton, tmp_path_factory.mktemp("opened"), *flags)
-
-
-def send(base: str, method: str, target: str, body: object = None) -> tuple[int, bytes]:
-    """``target`` sent exactly as written (no client library normalizes it)."""
-    host = base.removeprefix("http://")
-    connection = http.client.HTTPConnection(host, timeout=30)
-    try:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        connection.request(method, target, body=data, headers=headers)
-        answer = connection.getresponse()
-        return answer.status, answer.read()
-    finally:
-        connection.close()
 
 
 def ready(triton: TritonServer, model: str = MODEL) -> bool:

@@ -14,7 +14,6 @@ metrics, health and completions pass.
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 from bench.base.processes import Process, spawn
 from bench.base.scrape import metric_sum
 from bench.harness.vllm_stack import ENGINE_ARGS, IGNORE_EOS, MODEL, vllm_serve
+from tests.support.exact_target import send
 from tests.support.vllm_fixtures import requires_vllm, tiny_model  # noqa: F401 (fixture)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, requires_vllm]
@@ -62,19 +62,6 @@ def sidecar(vllm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pro
 def opened(vllm: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Process]:
     flags = [arg for path in OPENED for arg in ("--allow-admin-path", path)]
     yield from _sidecar(vllm, tmp_path_factory.mktemp("opened"), *flags)
-
-
-def send(base: str, method: str, target: str, body: object = None) -> tuple[int, bytes]:
-    """``target`` sent exactly as written (no client library normalizes it)."""
-    connection = http.client.HTTPConnection(base.removeprefix("http://"), timeout=60)
-    try:
-        data = None if body is None else json.dumps(body).encode()
-        headers = {"Content-Type": "application/json"} if data is not None else {}
-        connection.request(method, target, body=data, headers=headers)
-        answer = connection.getresponse()
-        return answer.status, answer.read()
-    finally:
-        connection.close()
 
 
 def refused_as_openai(answer: tuple[int, bytes], rule: str) -> None:
