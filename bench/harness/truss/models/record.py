@@ -47,6 +47,18 @@ class Record:
             os.close(fd)
 
 
+class NothingToLoad:
+    """What Truss asks of a model class besides ``predict``: it is built with the server's keyword
+    arguments (``config``, ``data_dir``, ``secrets``...), then ``load`` is called; these models
+    need neither."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        pass
+
+    def load(self) -> None:
+        pass
+
+
 def request_of(inputs: Any, default_steps: int) -> tuple[str, int]:
     """The id and the number of steps a predict call asked for (``{"id": ..., "steps": ...}``)."""
     return str(inputs["id"]), int(inputs.get("steps", default_steps))

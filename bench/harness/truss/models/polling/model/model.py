@@ -6,18 +6,12 @@ import asyncio
 from typing import Any
 
 import fastapi
-from model.record import Record, request_of
+from model.record import NothingToLoad, Record, request_of
 
 STEP_S = 0.02
 
 
-class Model:
-    def __init__(self, **kwargs: Any) -> None:
-        pass
-
-    def load(self) -> None:
-        pass
-
+class Model(NothingToLoad):
     async def predict(self, inputs: Any, request: fastapi.Request) -> Any:
         request_id, steps = request_of(inputs, 50)
         done = await self._work(Record("polling", request_id, steps), request)

@@ -6,18 +6,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import fastapi
-from model.record import Record, request_of
+from model.record import NothingToLoad, Record, request_of
 
 STEP_S = 0.02
 
 
-class Model:
-    def __init__(self, **kwargs: Any) -> None:
-        pass
-
-    def load(self) -> None:
-        pass
-
+class Model(NothingToLoad):
     async def predict(self, inputs: Any, request: fastapi.Request) -> AsyncIterator[str]:
         request_id, steps = request_of(inputs, 50)
         record = Record("polling_stream", request_id, steps)

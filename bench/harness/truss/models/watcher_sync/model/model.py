@@ -5,18 +5,12 @@ import time
 from typing import Any
 
 import fastapi
-from model.record import Record, request_of
+from model.record import NothingToLoad, Record, request_of
 
 STEP_S = 0.02
 
 
-class Model:
-    def __init__(self, **kwargs: Any) -> None:
-        pass
-
-    def load(self) -> None:
-        pass
-
+class Model(NothingToLoad):
     def predict(self, inputs: Any, request: fastapi.Request) -> Any:
         request_id, steps = request_of(inputs, 50)
         record = Record("watcher_sync", request_id, steps)
