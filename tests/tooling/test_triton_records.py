@@ -1,12 +1,12 @@
-"""Reading the Triton tier's records (``bench/harness/triton/server.py``) while a model writes
-them: a line still being written is not read yet (it was a JSONDecodeError in a full run, with
-sixteen model threads writing as the test polled)."""
+"""Reading the Triton and Truss tiers' records (``bench/harness/model_servers.py``) while a model
+writes them: a line still being written is not read yet (it was a JSONDecodeError in a full run,
+with sixteen model threads writing as the test polled)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.harness.triton.server import read_records
+from bench.harness.model_servers import read_records
 
 
 def test_a_line_being_written_is_left_for_the_next_read(tmp_path: Path) -> None:

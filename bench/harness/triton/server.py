@@ -20,7 +20,6 @@ request ended to ``<records>/<model>.jsonl`` (``bench/harness/triton/models/reco
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import subprocess
@@ -33,6 +32,7 @@ from typing import Any
 from bench.base.addresses import free_ports
 from bench.base.processes import REPO, stop_group
 from bench.base.waiting import poll_until
+from bench.harness.model_servers import ModelServer, read_records
 
 VENV = REPO / ".venv-triton"
 MODELS = Path(__file__).parent / "models"
@@ -49,36 +49,15 @@ class Install:
 
 
 @dataclass
-class TritonServer:
-    popen: subprocess.Popen[bytes]
-    http: str  # host:port
-    grpc: str
+class TritonServer(ModelServer):
+    grpc: str  # host:port
     metrics: str
-    records: Path
-    log_path: Path
-
-    def url(self) -> str:
-        return f"http://{self.http}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
     def ended(self, model: str, by: str = "id") -> dict[Any, dict[str, Any]]:
         """How each request of ``model`` ended, by request id (or by ``prompt``, for an HTTP
         ``generate`` call, which carries no id; the slow model: its input's ``first`` value):
         the latest line per key (``how`` is ``started`` while the slow model runs it)."""
         return read_records(self.records / f"{model}.jsonl", by)
-
-
-def read_records(path: Path, by: str) -> dict[Any, dict[str, Any]]:
-    """The records in ``path`` by their ``by`` field, the latest line per key. A model may be
-    writing a line as this reads: only lines that end are read (each is written whole with one
-    ``O_APPEND`` write, so only the last can be cut short)."""
-    if not path.exists():
-        return {}
-    text = path.read_text()
-    lines = [json.loads(line) for line in text[: text.rfind("\n") + 1].splitlines() if line]
-    return {line[by]: line for line in lines}
 
 
 def install() -> Install | str:
@@ -184,8 +163,8 @@ def running_triton(
                 stdout=out, stderr=subprocess.STDOUT, env=environment,
                 process_group=0,  # its own group (not session): the stubs end with it
             )  # fmt: skip
-        server = TritonServer(popen, f"127.0.0.1:{http}", f"127.0.0.1:{grpc}",
-                              f"127.0.0.1:{metrics}", records, log_path)  # fmt: skip
+        server = TritonServer(popen, f"127.0.0.1:{http}", records, log_path,
+                              grpc=f"127.0.0.1:{grpc}", metrics=f"127.0.0.1:{metrics}")  # fmt: skip
         try:
             if _ready(server, ready_s):
                 break

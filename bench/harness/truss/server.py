@@ -26,7 +26,7 @@ from typing import Any
 
 from bench.base.processes import REPO, stop_group, wait_ready
 from bench.base.waiting import poll_until
-from bench.harness.triton.server import read_records
+from bench.harness.model_servers import ModelServer, read_records
 
 VENV = REPO / ".venv-truss"
 PYTHON = VENV / "bin" / "python"
@@ -41,18 +41,8 @@ _LAYOUT = (
 
 
 @dataclass
-class TrussServer:
-    popen: subprocess.Popen[bytes]
-    http: str  # host:port
+class TrussServer(ModelServer):
     model: str
-    records: Path
-    log_path: Path
-
-    def url(self) -> str:
-        return f"http://{self.http}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
     def ended(self) -> dict[Any, dict[str, Any]]:
         """What the model saw of each request, by id: the latest line (``started`` while it runs,
@@ -118,7 +108,7 @@ def running_truss(models: list[str], work: Path) -> Iterator[dict[str, TrussServ
                     "TRUSS_RECORD_DIR": str(records), "PYTHONUNBUFFERED": "1"},
                     process_group=0,  # its own group (not session): ended with it
                 )  # fmt: skip
-            servers[model] = TrussServer(popen, "", model, records, log_path)
+            servers[model] = TrussServer(popen, "", records, log_path, model=model)
             servers[model].http = wait_ready(popen, ready, log_path, READY_S)["http"]
         for server in servers.values():
             state = poll_until(functools.partial(_loaded, server), READY_S,
