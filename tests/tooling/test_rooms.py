@@ -62,3 +62,46 @@ def test_the_check_sees_an_import_and_a_path_but_not_a_docstring() -> None:
         'DATA = "tests/truss/models"\n'
     )
     assert reaches_into_tests(source) == ["line 2", "line 3", "line 4"]
+
+
+BELOW = {  # what each shared room of bench/ may import of bench/: the rooms under it
+    "base": {"base"},
+    "harness": {"base", "harness"},
+    "instruments": {"base", "instruments"},
+}
+
+
+def bench_rooms_imported(source: str) -> set[str]:
+    """The rooms of ``bench/`` that ``source`` imports (``bench.<room>...``)."""
+    rooms = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        else:
+            continue
+        rooms |= {name.split(".")[1] for name in names if name.startswith("bench.")}
+    return rooms
+
+
+@pytest.mark.parametrize("room", sorted(BELOW))
+def test_a_shared_room_of_bench_imports_only_the_rooms_below_it(room: str) -> None:
+    """The demos' room needs nothing else of ``bench/``; the tests' and benchmarks' machinery
+    (``harness``) needs none of the benchmarks' own instruments, nor a benchmark."""
+    above = {
+        str(path.relative_to(REPO)): sorted(imported - BELOW[room])
+        for path in sorted((REPO / "bench" / room).rglob("*.py"))
+        if (imported := bench_rooms_imported(path.read_text())) - BELOW[room]
+    }
+    assert not above, f"bench/{room} imports rooms above it: {above}"
+
+
+def test_the_room_check_sees_both_kinds_of_import_and_any_depth() -> None:
+    source = (
+        "from bench.instruments.stats import spread\n"
+        "import bench.harness.stack\n"
+        "def late():\n    from bench.proxy import cancel\n"
+        "from benchmarks import x\n"
+    )
+    assert bench_rooms_imported(source) == {"instruments", "harness", "proxy"}
