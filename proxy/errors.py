@@ -5,6 +5,9 @@ carries the HTTP status and outcome of a call it ends.
 
     ProxyError                      status  outcome
     ├── ClientError                  4xx    rejected   the client's input is refused
+    │   ├── RemoteProtocolError      4xx/5xx  the client broke HTTP/1.1 or a head rule
+    │   │   │                        (``proxy.http.core``): 400, 414, 431, 501, 505, each its own
+    │   │   └── BadBody              400  a request body that breaks off (a broken chunk)
     │   ├── BodyTooLarge             413
     │   ├── BodyTimeout              408  no body bytes for --body-timeout
     │   ├── ExpectationFailed        417  an Expect other than 100-continue
@@ -24,6 +27,8 @@ carries the HTTP status and outcome of a call it ends.
         │                                   (a reused one is resent on a fresh connection once)
         ├── UpstreamTimeout          504    no connection within --upstream-connect-timeout
         └── CancelAttemptFailed             one cancel attempt failed; retried until its deadline
+    LocalProtocolError              the HTTP/1.1 core (``proxy.http.core``) asked out of turn by
+                                    its glue: a bug of the proxy's, never the client's
     hangup_contract.runtime.options.ConfigError (ValueError): bad flags or environment, raised
     before serving (one class for both processes)
 
@@ -61,10 +66,21 @@ class BodyTimeout(ClientError):
     status = 408
 
 
-class BadBody(ClientError):
-    """A request body that cannot be framed (a broken chunked encoding)."""
+class RemoteProtocolError(ClientError):
+    """The client broke HTTP/1.1, or a rule of the proxy's for request heads
+    (``proxy.http.head_rules``): what ``proxy.http.core`` refuses, with the status it answers
+    (h11's name; its ``LocalProtocolError`` below)."""
 
-    status = 400
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class BadBody(RemoteProtocolError):
+    """A request body that cannot be framed (a broken chunked encoding): raised to its reader."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 400)
 
 
 class ExpectationFailed(ClientError):
@@ -148,3 +164,8 @@ class CancelAttemptFailed(UpstreamError):
     """One cancel attempt failed in a way another attempt may fix (the cancel endpoint is down,
     slow, overloaded, or answered what is not HTTP/1.1): the canceller retries until the
     cancel's deadline."""
+
+
+class LocalProtocolError(Exception):
+    """The HTTP/1.1 core (``proxy.http.core``) was asked what its state does not allow (an answer
+    with no request served): a bug in its glue, not the client's doing."""

@@ -9,7 +9,8 @@
 - the fuzzers, batteries and soaks whose short runs are tests and long runs benchmarks:
   ``http_fuzz``, ``grpc_fuzz``, ``server_fuzz``, ``hostile``, ``hostile_parsers``,
   ``framing_cases``, ``framing_battery``, ``framing_stack``, ``recording_upstream``,
-  ``raw_http``, ``naive_relay``, ``faults``, ``chaos``, ``chaos_traffic``, ``chaos_report``;
+  ``raw_http``, ``naive_relay``, ``faults``, ``chaos``, ``chaos_traffic``, ``chaos_report``,
+  ``memory_transport`` (a connection's transport with no socket);
 - ``unavailable``: what a fixture raises when its thing is missing (a skip, or a failure in CI).
 
 It does not ship in the image. Its modules may need the test extras (Hypothesis, h11,

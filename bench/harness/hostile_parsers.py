@@ -37,7 +37,8 @@ from hypothesis import Phase
 from hypothesis import strategies as st
 
 from bench.harness.hostile import MIB, Budget, timed, untraced
-from bench.harness.server_fuzz import MemoryTransport, messages, mutated
+from bench.harness.memory_transport import MemoryTransport
+from bench.harness.server_fuzz import messages, mutated
 from hangup_contract.runtime.connections import ConnectionLimits
 from proxy.calls.request_ids import choose_request_ids
 from proxy.config import Config

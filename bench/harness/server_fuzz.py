@@ -1,12 +1,15 @@
-"""A byte-level fuzz of the proxy's HTTP/1.1 server (``proxy.http.protocol``), in memory.
+"""A byte-level fuzz of the proxy's HTTP/1.1 server side (``proxy.http.core``, its protocol state
+with no I/O).
 
-:func:`serve` feeds bytes, cut into reads where the fuzzer says, into one ``HttpConnection`` over
-a transport of its own (writes kept, reading paused and resumed as the server asks), with a
-handler that reads each request's body to its end and records what it was handed: the request
-that would go upstream. :func:`messages` (Hypothesis) builds requests from parts a client
-controls: methods, targets, versions, header fields (``Host``, framing, ``Connection``, ...),
-bodies by length or in chunks (extensions, trailers), requests hidden in bodies, several in one
-write. What must hold for every input (:func:`violations`):
+:func:`serve` feeds bytes, cut into reads where the fuzzer says, into one ``HttpCore`` and
+carries out what it commands as the glue (``proxy.http.protocol``) does, with a handler that
+reads each request's body to its end and records what it was handed: the request that would go
+upstream. No event loop, no transport: a read is a call, and the handler answers as soon as the
+body it reads has ended, before the next read (what a settled event loop does).
+:func:`messages` (Hypothesis) builds requests from parts a client controls: methods, targets,
+versions, header fields (``Host``, framing, ``Connection``, ...), bodies by length or in chunks
+(extensions, trailers), requests hidden in bodies, several in one write. What must hold for
+every input (:func:`violations`):
 
 - at most one request handed on per request in the bytes, each with a method other than
   ``CONNECT``, an origin-form target without a fragment, HTTP/1.0 or 1.1, one ``Host`` (none
@@ -15,24 +18,35 @@ write. What must hold for every input (:func:`violations`):
   request's head (their fields are named ``X-Trailer-*``, their hidden requests ``/hidden``);
   the requests handed on are those written, in order;
 - the same requests and the same bytes back however the input is cut into reads;
-- no exception escapes the server, and what it writes is a series of well-formed answers.
+- no exception escapes the core, and what is written is a series of well-formed answers.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import logging
 import re
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 from hypothesis import strategies as st
 
-from hangup_contract.runtime.connections import ConnectionLimits
-from proxy.http.protocol import SERVER_LOGGER, HttpConnection
-from proxy.http.server import HttpServer
-from proxy.messages import Answer, Request, error_answer
+from proxy.http.core import HttpCore
+from proxy.http.events import (
+    BodyBroken,
+    Close,
+    Command,
+    Data,
+    EndOfMessage,
+    Event,
+    Linger,
+    PauseReading,
+    RequestHead,
+    ResumeReading,
+    Send,
+    Serve,
+)
+from proxy.messages import Answer, error_answer
 
 MAX_HEADER_SIZE = 8190
 MAX_HEADERS = 32
@@ -56,110 +70,105 @@ class Outcome:
     handed: list[Handed] = field(default_factory=list)
     written: bytes = b""
     closed: bool = False
-    errors: list[str] = field(default_factory=list)  # what escaped to the event loop
+    lingered: bool = False  # answered, then a FIN: nothing more is read
+    errors: list[str] = field(default_factory=list)  # what escaped the core
 
     def comparable(self) -> tuple[list[Handed], bytes, bool]:
         return self.handed, _DATE.sub(b"", self.written), self.closed
 
 
-class MemoryTransport(asyncio.Transport):
-    """A connection's transport in memory: what is written kept, reading paused and resumed as
-    the server asks."""
+@dataclass
+class _Parsed:
+    head: RequestHead
+    body: bytes = b""
+    ended: bool = False
+    error: str | None = None
 
-    def __init__(self) -> None:
-        super().__init__()
+
+def _refusal(status: int, message: str) -> bytes:
+    answer = error_answer(status, message)
+    answer.force_close()
+    return answer.encode("GET", (1, 1), False)[0]
+
+
+class _Glue:
+    """What ``proxy.http.protocol`` does with the core's events and commands, in memory."""
+
+    def __init__(self, outcome: Outcome, max_header_size: int, max_headers: int) -> None:
+        self.core = HttpCore(
+            max_header_size=max_header_size, max_headers=max_headers,
+            refusal_answer=_refusal, now=0.0,
+        )  # fmt: skip
+        self.outcome = outcome
         self.written = bytearray()
-        self.closing = False
-        self.paused = False
-        self.eof = False
+        self.parsing: _Parsed | None = None
+        self.waiting: deque[_Parsed] = deque()
+        self.serving: _Parsed | None = None
+        self.paused = self.shut = False
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if not self.eof:
-            self.written += data
+    def carry_out(self, said: Iterable[Event | Command]) -> None:
+        for item in said:
+            if isinstance(item, RequestHead):
+                self.parsing = _Parsed(item)
+                self.waiting.append(self.parsing)
+            elif isinstance(item, Data):
+                assert self.parsing is not None
+                self.parsing.body += item.data
+            elif isinstance(item, EndOfMessage | BodyBroken):
+                assert self.parsing is not None
+                self.parsing.ended = True
+                self.parsing.error = None if isinstance(item, EndOfMessage) else "BadBody"
+                self.parsing = None
+            elif isinstance(item, Serve):
+                self.serving = self.waiting.popleft()
+                head = self.serving.head
+                self.outcome.handed.append(
+                    Handed(head.method, head.target, head.version, list(head.headers), b"")
+                )
+            elif isinstance(item, Send) and not self.shut:
+                self.written += item.data
+            elif isinstance(item, Linger):
+                self.shut = self.outcome.lingered = True  # a FIN: nothing more is written
+            elif isinstance(item, Close):
+                self.outcome.closed = True
+            elif isinstance(item, PauseReading | ResumeReading):
+                self.paused = isinstance(item, PauseReading)
 
-    def close(self) -> None:
-        self.closing = True
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def pause_reading(self) -> None:
-        self.paused = True
-
-    def resume_reading(self) -> None:
-        self.paused = False
-
-    def can_write_eof(self) -> bool:
-        return True
-
-    def write_eof(self) -> None:
-        self.eof = True
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return (0, 65536)
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 40000) if name == "peername" else default
+    def settle(self) -> None:
+        """Answer the request served once its body has ended, and the next, and so on."""
+        while (served := self.serving) is not None and served.ended:
+            self.serving = None
+            handed = self.outcome.handed[-1]
+            handed.body, handed.body_error = served.body, served.error
+            if served.error is None:
+                answer = Answer(200, b"seen %d" % len(self.outcome.handed))
+            else:  # the body broke off: the relay answers what it raises
+                answer = error_answer(400, "the request body is broken")
+            head = served.head
+            data, close = answer.encode(head.method, head.version, head.keep_alive)
+            if not self.shut:
+                self.written += data
+            self.carry_out(self.core.answered(0.0, close=close))
 
 
-async def _settle() -> None:
-    for _ in range(20):
-        await asyncio.sleep(0)
-
-
-async def _serve(reads: list[bytes]) -> Outcome:
-    logging.getLogger(SERVER_LOGGER).setLevel(logging.ERROR)  # a warning per refused request
+def serve(
+    reads: list[bytes], *, max_header_size: int = MAX_HEADER_SIZE, max_headers: int = MAX_HEADERS
+) -> Outcome:
+    """``reads`` through one connection's core, its limits those given."""
     outcome = Outcome()
-    loop = asyncio.get_running_loop()
-    loop.set_exception_handler(lambda _, context: outcome.errors.append(str(context)))
-
-    async def handler(request: Request) -> Answer:
-        handed = Handed(request.method, request.raw_path, request.version, list(request.headers),
-                        b"")  # fmt: skip
-        outcome.handed.append(handed)
-        try:
-            while chunk := await request.content.readany():
-                handed.body += chunk
-        except Exception as exc:  # the body broke off: the relay answers what it raises
-            handed.body_error = type(exc).__name__
-            return error_answer(400, "the request body is broken")
-        return Answer(200, b"seen %d" % len(outcome.handed))
-
-    limits = ConnectionLimits(header_timeout=30, idle_timeout=75, max_connections=0,
-                              body_timeout=60)  # fmt: skip
-    server = HttpServer(
-        handler, on_lost=lambda _: None, error=error_answer, limits=limits,
-        on_close=lambda reason: None, listener="http",
-        max_header_size=MAX_HEADER_SIZE, max_headers=MAX_HEADERS,
-    )  # fmt: skip
-    connection: HttpConnection = server()
-    transport = MemoryTransport()
-    connection.connection_made(transport)
-    for data in reads:
-        await _settle()
-        if transport.closing:
-            break
-        if transport.paused:  # a real transport would not read on: the input waits
-            break
-        connection.data_received(data)
-    await _settle()
-    connection.connection_lost(None)
-    await _settle()
-    await server.shutdown(0)
-    outcome.written, outcome.closed = bytes(transport.written), transport.closing
-    return outcome
-
-
-def serve(reads: list[bytes]) -> Outcome:
-    """``reads`` through one connection of a fresh server, in a loop of its own."""
-    loop = asyncio.new_event_loop()
+    glue = _Glue(outcome, max_header_size, max_headers)
     try:
-        return loop.run_until_complete(_serve(reads))
-    finally:
-        loop.close()
+        for data in reads:
+            if outcome.closed or glue.paused:  # a real transport would not read on
+                break
+            glue.carry_out(glue.core.receive(data, 0.0))
+            glue.settle()
+    except Exception as exc:  # what would escape to the event loop
+        outcome.errors.append(repr(exc))
+    if glue.serving is not None:  # its body never ended: the client left with it half sent
+        outcome.handed[-1].body = glue.serving.body
+    outcome.written = bytes(glue.written)
+    return outcome
 
 
 def cut(data: bytes, at: list[int]) -> list[bytes]:
@@ -256,9 +265,9 @@ def mutated(draw: st.DrawFn, data: bytes) -> bytes:
 _ANSWER = re.compile(rb"HTTP/1\.1 (\d{3}) [^\r\n]*\r\n")
 
 
-def _answers(written: bytes) -> list[int] | str:
+def statuses(written: bytes) -> list[int] | str:
     """The statuses of the answers written, or why they do not parse."""
-    statuses = []
+    found = []
     rest = written
     while rest:
         matched = _ANSWER.match(rest)
@@ -269,9 +278,9 @@ def _answers(written: bytes) -> list[int] | str:
         length = re.search(rb"\r\nContent-Length: (\d+)\r\n", head)
         if length is None:
             return f"an answer without a length: {head[:80]!r}"
-        statuses.append(int(matched.group(1)))
+        found.append(int(matched.group(1)))
         rest = rest[head_end + 4 + int(length.group(1)) :]
-    return statuses
+    return found
 
 
 def violations(data: bytes, outcome: Outcome, *, built: list[bytes] | None = None) -> list[str]:
@@ -303,7 +312,7 @@ def violations(data: bytes, outcome: Outcome, *, built: list[bytes] | None = Non
                 found.append(f"a trailer or body field in a head: {name!r}: {value!r}")
         if built is not None and handed.target == "/hidden":
             found.append("a request hidden in a body handed on")
-    answers = _answers(outcome.written)
+    answers = statuses(outcome.written)
     if isinstance(answers, str):
         found.append(answers)
     elif any(status >= 500 and status not in (501, 505) for status in answers):

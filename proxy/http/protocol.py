@@ -1,29 +1,21 @@
-"""The proxy's HTTP/1.1 server, one client connection: an asyncio protocol parsed by httptools
-(llhttp, in C). The server that holds every connection to the configured limits is
-``proxy.http.server`` (what a connection uses of it: :class:`ConnectionOwner`).
+"""The proxy's HTTP/1.1 server, one client connection: the asyncio glue around its protocol
+state, ``proxy.http.core`` (no I/O: bytes in, events and commands out). This module owns what
+the core cannot: the transport (reads fed to the core, its commands carried out, the writes of
+answers and bodies, backpressure), the requests' bodies as they arrive (``proxy.messages``) and
+the handler's task for each request served. The server holding every connection to the
+configured limits is ``proxy.http.server`` (what a connection uses of it:
+:class:`ConnectionOwner`).
 
 Why not aiohttp's server (the proxy used it until issue 37): it builds a request object, a
 response object, a header multidict and a writer per call, and writes a response's head on its
 own before the body; for a call of a few milliseconds that was a third of the proxy's CPU. Here a
-request is a few fields filled from the parser's callbacks, and an answer's head leaves with the
-body that is ready with it (:mod:`proxy.messages`).
+request is a few fields from the core's head, and an answer's head leaves with the body that is
+ready with it (:mod:`proxy.messages`).
 
-Per connection: one request is handled at a time, by the handler in a task of its own; requests
-pipelined behind it are parsed and wait (at most ``_PIPELINE`` of them, then reading pauses). When
-the connection is lost (FIN or RST, whatever the handler is doing) the server's ``on_lost`` is
-called first, then the handler's task is cancelled: that is how a hang-up is seen in every stage
-(``proxy.http.relay``). A FIN alone closes the connection too (docs/proxy.md, "Half-closed
-connections").
-
-What reaches the handler is a head the upstream can read one way only: what llhttp refuses
-(conflicting framing, bad bytes) is answered 400, and so is what llhttp takes but a sidecar must
-not relay (``proxy.http.head_rules``: ``CONNECT``, a target that is not a path or carries a
-fragment, ``Host`` missing or repeated, other versions and transfer codings). Trailer fields
-(after a chunked body's last chunk) are counted against the limits and dropped: llhttp calls
-back for them as for header fields, and they must never join the request's fields.
-
-A request line longer than ``max_header_size`` is answered 414, a header field longer or more
-than ``max_headers`` of them 431, anything llhttp cannot parse 400, each with a one-line warning.
+When the connection is lost (FIN or RST, whatever the handler is doing) the server's ``on_lost``
+is called first, then the handler's task is cancelled: that is how a hang-up is seen in every
+stage (``proxy.http.relay``). A FIN alone closes the connection too (docs/proxy.md, "Half-closed
+connections"). A refused request is logged with a one-line warning.
 """
 
 from __future__ import annotations
@@ -31,32 +23,32 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol, cast
 
-import httptools
-
 from hangup_contract.runtime.connections import CloseReason
-from proxy.errors import BadBody
-from proxy.http.head_rules import refusal
-from proxy.messages import Answer, Request, Stream
+from proxy.http.core import HttpCore
+from proxy.http.events import (
+    BodyBroken,
+    Close,
+    Command,
+    Data,
+    EndOfMessage,
+    Event,
+    Linger,
+    PauseReading,
+    Refused,
+    RequestHead,
+    ResumeReading,
+    Send,
+    Serve,
+)
+from proxy.messages import Answer, Request, RequestBody, Stream
 
 SERVER_LOGGER = "hangup.proxy.http.server"
 log = logging.getLogger(SERVER_LOGGER)
 
-_PIPELINE = 16  # requests parsed ahead of the one being handled before reading pauses
-_LINGER_S = 10.0  # how long the rest of an unread body is read and dropped before the close
-
 Handler = Callable[[Request], Awaitable[Answer | Stream | None]]
-
-
-class _Refused(Exception):
-    """A request head over the limits: answered with ``status``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class ConnectionOwner(Protocol):
@@ -65,10 +57,13 @@ class ConnectionOwner(Protocol):
     loop: asyncio.AbstractEventLoop
     handler: Handler
     on_lost: Callable[[HttpConnection], None]  # a connection with a request under way is lost
-    error: Callable[[int, str], Answer]  # the answer to a request refused for its message
+    error: Callable[[int, str], Answer]  # the answer to a request the proxy failed (500)
     max_header_size: int
     max_headers: int
     closing: bool
+
+    def refusal(self, status: int, message: str) -> bytes:
+        """The whole answer to a request refused for ``message`` (it closes the connection)."""
 
     def opened(self, connection: HttpConnection) -> None: ...
 
@@ -79,39 +74,29 @@ class ConnectionOwner(Protocol):
 
 
 class HttpConnection(asyncio.Protocol):
-    """One client connection: parses its requests and runs the handler for each in turn."""
+    """One client connection: its reads through the core, the handler run for each request the
+    core serves, its answers written."""
 
     def __init__(self, server: ConnectionOwner) -> None:
         self._server = server
         self._loop = server.loop
-        self._parser = httptools.HttpRequestParser(self)
+        self.core = HttpCore(
+            max_header_size=server.max_header_size,
+            max_headers=server.max_headers,
+            refusal_answer=server.refusal,
+            now=self._loop.time(),
+        )
         self.transport: asyncio.Transport | None = None
         self.remote: str | None = None
         self.closed = False  # lost: asyncio said so
         self._closing = False  # closed by the proxy, or by the client: nothing more is written
-        # What the sweep reads: when the connection went quiet, when a head began arriving.
-        self.quiet_since = 0.0
-        self.head_started = 0.0
-        self.partial = False  # bytes of a request head have arrived, the head is not complete
-        self._url = b""
-        self._fields: list[tuple[str, str]] = []
-        self._hosts: list[bytes] = []  # the head's Host values (head_rules)
-        self._codings: list[bytes] = []  # ... and its Transfer-Encoding values
-        self._trailing = False  # the head is complete: fields now are trailer fields
-        self._trailers = 0  # ... counted against the limits, never kept
-        self._length: int | None = None
-        self._chunked = False
         self._parsing: Request | None = None  # the request whose body is arriving
+        self._waiting: deque[Request] = deque()  # parsed, not served yet (the core's count)
         self.handling: Request | None = None  # the request whose handler runs
         self._task: asyncio.Task[None] | None = None
-        self._pipeline: deque[Request] = deque()
-        self._refusal: _Refused | None = None  # a bad request behind the one being handled
-        self._reading_paused = 0  # reasons reading is paused (a full body, a full pipeline)
-        self._upgraded = False  # llhttp stopped at an Upgrade: nothing more can be parsed
         self._write_paused = False
         self._drained: asyncio.Future[None] | None = None
         self._wrote = False  # bytes went out for the request being handled
-        self.lingering = False  # answered and shut for writing: what still comes is dropped
 
     # asyncio's side
 
@@ -119,38 +104,24 @@ class HttpConnection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
         peer = transport.get_extra_info("peername")
         self.remote = peer[0] if isinstance(peer, tuple) else None
-        self.quiet_since = self._loop.time()
         self._server.opened(self)
 
     def data_received(self, data: bytes) -> None:
-        if self.closed or self._upgraded or self.lingering:
-            return
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._upgraded = True  # answered, then the connection closes
-        except _Refused as exc:
-            self._refuse(exc)
-        except httptools.HttpParserCallbackError as exc:
-            cause = exc.__context__ or exc.__cause__
-            if not isinstance(cause, _Refused):
-                cause = _Refused(400, f"the request could not be parsed: {cause or exc}")
-            self._refuse(cause)
-        except httptools.HttpParserError as exc:
-            self._refuse(_Refused(400, f"the request could not be parsed: {exc}"))
+        self._carry_out(self.core.receive(data, self._loop.time()))
 
     def eof_received(self) -> bool | None:
         return None  # a half-close is a hang-up: the transport closes
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self.closed = True
+        self.core.close()
         self._server.lost(self)
         gone = ConnectionResetError("the client's connection was lost")
         request = self.handling
         if request is not None:
             self._server.on_lost(self)
             request.content.fail(gone)
-        for waiting in self._pipeline:
+        for waiting in self._waiting:
             waiting.content.fail(gone)
         if self._parsing is not None:
             self._parsing.content.fail(gone)
@@ -192,100 +163,97 @@ class HttpConnection(asyncio.Protocol):
 
     def close(self) -> None:
         self._closing = True
+        self.core.close()
         if self.transport is not None and not self.closed:
             self.transport.close()
 
     def pause_reading(self) -> None:
-        self._reading_paused += 1
-        if self._reading_paused == 1 and self.transport is not None and not self.closed:
-            self.transport.pause_reading()
+        if self.core.pause():
+            self._pause()
 
     def resume_reading(self) -> None:
-        self._reading_paused -= 1
-        if self._reading_paused == 0 and self.transport is not None and not self.closed:
-            self.transport.resume_reading()
+        if self.core.resume():
+            self._resume()
 
     def note(self, reason: CloseReason) -> None:
         self._server.note(reason)
 
     def busy(self) -> bool:
-        return self.handling is not None
+        return self.core.serving
 
-    # httptools' callbacks
+    # the core's events and commands
 
-    def on_message_begin(self) -> None:
-        self._url, self._fields, self._length, self._chunked = b"", [], None, False
-        self._hosts, self._codings, self._trailing, self._trailers = [], [], False, 0
-        self.partial = True
-        self.head_started = self._loop.time()
+    def _carry_out(self, said: Iterable[Event | Command]) -> None:
+        for event in said:
+            if isinstance(event, Data):
+                self._body().feed(event.data)
+            elif isinstance(event, RequestHead):
+                self._head(event)
+            elif isinstance(event, EndOfMessage):
+                self._body().feed_eof()
+                self._parsing = None
+            else:
+                self._do(event)
 
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-        limit = self._server.max_header_size
-        if len(self._url) > limit:
-            raise _Refused(414, f"the request target is longer than {limit} bytes")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        server = self._server
-        if len(name) + len(value) > server.max_header_size:
-            field = name[:64].decode("latin-1")
-            raise _Refused(431, f"header {field!r} is longer than {server.max_header_size} bytes")
-        if len(self._fields) + self._trailers >= server.max_headers:
-            raise _Refused(431, f"more than {server.max_headers} header fields")
-        if self._trailing:
-            # A trailer field (after a chunked body's last chunk; llhttp calls back for those
-            # too): never merged into the head (RFC 9110 section 6.5.1), so it cannot say what
-            # a front door stripped from the head. Dropped, as Envoy does by default.
-            self._trailers += 1
-            return
-        size = len(name)
-        if size == 4 and name.lower() == b"host":
-            self._hosts.append(value)
-        elif size == 14 and name.lower() == b"content-length":
-            self._length = int(value)  # digits only: llhttp has checked them
-        elif size == 17 and name.lower() == b"transfer-encoding":
-            self._chunked = True  # llhttp refuses what it cannot frame
-            self._codings.append(value)
-        self._fields.append(
-            (name.decode("utf-8", "surrogateescape"), value.decode("utf-8", "surrogateescape"))
-        )
-
-    def on_headers_complete(self) -> None:
-        parser = self._parser
-        self._trailing = True
-        method = parser.get_method()
-        version = parser.get_http_version()
-        refused = refusal(method, self._url, version, self._hosts, self._codings)
-        if refused is not None:
-            raise _Refused(*refused)
+    def _head(self, head: RequestHead) -> None:
         request = Request(
             self,
-            method.decode("ascii", "replace"),
-            self._url.decode("utf-8", "surrogateescape"),
-            (1, 1) if version == "1.1" else (1, 0),
-            self._fields,
-            keep_alive=parser.should_keep_alive() and not parser.should_upgrade(),
-            content_length=self._length,
-            chunked=self._chunked,
+            head.method,
+            head.target,
+            head.version,
+            head.headers,
+            keep_alive=head.keep_alive,
+            content_length=head.content_length,
+            chunked=head.chunked,
         )
-        self.partial = False
-        self.quiet_since = self._loop.time()
         self._parsing = request
-        if self.handling is None:
-            self._start(request)
-        else:
-            self._pipeline.append(request)
-            if len(self._pipeline) == _PIPELINE:
-                self.pause_reading()
+        self._waiting.append(request)
 
-    def on_body(self, body: bytes) -> None:
-        if self._parsing is not None:
-            self._parsing.content.feed(body)
+    def _body(self) -> RequestBody:
+        assert self._parsing is not None, "the core sent a body with no head"
+        return self._parsing.content
 
-    def on_message_complete(self) -> None:
-        if self._parsing is not None:
-            self._parsing.content.feed_eof()
-            self._parsing = None
+    def _do(self, command: Event | Command) -> None:
+        """Carry out a command (or log a refusal, fail a broken body)."""
+        if isinstance(command, Serve):
+            self._start(self._waiting.popleft())
+        elif isinstance(command, Send):
+            self.write(command.data)
+        elif isinstance(command, Refused):
+            log.warning("bad request from %s: %s", self.remote, command.error.message)
+        elif isinstance(command, BodyBroken):
+            self._body().fail(command.error)
+        elif isinstance(command, Linger):
+            self._linger(command.seconds)
+        elif isinstance(command, Close):
+            self.close()
+        elif isinstance(command, PauseReading):
+            self._pause()
+        elif isinstance(command, ResumeReading):
+            self._resume()
+        else:  # an event out of place: the core's bug
+            raise AssertionError(f"not a command: {command!r}")
+
+    def _pause(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    def _linger(self, seconds: float) -> None:
+        """The answer is followed by a FIN at once, and what the client still sends is read and
+        dropped (by the core) until it closes, for at most ``seconds``."""
+        transport = self.transport
+        self.handling = None  # nothing is under way: a shutdown may close it
+        if transport is None or self._closing or transport.is_closing():
+            return
+        if not transport.can_write_eof():
+            self.close()
+            return
+        transport.write_eof()
+        self._loop.call_later(seconds, self.close)
 
     # the requests, one at a time
 
@@ -321,56 +289,5 @@ class HttpConnection(asyncio.Protocol):
             close = answer.finish()
         else:  # the handler closed the connection, or has nothing it could finish
             close = True
-        if not request.content.is_eof():
-            self._linger()
-            return
-        if close or self._server.closing:
-            self.close()
-            return
         self.handling = None
-        self.quiet_since = self._loop.time()
-        if self._pipeline:
-            if len(self._pipeline) == _PIPELINE:
-                self.resume_reading()
-            self._start(self._pipeline.popleft())
-        elif self._refusal is not None:
-            self._refuse(self._refusal)
-        elif self._upgraded:
-            self.close()
-
-    def _linger(self) -> None:
-        """Close a connection whose request body was not read to its end (413, 408, a call
-        refused before its body): the answer is followed by a FIN at once, and what the client
-        still sends is read and dropped until it closes, for at most ``_LINGER_S`` (nginx's
-        ``lingering_close``). Closing with unread bytes would send a reset, which can destroy the
-        answer before the client reads it."""
-        transport = self.transport
-        if transport is None or self._closing or transport.is_closing():
-            return
-        if not transport.can_write_eof():
-            self.close()
-            return
-        self.lingering = True
-        self.handling = None  # nothing is under way: a shutdown may close it
-        transport.write_eof()
-        if self._reading_paused:
-            self._reading_paused = 0
-            transport.resume_reading()
-        self._loop.call_later(_LINGER_S, self.close)
-
-    def _refuse(self, refusal: _Refused) -> None:
-        """Answer a request the parser refused, and close: nothing after it can be framed. A
-        body that breaks off is its request's to answer: reading it fails (``BadBody``)."""
-        if self._parsing is not None:
-            self._parsing.content.fail(BadBody(f"the request body is broken: {refusal.message}"))
-            self._upgraded = True  # parse nothing more: the connection closes after it
-            return
-        if self.handling is not None:  # its turn comes once the request being handled is done
-            self._refusal = refusal
-            self._upgraded = True
-            return
-        log.warning("bad request from %s: %s", self.remote, refusal.message)
-        answer = self._server.error(refusal.status, refusal.message)
-        answer.force_close()
-        self.write(answer.encode("GET", (1, 1), False)[0])
-        self._linger()  # the rest of an oversized head may still be arriving
+        self._carry_out(self.core.answered(self._loop.time(), close=close or self._server.closing))

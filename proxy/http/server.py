@@ -1,8 +1,10 @@
 """The proxy's HTTP/1.1 server: every client connection of one listener (each an
-``proxy.http.protocol.HttpConnection``), held to the configured limits.
+``proxy.http.protocol.HttpConnection`` over its ``proxy.http.core.HttpCore``), held to the
+configured limits.
 
 The limits (``hangup_contract.runtime.connections``, the same as every listener's): the header
-and idle clocks run while no request is handled, enforced by a sweep; connections past
+and idle clocks run while no request is handled (each connection's core says when one ran
+out), enforced by a sweep; connections past
 ``max_connections`` are closed as they open. Every close for a limit is counted by reason.
 Shutdown closes idle connections at once and the rest once their request is answered, within a
 grace.
@@ -63,6 +65,13 @@ class HttpServer:
             self._sweeping = self.loop.call_later(self._sweep_every, self._sweep)
         return HttpConnection(self)
 
+    def refusal(self, status: int, message: str) -> bytes:
+        """The whole answer to a request refused for ``message``; the connection closes after
+        it."""
+        answer = self.error(status, message)
+        answer.force_close()
+        return answer.encode("GET", (1, 1), False)[0]
+
     def opened(self, connection: HttpConnection) -> None:
         self.connections.add(connection)
         self.open += 1
@@ -105,17 +114,11 @@ class HttpServer:
 
     def _sweep(self) -> None:
         now = self.loop.time()
-        limits = self.limits
+        header, idle = self.limits.header_timeout, self.limits.idle_timeout
         for connection in list(self.connections):
-            if connection.lingering:
-                continue  # its own timer closes it
-            if connection.busy():
-                connection.quiet_since, connection.partial = now, False
-            elif connection.partial:
-                if limits.header_timeout and now - connection.head_started > limits.header_timeout:
-                    self._close(connection, CloseReason.HEADER_TIMEOUT)
-            elif limits.idle_timeout and now - connection.quiet_since > limits.idle_timeout:
-                self._close(connection, CloseReason.IDLE_TIMEOUT)
+            reason = connection.core.expired(now, header, idle)
+            if reason is not None:
+                self._close(connection, reason)
         self._sweeping = self.loop.call_later(self._sweep_every, self._sweep)
 
     def _close(self, connection: HttpConnection, reason: CloseReason) -> None:

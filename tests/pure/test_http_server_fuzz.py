@@ -1,9 +1,10 @@
-"""The proxy's HTTP/1.1 server under a byte-level fuzz (``bench/harness/server_fuzz.py``): requests
-built from the parts a client controls, then mutated byte by byte, cut into reads anywhere. A
-bounded number of examples here, derandomized (the same inputs every run); the long run with
-fresh seeds is ``python -m bench.robustness.framing --fuzz-examples N``. The last test runs the
-fuzz against a mutant of the proxy's header rule (trailer fields joined to the head, as 27a1715
-did) and shows it caught."""
+"""The proxy's HTTP/1.1 server side (``proxy.http.core``, with no I/O) under a byte-level fuzz
+(``bench/harness/server_fuzz.py``): requests built from the parts a client controls, then
+mutated byte by byte, cut into reads anywhere. A bounded number of examples here, derandomized
+(the same inputs every run); the long run with fresh seeds is
+``python -m bench.robustness.framing --fuzz-examples N``. The last test runs the fuzz against a
+mutant of the core's header rule (trailer fields joined to the head, as 27a1715 did) and shows it
+caught."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-import proxy.http.protocol
+import proxy.http.core
 from bench.harness.server_fuzz import (
     check_built,
     check_mutated,
@@ -51,22 +52,22 @@ _MUTANT = "        self._trailers += 1\n"
 
 
 def _mutant_on_header() -> object:
-    """``HttpConnection.on_header`` compiled from its own source with the mutation applied, in
-    its module's namespace."""
-    source = textwrap.dedent(inspect.getsource(proxy.http.protocol.HttpConnection.on_header))
+    """``HttpCore.on_header`` compiled from its own source with the mutation applied, in its
+    module's namespace."""
+    source = textwrap.dedent(inspect.getsource(proxy.http.core.HttpCore.on_header))
     assert source.count(_RULE) == 1, "the trailer rule changed shape: update the mutation"
     namespace: dict[str, object] = {}
-    exec(source.replace(_RULE, _MUTANT), vars(proxy.http.protocol), namespace)
+    exec(source.replace(_RULE, _MUTANT), vars(proxy.http.core), namespace)
     return namespace["on_header"]
 
 
 def test_the_fuzz_catches_a_header_rule_that_joins_trailers_to_the_head(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The rule is not vacuous: with the proxy's header rule mutated so that trailer fields
-    join the head's (what 27a1715 did), the same fuzz, on the same examples, fails and says
-    why; the request it found reaches the handler with a trailer field in its head."""
-    monkeypatch.setattr(proxy.http.protocol.HttpConnection, "on_header", _mutant_on_header())
+    """The rule is not vacuous: with the core's header rule mutated so that trailer fields join
+    the head's (what 27a1715 did), the same fuzz, on the same examples, fails and says why; the
+    request it found reaches the handler with a trailer field in its head."""
+    monkeypatch.setattr(proxy.http.core.HttpCore, "on_header", _mutant_on_header())
     fuzz = settings(FUZZ, phases=[Phase.generate])  # the first failure, unshrunk
     with pytest.raises(AssertionError) as caught:
         given(messages, st.lists(st.integers(0, 2000), max_size=6))(fuzz(check_built))()

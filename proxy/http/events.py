@@ -1,0 +1,117 @@
+"""What the proxy's HTTP/1.1 core (``proxy.http.core``) returns: events, what the client sent,
+and commands, what its connection must do. Frozen dataclasses, compared by value, so that a
+test reads as a table of bytes in and events out.
+
+Events, in the order the client's bytes carry them:
+
+- :class:`RequestHead`: a request head that passed every rule; the :class:`Data` and the
+  :class:`EndOfMessage` that follow are its body's, until the next head;
+- :class:`BodyBroken`: the body of the last head breaks off (a broken chunk, a trailer over the
+  limits); its reader gets the error, nothing more is read;
+- :class:`Refused`: a head refused, with the status it is answered (the answer is a
+  :class:`Send` that follows).
+
+Commands:
+
+- :class:`Serve`: hand the oldest request not yet served to the handler (one at a time);
+- :class:`Send`: write these bytes to the client (a refusal's answer);
+- :class:`PauseReading`, :class:`ResumeReading`: stop or start reading from the client;
+- :class:`Linger`: end the sending side now (a FIN), read and drop what still comes, close
+  after :attr:`Linger.seconds`;
+- :class:`Close`: close the connection.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from proxy.errors import BadBody, RemoteProtocolError
+
+Headers = list[tuple[str, str]]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    """A request head as the client sent it; strings decoded byte for byte (``surrogateescape``),
+    fields in order with their repeats. ``headers`` is the request's own list from here on."""
+
+    method: str
+    target: str
+    version: tuple[int, int]
+    headers: Headers
+    keep_alive: bool  # the client will send another request on this connection
+    content_length: int | None
+    chunked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    """Bytes of the last head's body, as they arrived (chunked encoding removed)."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class EndOfMessage:
+    """The last head's body has ended (its trailer fields, if any, dropped)."""
+
+
+@dataclass(frozen=True, slots=True)
+class BodyBroken:
+    """The last head's body breaks off: its reader gets ``error``."""
+
+    error: BadBody
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A head refused: answered with ``error.status`` (the :class:`Send` that follows)."""
+
+    error: RemoteProtocolError
+
+
+@dataclass(frozen=True, slots=True)
+class Serve:
+    """Hand the oldest request not yet served to the handler."""
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Write ``data`` to the client."""
+
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PauseReading:
+    """Stop reading from the client."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeReading:
+    """Read from the client again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Linger:
+    """Send a FIN now, read and drop what the client still sends, close after ``seconds``
+    (nginx's ``lingering_close``): a close over unread bytes would send a reset, which can
+    destroy the answer before the client reads it."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close the connection."""
+
+
+Event = RequestHead | Data | EndOfMessage | BodyBroken | Refused
+Command = Serve | Send | PauseReading | ResumeReading | Linger | Close
+
+# The events and commands with no fields, one instance each.
+END = EndOfMessage()
+SERVE = Serve()
+PAUSE = PauseReading()
+RESUME = ResumeReading()
+CLOSE = Close()
