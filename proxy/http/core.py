@@ -49,12 +49,12 @@ from proxy.http.events import (
     SERVE,
     BodyBroken,
     Command,
-    Data,
     Event,
     Linger,
     Refused,
-    RequestHead,
     Send,
+    data,
+    request_head,
 )
 from proxy.http.head_rules import refusal
 
@@ -65,6 +65,7 @@ _LINGER = Linger(LINGER_S)
 _NOTHING: tuple[Event | Command, ...] = ()
 
 RefusalAnswer = Callable[[int, str], bytes]  # a refused request's whole answer (it closes)
+_PARSE_ERRORS = (httptools.HttpParserError, httptools.HttpParserUpgrade, RemoteProtocolError)
 
 
 class HttpCore:
@@ -119,7 +120,15 @@ class HttpCore:
             return []
         self._now = now
         out = self._out = []
-        self._parse(data)
+        try:  # _parse's, inline: this runs for every read
+            if len(data) <= SLICE:
+                self._parser.feed_data(data)
+            else:
+                self._sliced(memoryview(data))
+        except _PARSE_ERRORS as exc:
+            self._failed(exc)
+        if self._pieces:
+            self._said_body()
         return out
 
     def answered(self, now: float, *, close: bool) -> Sequence[Event | Command]:
@@ -193,18 +202,24 @@ class HttpCore:
                 self._parser.feed_data(data)
             else:
                 self._sliced(memoryview(data))
-        except httptools.HttpParserUpgrade:
+        except _PARSE_ERRORS as exc:
+            self._failed(exc)
+        if self._pieces:
+            self._said_body()
+
+    def _failed(self, exc: Exception) -> None:
+        """What llhttp or a callback raised, as the refusal it is (or the Upgrade)."""
+        if isinstance(exc, httptools.HttpParserUpgrade):
             self._stopped = True  # served, then the connection closes
-        except RemoteProtocolError as exc:
+        elif isinstance(exc, RemoteProtocolError):
             self._refuse(exc)
-        except httptools.HttpParserCallbackError as exc:
+        elif isinstance(exc, httptools.HttpParserCallbackError):
             cause = exc.__context__ or exc.__cause__
             if not isinstance(cause, RemoteProtocolError):
                 cause = RemoteProtocolError(f"the request could not be parsed: {cause or exc}")
             self._refuse(cause)
-        except httptools.HttpParserError as exc:
+        else:
             self._refuse(RemoteProtocolError(f"the request could not be parsed: {exc}"))
-        self._said_body()
 
     def _sliced(self, data: memoryview) -> None:
         feed = self._parser.feed_data
@@ -277,7 +292,7 @@ class HttpCore:
         refused = refusal(method, self._url, version, self._hosts, self._codings)
         if refused is not None:
             raise RemoteProtocolError(refused.message, refused.status)
-        head = RequestHead(
+        head = request_head(
             method.decode("ascii", "replace"),
             self._url.decode("utf-8", "surrogateescape"),
             (1, 1) if version == "1.1" else (1, 0),
@@ -305,15 +320,16 @@ class HttpCore:
         self._pieces.append(body)
 
     def on_message_complete(self) -> None:
-        self._said_body()
+        pieces = self._pieces
+        if pieces:  # _said_body's, inline: this runs for every request with a body
+            self._out.append(data(b"".join(pieces)))
+            pieces.clear()
         self._out.append(END)
         self._body_open = False
 
     def _said_body(self) -> None:
-        pieces = self._pieces
-        if pieces:
-            self._out.append(Data(b"".join(pieces)))
-            pieces.clear()
+        self._out.append(data(b"".join(self._pieces)))
+        self._pieces.clear()
 
     # Refusals and their ends
 
@@ -323,7 +339,8 @@ class HttpCore:
         self._stopped = True
         self._held = b""
         if self._body_open:
-            self._said_body()
+            if self._pieces:
+                self._said_body()
             self._out.append(BodyBroken(BadBody(f"the request body is broken: {error.message}")))
         elif self.serving:
             self._deferred = error

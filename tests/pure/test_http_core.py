@@ -8,15 +8,19 @@ Then every request case of the framing battery (``bench/harness/framing_cases.py
 core alone, carried out as the glue carries it out (``bench/harness/server_fuzz.py``): the
 verdict the battery reads from the live proxy, each case's bytes cut at every byte boundary to
 the same end, and nothing the client hid in a head.
+
+The last tests show the table able to fail: a core that closes where it should linger, and one
+that parses a read whole, each fail the rows that say otherwise.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import FrozenInstanceError, dataclass, fields
 
 import pytest
 
+import proxy.http.core as core_module
 from bench.harness.framing_cases import REQUESTS, Case
 from bench.harness.server_fuzz import Outcome, cut, serve, statuses
 from proxy.errors import LocalProtocolError
@@ -35,6 +39,8 @@ from proxy.http.events import (
     Refused,
     RequestHead,
     Send,
+    data,
+    request_head,
 )
 
 LINGER = Linger(LINGER_S)
@@ -405,3 +411,40 @@ def test_every_battery_case_reads_the_same_cut_at_every_byte(case: Case) -> None
     whole = serve(list(case.writes), max_headers=128).comparable()
     for i in range(1, len(data)):
         assert serve(cut(data, [i]), max_headers=128).comparable() == whole, i
+
+
+def _failing(rows: list[Row]) -> set[str]:
+    return {row.name for row in rows if _play(row, _whole(row)) != _expected(row)}
+
+
+def test_the_table_catches_a_core_that_closes_where_it_should_linger(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rows are not vacuous: a core that closes at once where it should linger (a reset
+    that can destroy the answer before the client reads it) fails every row that lingers."""
+    monkeypatch.setattr(HttpCore, "_linger", lambda self, out: out.append(CLOSE))
+    lingering = {row.name for row in ROWS if any(LINGER in said for _, said in row.steps)}
+    assert len(lingering) > 10
+    assert _failing(ROWS) == lingering
+
+
+def test_the_table_catches_a_core_that_parses_a_read_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """... and a core that parses a read whole (as before the slices) fails the sliced row."""
+    monkeypatch.setattr(core_module, "SLICE", 1 << 30)
+    assert _failing(ROWS) == {
+        "a read past a full pipeline is parsed a slice at a time, the rest held"
+    }
+
+
+def test_the_core_makes_its_events_as_the_dataclasses_do() -> None:
+    """``request_head`` and ``data`` (the core's fast way to make them) make what the frozen
+    dataclasses make: every field, equal, frozen."""
+    values = ("GET", "/c", (1, 1), [("Host", "up")], True, None, False)
+    made = request_head(*values)
+    assert [f.name for f in fields(RequestHead)] == list(vars(made))
+    assert made == RequestHead(*values) and repr(made) == repr(RequestHead(*values))
+    assert data(b"x") == Data(b"x") and list(vars(data(b"x"))) == ["data"]
+    with pytest.raises(FrozenInstanceError):
+        made.method = "POST"  # type: ignore[misc]
