@@ -270,7 +270,7 @@ CATALOG: tuple[Entry, ...] = (
         "bench.short_calls.ab",
         does=(
             "this tree's proxy (--triton: Triton bridge) against another tree's, CPU per short "
-            "call, paired"
+            "call (--events: per relayed SSE event; --envoy: Envoy beside both), paired"
         ),
         run_time="about 1 min",
         figures=Section(BENCHMARKS, "How far from the floor"),

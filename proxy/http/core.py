@@ -87,7 +87,7 @@ class HttpCore:
         self._hosts: list[bytes] = []  # its Host values (head_rules)
         self._codings: list[bytes] = []  # ... and its Transfer-Encoding values
         self._trailing = False  # the head is complete: fields now are trailer fields
-        self._trailers = 0  # ... counted against the limits, never kept
+        self._room = max_headers  # fields the head and its trailer may still have
         self._length: int | None = None
         self._chunked = False
         self._pieces: list[bytes] = []  # body bytes parsed, not yet said (one Data a read)
@@ -249,7 +249,8 @@ class HttpCore:
 
     def on_message_begin(self) -> None:
         self._url, self._fields, self._length, self._chunked = b"", [], None, False
-        self._hosts, self._codings, self._trailing, self._trailers = [], [], False, 0
+        self._hosts, self._codings, self._trailing = [], [], False
+        self._room = self._max_headers
         self._partial = True
         self._head_started = self._now
 
@@ -260,19 +261,20 @@ class HttpCore:
             raise RemoteProtocolError(f"the request target is longer than {limit} bytes", 414)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        limit = self._max_header_size
-        if len(name) + len(value) > limit:
+        size = len(name)
+        if size + len(value) > self._max_header_size:
             field = name[:64].decode("latin-1")
+            limit = self._max_header_size
             raise RemoteProtocolError(f"header {field!r} is longer than {limit} bytes", 431)
-        if len(self._fields) + self._trailers >= self._max_headers:
+        self._room -= 1
+        if self._room < 0:
             raise RemoteProtocolError(f"more than {self._max_headers} header fields", 431)
         if self._trailing:
             # A trailer field (after a chunked body's last chunk; llhttp calls back for those
-            # too): never merged into the head (RFC 9110 section 6.5.1), so it cannot say what
-            # a front door stripped from the head. Dropped, as Envoy does by default.
-            self._trailers += 1
+            # too): counted against the limits, never merged into the head (RFC 9110 section
+            # 6.5.1), so it cannot say what a front door stripped from the head. Dropped, as
+            # Envoy does by default.
             return
-        size = len(name)
         if size == 4 and name.lower() == b"host":
             self._hosts.append(value)
         elif size == 14 and name.lower() == b"content-length":
