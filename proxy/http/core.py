@@ -72,6 +72,14 @@ class HttpCore:
     """One client connection's HTTP/1.1 state (see the module). ``refusal_answer`` makes the
     bytes answering a refused head, from its status and message."""
 
+    __slots__ = (
+        "_bodies", "_body_open", "_chunked", "_codings", "_deferred", "_fields", "_full",
+        "_head_started", "_held", "_hosts", "_length", "_max_header_size", "_max_headers",
+        "_now", "_out", "_parser", "_partial", "_pieces", "_queued", "_quiet_since",
+        "_refusal_answer", "_room", "_stopped", "_trailing", "_url", "closed", "lingering",
+        "serving",
+    )  # fmt: skip
+
     def __init__(
         self, *, max_header_size: int, max_headers: int, refusal_answer: RefusalAnswer, now: float
     ) -> None:

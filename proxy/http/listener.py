@@ -1,5 +1,6 @@
-"""The HTTP/1.1 listening socket and the proxy's own server on it (``proxy.http.protocol``:
-connections held to the configured limits); each call is relayed by :class:`proxy.http.HttpRelay`,
+"""The HTTP/1.1 listening socket and the proxy's own server on it (``proxy.http.server``:
+connections held to the configured limits, each a ``proxy.http.protocol`` glue over its
+``proxy.http.core``); each call is relayed by :class:`proxy.http.HttpRelay`,
 told the moment its client's connection is lost. A worker (``--workers N``) accepts from the
 socket its supervisor shares with every worker, while it is the least loaded
 (:mod:`hangup_contract.runtime.shared_listener`)."""

@@ -77,6 +77,11 @@ class HttpConnection(asyncio.Protocol):
     """One client connection: its reads through the core, the handler run for each request the
     core serves, its answers written."""
 
+    __slots__ = (
+        "_closing", "_drained", "_loop", "_parsing", "_server", "_task", "_waiting",
+        "_write_paused", "_wrote", "closed", "core", "handling", "remote", "transport",
+    )  # fmt: skip
+
     def __init__(self, server: ConnectionOwner) -> None:
         self._server = server
         self._loop = server.loop
