@@ -171,7 +171,6 @@ class Request:
         raw_path: str,
         version: tuple[int, int],
         headers: Headers,
-        *,
         keep_alive: bool,
         content_length: int | None,
         chunked: bool,

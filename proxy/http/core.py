@@ -302,7 +302,7 @@ class HttpCore:
         refused = refusal(method, self._url, version, self._hosts, self._codings)
         if refused is not None:
             raise RemoteProtocolError(refused.message, refused.status)
-        head = request_head(
+        head = request_head((
             method.decode("ascii", "replace"),
             self._url.decode("utf-8", "surrogateescape"),
             (1, 1) if version == "1.1" else (1, 0),
@@ -310,7 +310,7 @@ class HttpCore:
             parser.should_keep_alive() and not parser.should_upgrade(),
             self._length,
             self._chunked,
-        )
+        ))  # fmt: skip
         self._partial = False
         self._quiet_since = self._now
         self._body_open = True

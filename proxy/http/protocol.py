@@ -191,16 +191,7 @@ class HttpConnection(asyncio.Protocol):
     def _carry_out(self, said: Iterable[Event | Command]) -> None:
         for event in said:  # by exact type, the most frequent first: this runs for every call
             if type(event) is RequestHead:
-                request = Request(
-                    self,
-                    event.method,
-                    event.target,
-                    event.version,
-                    event.headers,
-                    keep_alive=event.keep_alive,
-                    content_length=event.content_length,
-                    chunked=event.chunked,
-                )
+                request = Request(self, *event)
                 self._parsing = request
                 self._waiting.append(request)
             elif type(event) is Serve:
