@@ -18,6 +18,8 @@ carries the HTTP status and outcome of a call it ends.
     ├── CancelledById                499    cancelled  a cancel by id on the proxy's own API
     ├── ClientGone                   499    cancelled  the client left: nothing more can be sent
     ├── ProxyTimeout                 504    cancelled  the call ran past --max-request-duration
+    ├── LocalProtocolError           500    the HTTP/1.1 core (``proxy.http.core``) asked out
+    │                                       of turn by its glue: the proxy's bug, not the client's
     ├── Overloaded                   503    rejected   --max-concurrent-streams reached, or draining
     │   └── WorkerSilent                        a worker did not say whether it holds a trusted id
     └── UpstreamError                5xx    upstream_error
@@ -27,8 +29,6 @@ carries the HTTP status and outcome of a call it ends.
         │                                   (a reused one is resent on a fresh connection once)
         ├── UpstreamTimeout          504    no connection within --upstream-connect-timeout
         └── CancelAttemptFailed             one cancel attempt failed; retried until its deadline
-    LocalProtocolError              the HTTP/1.1 core (``proxy.http.core``) asked out of turn by
-                                    its glue: a bug of the proxy's, never the client's
     hangup_contract.runtime.options.ConfigError (ValueError): bad flags or environment, raised
     before serving (one class for both processes)
 
@@ -166,6 +166,6 @@ class CancelAttemptFailed(UpstreamError):
     cancel's deadline."""
 
 
-class LocalProtocolError(Exception):
+class LocalProtocolError(ProxyError):
     """The HTTP/1.1 core (``proxy.http.core``) was asked what its state does not allow (an answer
     with no request served): a bug in its glue, not the client's doing."""
