@@ -175,6 +175,8 @@ class Request:
         content_length: int | None,
         chunked: bool,
     ) -> None:
+        # The fields after the connection in the order of proxy.http.events.RequestHead's: the
+        # server makes a request as Request(connection, *head).
         self.connection = connection
         self.method = method
         self.raw_path = raw_path  # the target as sent: path and query

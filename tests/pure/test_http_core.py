@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import FrozenInstanceError, dataclass
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 
@@ -42,6 +44,7 @@ from proxy.http.events import (
     data,
     request_head,
 )
+from proxy.messages import ClientConnection, Request
 
 LINGER = Linger(LINGER_S)
 BROKEN = "the body broke off"  # BodyBroken, whatever its message
@@ -450,3 +453,14 @@ def test_the_core_makes_its_events_as_their_classes_do() -> None:
         made.method = "POST"  # type: ignore[misc]
     with pytest.raises(FrozenInstanceError):
         data(b"x").data = b"y"  # type: ignore[misc]
+
+
+def test_the_glue_makes_a_request_from_its_head_field_for_field() -> None:
+    """``Request(connection, *head)`` (the glue's way): each of the head's fields where the
+    request keeps it, whatever the order of either's fields."""
+    head = RequestHead("POST", "/c?q", (1, 0), [("Host", "up")], False, 5, True)
+    connection = cast(ClientConnection, SimpleNamespace(remote="10.0.0.1"))
+    request = Request(connection, *head)
+    kept = (request.method, request.raw_path, request.version, request.headers,
+            request.keep_alive, request.content_length, request.chunked)  # fmt: skip
+    assert kept == tuple(head) and request.headers is head.headers
