@@ -1,6 +1,6 @@
 """Hostile input for the proxy's HTTP/1.1 server. Its core (``proxy.http.core``: llhttp, the
 core's callbacks, ``proxy.http.head_rules``), with no I/O, fed anything a client can send up to
-the limits (``--max-header-size`` 8190 bytes a line or field, ``--max-headers`` 128): each read
+the limits (``--max-header-bytes`` 8190 bytes a line or field, ``--max-headers`` 128): each read
 is parsed within the hostile tier's CPU budget (``bench.harness.hostile.Budget``: 20 ms per MiB +
 10 ms), and what it says is a request or a refusal with its 4xx (501, 505): never an exception,
 never a 5xx of its own.
@@ -32,7 +32,7 @@ from proxy.messages import Answer, Request, error_answer
 
 BUDGET = Budget()
 EXAMPLES = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-LINE = 8190  # the default --max-header-size
+LINE = 8190  # the default --max-header-bytes
 FIELDS = 128  # the default --max-headers
 READ = 256 * 1024  # what one read of the event loop's transport brings at most
 
