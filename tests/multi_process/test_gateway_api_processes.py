@@ -407,8 +407,11 @@ async def test_a_response_is_found_whichever_api_process_a_request_lands_on(
 ) -> None:
     """A response made on one process, then read, continued, followed and deleted on new
     connections: a process holding an open connection takes no new one while the other holds
-    none, so every try lands on the process that did not make it (the log says where each call
-    ran). Was: GET, previous_response_id, a resumed stream and DELETE answered 404 there."""
+    none, so the tries land on the process that did not make it (the log says where each call
+    ran). Was: GET, previous_response_id, a resumed stream and DELETE answered 404 there. Not
+    every try: the home process takes a waiting connection itself once the idle one has left
+    it ``PATIENCE_S`` (2 ms; one pass of its event loop can be longer), so one of the four
+    follow-ups landed at home in 2 of 12 runs here; every try's answer is checked either way."""
     url = gateway_pair.url() + "/v1/responses"
     body = {"model": MODEL, "input": "x", "max_output_tokens": 5}
     async with (
@@ -446,7 +449,7 @@ async def test_a_response_is_found_whichever_api_process_a_request_lands_on(
         line["request_id"].rpartition("-")[0]: line["api_process"]
         for line in _log_lines_of(gateway_pair)
     }
-    assert {ran[f"next-{n}"] for n in range(4)} == {1 - ran["made"]}, ran
+    assert 1 - ran["made"] in {ran[f"next-{n}"] for n in range(4)}, ran
 
 
 def _log_lines_of(process: Process) -> list[dict[str, Any]]:
