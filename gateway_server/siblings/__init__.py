@@ -36,8 +36,9 @@ came first). So:
 
 The package, one concern a module:
 
-- :mod:`.channel`: the Unix-socket channel (JSON lines, one connection per pair, answers
-  matched by sequence number, a deadline on every question) and its operations (``Op``);
+- :mod:`.ops`: what the processes ask one another (``Op``) on the sibling channel,
+  :mod:`hangup_contract.runtime.siblings` (JSON lines, one connection per pair, answers matched
+  by sequence number, a deadline on every question; the proxy's workers use it too);
 - :mod:`.directory`: the homes' entries and the service's call directory over the channel;
 - :mod:`.metrics`: ``/metrics`` and ``/metrics/pool`` gathered from every process;
 - :mod:`.responses`: a response's cancel, GET, DELETE, resumed stream and turns, asked of the
@@ -52,12 +53,13 @@ from prometheus_client.registry import Collector
 
 from gateway_server.metrics.gateway import GatewayMetrics, WorkerLoad
 from gateway_server.registry import ID_BOUNDS, CallRegistry, IdBounds
-from gateway_server.siblings.channel import Channel
-from gateway_server.siblings.directory import SiblingDirectory, home_of
+from gateway_server.siblings.directory import SiblingDirectory
 from gateway_server.siblings.metrics import SiblingMetrics
+from gateway_server.siblings.ops import channel_of
 from gateway_server.siblings.processes import ApiProcess
 from gateway_server.siblings.responses import SiblingResponses
 from gateway_server.siblings.scope import ResponsesHere
+from hangup_contract.runtime.siblings import home_of
 
 __all__ = ["SiblingDirectory", "SiblingMetrics", "Siblings", "home_of"]
 
@@ -83,7 +85,7 @@ class Siblings:
         model: str,
     ) -> None:
         """``ended``, ``tombstones``: what the home's memories of ids hold (as the registry's)."""
-        self.channel = Channel(me)
+        self.channel = channel_of(me)
         self.directory = SiblingDirectory(
             self.channel,
             registry,

@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import time
-import zlib
 from collections.abc import Callable
 
 from gateway_server.errors import (
@@ -24,20 +23,17 @@ from gateway_server.errors import (
 )
 from gateway_server.metrics.gateway import GatewayMetrics
 from gateway_server.registry import ID_BOUNDS, CallRegistry, IdBounds, Remembered, not_found
-from gateway_server.siblings.channel import Channel, Message, Op, SiblingUnreachable
+from gateway_server.siblings.ops import Op
 from hangup_contract import request_id as request_ids
 from hangup_contract.cancel import CancelAnswer
 from hangup_contract.cancel_labels import CancelState, Reason
 from hangup_contract.runtime.logs import log_event
+from hangup_contract.runtime.sibling_lines import Message, integer, text
+from hangup_contract.runtime.siblings import Channel, SiblingUnreachable, home_of
 
 log = logging.getLogger("hangup.gateway")
 
 CANCEL_WAIT = 30.0  # seconds for a forwarded cancel (the owner waits for its engines' abort)
-
-
-def home_of(request_id: str, processes: int) -> int:
-    """The process whose directory holds ``request_id``'s entry (stable across processes)."""
-    return zlib.crc32(request_id.encode("utf-8", "surrogatepass")) % processes
 
 
 class HomeEntries:
@@ -122,9 +118,11 @@ class SiblingDirectory:
     async def greet(self) -> None:
         """Say hello (the channel listens already): siblings forget this slot's previous life
         and send the entries whose home this process is."""
-        for peer, answer in await self._channel.ask_all(Op.HELLO, {"slot": self.slot}):
+        answers = await self._channel.ask_all(Op.HELLO, {"slot": self.slot})
+        for peer, answer in answers.answered.items():
             for request_id in answer.get("live", ()):
-                self.entries.live.setdefault(request_id, peer)
+                if isinstance(request_id, str):
+                    self.entries.live.setdefault(request_id, peer)
 
     # -- what the service calls ------------------------------------------------------------
 
@@ -194,19 +192,19 @@ class SiblingDirectory:
             self._channel.ask_all(Op.CANCEL_GROUP, fields, CANCEL_WAIT),
         )
         answers: list[dict[str, object]] = [a.to_json() for a in here]
-        for _, reply in replies:
+        for reply in replies.answered.values():
             answers.extend(a for a in reply.get("answers", ()) if isinstance(a, dict))
-        if len(replies) < self.count - 1:
+        if len(replies.answered) < self.count - 1:
             log_event(
                 log, "cancel_group_unanswered", logging.WARNING, group=group,
-                answered=len(replies), siblings=self.count - 1,
+                answered=len(replies.answered), siblings=self.count - 1,
             )  # fmt: skip
         return answers
 
     async def all_calls(self) -> list[dict[str, object]]:
         calls = self._registry.describe()
-        for _, answer in await self._channel.ask_all(Op.CALLS):
-            calls.extend(answer.get("calls", ()))
+        for answer in (await self._channel.ask_all(Op.CALLS)).answered.values():
+            calls.extend(c for c in answer.get("calls", ()) if isinstance(c, dict))
         return calls
 
     # -- the home's and the owner's side ---------------------------------------------------
@@ -244,7 +242,7 @@ class SiblingDirectory:
         """The home is unreachable: ask every sibling; the one running the id cancels it."""
         fields = {"id": request_id, "reason": reason.value}
         replies = await self._channel.ask_all(Op.CANCEL_OWNED, fields, CANCEL_WAIT)
-        answers = [_answer_of(r, request_id) for _, r in replies if "answer" in r]
+        answers = [_answer_of(r, request_id) for r in replies.answered.values() if "answer" in r]
         here = self._registry.finished(request_id)
         if here is not None:
             answers.append(here)
@@ -265,33 +263,35 @@ class SiblingDirectory:
     # -- a sibling's questions -------------------------------------------------------------
 
     def _on_hello(self, message: Message) -> Message:
-        slot = message["slot"]
+        slot = integer(message, "slot")
         self.entries.forget(slot)
         return {"live": [i for i in self._registry.held_ids() if self.home(i) == slot]}
 
     def _on_claim(self, message: Message) -> Message:
         try:
-            self.entries.claim(message["id"], message["owner"])
+            self.entries.claim(text(message, "id"), integer(message, "owner"))
         except DuplicateRequestId:
             return {"error": "duplicate"}
         except CancelledBeforeArrival as exc:
             return {"error": "cancelled", "reason": exc.reason.value}
         return {"ok": True}
 
-    def _on_release(self, message: Message) -> None:
-        self.entries.release(message["id"], message["owner"], message["tokens"])
+    def _on_release(self, message: Message) -> Message:
+        tokens = integer(message, "tokens")
+        self.entries.release(text(message, "id"), integer(message, "owner"), tokens)
+        return {}
 
     async def _on_cancel_group(self, message: Message) -> Message:
-        group, reason = message["group"], Reason.parse(message["reason"])
-        if not isinstance(group, str) or not request_ids.is_valid(group):
+        group, reason = text(message, "group"), Reason.parse(text(message, "reason"))
+        if not request_ids.is_valid(group):
             raise ValueError("a group must keep the id rule")
         return {"answers": [a.to_json() for a in await self._registry.cancel_group(group, reason)]}
 
     async def _on_cancel(self, message: Message) -> Message:
-        reason = Reason.parse(message["reason"])
+        reason = Reason.parse(text(message, "reason"))
         act = self._cancel_at_home if message["op"] == Op.CANCEL else self._cancel_owned
         try:
-            answer = await act(message["id"], reason)
+            answer = await act(text(message, "id"), reason)
         except RequestNotFound:
             return {"error": "not_found"}
         except Exception as exc:  # an engine failing its abort: the caller answers 500

@@ -22,9 +22,11 @@ from prometheus_client.registry import Collector
 
 from gateway_server.metrics.gateway import WorkerLoad
 from gateway_server.metrics.pool import PoolProtocolCollector
-from gateway_server.siblings.channel import Channel, Message, Op
+from gateway_server.siblings.ops import Op
 from gateway_server.siblings.processes import ApiProcess
 from hangup_contract.runtime.process_files import ProcessFiles
+from hangup_contract.runtime.sibling_lines import Message
+from hangup_contract.runtime.siblings import Channel
 
 
 class SiblingMetrics:
@@ -74,8 +76,8 @@ class SiblingMetrics:
     async def exposition(self) -> bytes:
         """``/metrics`` for the whole gateway: every process's counters and histograms (the
         multiprocess files) and every live process's gauges, summed."""
-        answers = await self._channel.ask_all(Op.GAUGES)
-        self._gathered.families = [self._gauges(), *(a.get("families", []) for _, a in answers)]
+        answers = list((await self._channel.ask_all(Op.GAUGES)).answered.values())
+        self._gathered.families = [self._gauges(), *(a.get("families", []) for a in answers)]
         self._gathered.processes = 1 + len(answers)
         self._pod_loads = self._loads_with(answers)
         return generate_latest(self._exposed)
@@ -83,12 +85,13 @@ class SiblingMetrics:
     async def pool_exposition(self) -> bytes:
         """``/metrics/pool``: the Endpoint Picker's gauges over every process's workers (their
         loads only, not every gauge: an EPP asks every 50 ms)."""
-        self._pod_loads = self._loads_with(await self._channel.ask_all(Op.LOADS))
+        answers = await self._channel.ask_all(Op.LOADS)
+        self._pod_loads = self._loads_with(list(answers.answered.values()))
         return generate_latest(self._pool)
 
-    def _loads_with(self, answers: list[tuple[int, Message]]) -> list[WorkerLoad]:
+    def _loads_with(self, answers: list[Message]) -> list[WorkerLoad]:
         """This process's worker loads and those the siblings' ``answers`` carry."""
-        theirs = [WorkerLoad(*fields) for _, a in answers for fields in a.get("loads", ())]
+        theirs = [WorkerLoad(*fields) for a in answers for fields in a.get("loads", ())]
         return [*self._worker_loads(), *theirs]
 
     def _own_loads(self) -> list[tuple[Any, ...]]:

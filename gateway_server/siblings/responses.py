@@ -28,10 +28,12 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway_server.errors import GatewayError, InvalidRequest, RequestNotFound
-from gateway_server.siblings.channel import ASK_WAIT, Channel, Message, Op, SiblingUnreachable
-from gateway_server.siblings.directory import CANCEL_WAIT, home_of
+from gateway_server.siblings.directory import CANCEL_WAIT
+from gateway_server.siblings.ops import ASK_WAIT, Op
 from gateway_server.siblings.scope import Page, ResponsesHere
 from hangup_contract.runtime.logs import log_event
+from hangup_contract.runtime.sibling_lines import Message
+from hangup_contract.runtime.siblings import Channel, SiblingUnreachable, home_of
 
 log = logging.getLogger("hangup.gateway")
 
