@@ -33,7 +33,7 @@ from hangup_contract import jobs
 from hangup_contract.cancel_labels import Reason
 from hangup_contract.jobs import CancelKind
 from proxy.calls.held import HeldCalls
-from proxy.calls.siblings import Siblings, group_entry, unfitted
+from proxy.calls.siblings import Siblings, group_entry
 from proxy.calls.state import LIST_MOST
 from proxy.errors import UpstreamError
 from proxy.messages import Answer, error_answer
@@ -81,10 +81,8 @@ async def group(api: Cancels, name: str, reason: Reason) -> Answer:
     entries: list[Entry] = [group_entry(call, state) for call, state in ended]
     more = 0
     if api.siblings is not None:
-        for state in await api.siblings.ask("cancel_group", checked):
-            theirs, left = unfitted(state)
-            entries.extend(theirs)
-            more += left
+        theirs, more = await api.siblings.entries("cancel_group", checked)
+        entries.extend(theirs)
     if isinstance(upstream, Answer):  # the gateway's part failed: said beside the sidecar's
         answer = jobs.job_answer(entries, checked)
         body = upstream.body.decode(errors="replace")
@@ -131,10 +129,8 @@ async def listing(api: Cancels, target: str) -> Answer:
     calls = api.listing(group_name)
     more = 0
     if api.siblings is not None:
-        for state in await api.siblings.ask("list", group_name or ""):
-            theirs, left = unfitted(state)
-            calls.extend(theirs)
-            more += left
+        theirs, more = await api.siblings.entries("list", group_name or "")
+        calls.extend(theirs)
     truncated = more > 0 or len(calls) > LIST_MOST
     return json_answer(200, {"requests": calls[:LIST_MOST], "truncated": truncated})
 

@@ -97,6 +97,8 @@ async def test_a_flood_of_group_and_batch_cancels_stays_bounded_and_expires(stac
 
         await together(3000, group)
         await together(6, batch, at_once=3)
+        # The gauges are set at each worker's expiry tick (every second): wait for one.
+        await wait_until(lambda: _reported(session, stack), within=5, what="the gauges set")
         groups, group_bytes = await held(session, stack, "group_tombstone")
         tombstones, tombstone_bytes = await held(session, stack, "tombstone")
         assert 0 < groups <= 2 * 500 and group_bytes <= 2 * 100_000, (groups, group_bytes)
@@ -112,6 +114,11 @@ async def test_a_flood_of_group_and_batch_cancels_stays_bounded_and_expires(stac
             stack.proxy_url + "/v2/requests/cancel", data=io.BytesIO(huge), headers=AUTH
         ) as resp:
             assert resp.status == 413
+
+
+async def _reported(session: aiohttp.ClientSession, stack: Stack) -> bool:
+    sizes = [await held(session, stack, kind) for kind in ("tombstone", "group_tombstone")]
+    return all(count > 0 for count, _ in sizes)
 
 
 async def _forgotten(session: aiohttp.ClientSession, stack: Stack) -> bool:

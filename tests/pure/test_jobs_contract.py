@@ -11,7 +11,7 @@ import pytest
 from hangup_contract import jobs
 from hangup_contract.cancel_labels import Reason
 from proxy.calls.groups import GroupBounds, HeldGroups, checked_group
-from proxy.calls.siblings import LINE_LIMIT, fitted, unfitted
+from proxy.calls.siblings import ANSWER_BYTES, BOUNDS, fitted, unfitted
 from proxy.errors import BadGroup, CancelledById, TooManyGroupCalls
 
 
@@ -113,8 +113,8 @@ def test_a_workers_answer_holds_what_fits_in_a_line_and_counts_the_rest() -> Non
     entries: list[dict[str, object]] = [
         {"request_id": f"{n:0128d}", "state": "cancelled"} for n in range(2000)
     ]
-    state = fitted(entries)
-    assert len(json.dumps({"n": "1", "state": state})) < LINE_LIMIT
-    kept, more = unfitted(state)
+    answer = fitted(entries)
+    assert len(json.dumps({**answer, "n": 1})) < ANSWER_BYTES + 100 <= BOUNDS.answer
+    kept, more = unfitted(answer)
     assert kept == entries[: len(kept)] and len(kept) + more == 2000 and more > 0
-    assert unfitted(None) == ([], 0) and unfitted("not json") == ([], 0)
+    assert unfitted(None) == ([], 0) and unfitted({"state": "held"}) == ([], 0)
