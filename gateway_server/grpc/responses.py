@@ -63,8 +63,10 @@ def _parameter(key: str, value: bool | int | str) -> bytes:
 
 
 def _parameters(values: dict[str, bool | int | str]) -> bytes:
-    """The map's entries in key order (by their UTF-8 bytes), as deterministic serialization."""
-    ordered = sorted(values.items(), key=lambda item: item[0].encode())
+    """The map's entries in key order, as Python protobuf's (upb's) deterministic serialization
+    orders them: by their UTF-8 bytes, a key that another key extends after that key (``ab``
+    before ``a``: the ``\xff`` appended, a byte UTF-8 never holds, makes it so)."""
+    ordered = sorted(values.items(), key=lambda item: item[0].encode() + b"\xff")
     return b"".join(_parameter(key, value) for key, value in ordered)
 
 
